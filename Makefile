@@ -1,0 +1,34 @@
+# searchrl: `make test` and (later) `make demo` work on a fresh machine: they build .venv from the
+# requirements files first, and rebuild it whenever one of them changes.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+REQS   := requirements.txt requirements-test.txt pyproject.toml
+
+# JAX on CPU with 8 fake devices so that sharded code paths are really exercised in tests.
+export JAX_PLATFORMS ?= cpu
+export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install test test-fast clean-venv
+
+install: $(STAMP)
+
+$(STAMP): $(REQS)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt -r requirements-test.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
+
+test-fast: install
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
+
+clean-venv:
+	rm -rf $(VENV)

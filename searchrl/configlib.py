@@ -1,0 +1,29 @@
+"""Defaults shared by every experiment config (`configs/*.py`), so each file only states what differs."""
+from __future__ import annotations
+
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """The fields every run has. Experiment configs override them per preset (`tiny`, `paper`, ...)."""
+    config = ml_collections.ConfigDict()
+    config.seed = 0
+    config.workdir = "runs/default"
+
+    config.model = ml_collections.ConfigDict()
+    config.model.preset = "tiny"  # a name from searchrl.models.PRESETS, used when `path` is empty
+    config.model.path = ""  # a local Hugging Face directory (config.json + *.safetensors); wins over `preset`
+    config.model.param_dtype = "float32"  # bfloat16 on accelerators; master weights stay float32 in the optimizer
+    config.model.overrides = ml_collections.ConfigDict()  # ModelConfig fields replaced on top of the preset
+
+    config.mesh = ml_collections.ConfigDict()
+    config.mesh.data = -1  # -1: all devices not used by the other axes
+    config.mesh.fsdp = 1
+    config.mesh.tensor = 1
+
+    config.distributed = ml_collections.ConfigDict()
+    config.distributed.enabled = False  # jax.distributed.initialize() from the cluster environment
+    config.distributed.coordinator_address = ""  # host:port; empty = auto-detect (SLURM, TPU pod, ...)
+    config.distributed.num_processes = -1
+    config.distributed.process_id = -1
+    return config

@@ -1,0 +1,44 @@
+"""searchrl's entry point: `python -m searchrl.main --config configs/FILE.py:PRESET COMMAND [--config.x.y=v ...]`.
+
+Commands: `info` (the resolved config, the device mesh and the model size). Training, evaluation and serving
+register themselves in COMMANDS as they land.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from absl import app, flags, logging
+import jax
+import ml_collections
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config: configs/FILE.py:PRESET.")
+
+
+def info(config: ml_collections.ConfigDict) -> None:
+    """Prints the resolved config, the mesh it asks for, and the model's parameter count."""
+    from searchrl import models  # local: keeps `--help` fast
+
+    print(config)
+    mesh = models.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+    print(f"mesh: {dict(mesh.shape)} over {jax.device_count()} {jax.default_backend()} device(s)")
+    cfg = models.config_from_dict(config.model)
+    shapes = jax.eval_shape(lambda: models.init_params(cfg, jax.random.key(0)))
+    count = sum(x.size for x in jax.tree.leaves(shapes))
+    print(f"model: {cfg.family}, {count / 1e6:.2f}M parameters")
+
+
+COMMANDS: dict[str, Callable[[ml_collections.ConfigDict], None]] = {"info": info}
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 2 or argv[1] not in COMMANDS:
+        raise app.UsageError(f"Expected one command out of {sorted(COMMANDS)}, got {argv[1:]}.")
+    if _CONFIG.value is None:
+        raise app.UsageError("--config is required, e.g. --config=configs/search_r1.py:tiny")
+    logging.info("command %s", argv[1])
+    COMMANDS[argv[1]](_CONFIG.value)
+
+
+if __name__ == "__main__":
+    app.run(main)

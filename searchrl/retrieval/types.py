@@ -1,0 +1,28 @@
+"""The one retrieval interface every backend implements and every env calls."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class Hit:
+    """One retrieved passage."""
+
+    id: str
+    score: float
+    title: str = ""
+    text: str = ""
+
+    @property
+    def contents(self) -> str:
+        """FlashRAG/Search-R1 `contents`: title and text on separate lines."""
+        return f"{self.title}\n{self.text}" if self.title else self.text
+
+
+class Retriever(Protocol):
+    """Batched top-k search. One call serves every row of a rollout that is waiting on a search."""
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        """Returns, for each query, up to k hits sorted by descending score."""
+        ...

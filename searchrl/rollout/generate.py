@@ -1,0 +1,203 @@
+"""The jitted side of a rollout: append tokens to the KV cache (`extend`, `prefill`) and decode in chunks.
+
+Every row's trajectory lives in one static [B, S] slot layout shared by the cache and the token buffer: row b holds
+its tokens contiguously in slots 0 .. length[b]-1 (prompt, then policy turns and observations, no holes), so a
+token's RoPE position is its slot and the trainer recomputes log-probabilities with one causal forward pass over
+`GenState.tokens`.
+
+Invariant between calls: every token a row holds is in the cache, except that an *active* row also holds one
+sampled token ("pending", at slot `cache.length`) that the next decode step writes. A row stops one step after its
+last token was sampled (the step that writes it), so a stopped row's cache is complete and `extend` simply appends.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from searchrl import models
+from searchrl.rollout.sampling import SamplingParams, sample
+
+
+class GenState(NamedTuple):
+    """Everything a batch of rows carries through a rollout (a pytree; donated to every call)."""
+
+    cache: models.KVCache
+    tokens: jax.Array  # [B, S] int32: every token at its cache slot (and the pending one)
+    policy: jax.Array  # [B, S] bool: sampled by the policy
+    logprobs: jax.Array  # [B, S] fp32: sampler log-probability of policy tokens, 0 elsewhere
+    pending: jax.Array  # [B] bool: the row holds a sampled token not yet in the cache
+    active: jax.Array  # [B] bool: the row is generating its current turn
+    turn_start: jax.Array  # [B] int32: slot of the current turn's first sampled token
+    key: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSpec:
+    """Static settings of a decode chunk."""
+
+    steps: int  # decode steps per chunk (one lax.while_loop)
+    max_turn_tokens: int  # a turn stops after this many sampled tokens
+    max_len: int  # a row stops when its trajectory reaches this many tokens
+    sampling: SamplingParams = SamplingParams()
+
+
+def stop_table(stop_sequences: Sequence[Sequence[int]]) -> jax.Array:
+    """Right-aligns token-id stop sequences into an int32 [n, L] table, -1 where a shorter sequence has no token."""
+    if not stop_sequences or any(len(s) == 0 for s in stop_sequences):
+        raise ValueError(f"Stop sequences must be non-empty token-id lists, got {stop_sequences!r}.")
+    width = max(len(s) for s in stop_sequences)
+    table = np.full((len(stop_sequences), width), -1, np.int32)
+    for i, seq in enumerate(stop_sequences):
+        table[i, width - len(seq):] = seq
+    return jnp.asarray(table)
+
+
+def init_state(cfg: models.ModelConfig, batch: int, slots: int, key: jax.Array, dtype=jnp.float32) -> GenState:
+    """An empty batch of `slots` token slots per row."""
+    return GenState(
+        cache=models.KVCache.init(cfg, batch, slots, dtype),
+        tokens=jnp.zeros((batch, slots), jnp.int32),
+        policy=jnp.zeros((batch, slots), bool),
+        logprobs=jnp.zeros((batch, slots), jnp.float32),
+        pending=jnp.zeros((batch,), bool),
+        active=jnp.zeros((batch,), bool),
+        turn_start=jnp.zeros((batch,), jnp.int32),
+        key=key,
+    )
+
+
+def _write_rows(buffer: jax.Array, start: jax.Array, values: jax.Array, where: jax.Array) -> jax.Array:
+    """buffer[b, start[b] + t] = values[b, t] where where[b, t], per row; other slots unchanged."""
+
+    def row(buf, s, vals, w):
+        window = jax.lax.dynamic_slice_in_dim(buf, s, vals.shape[0])
+        return jax.lax.dynamic_update_slice_in_dim(buf, jnp.where(w, vals, window), s, 0)
+
+    return jax.vmap(row)(buffer, start, values, where)
+
+
+def _record_samples(state: GenState, rows: jax.Array, tokens: jax.Array, logprobs: jax.Array) -> GenState:
+    """Puts freshly sampled tokens of `rows` into the buffers at their pending slot."""
+    slot = state.cache.length
+    return state._replace(
+        tokens=_write_rows(state.tokens, slot, tokens[:, None], rows[:, None]),
+        policy=_write_rows(state.policy, slot, jnp.ones_like(rows)[:, None], rows[:, None]),
+        logprobs=_write_rows(state.logprobs, slot, logprobs[:, None], rows[:, None]),
+        pending=state.pending | rows,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "sampling"), donate_argnums=(2,))
+def extend(
+    cfg: models.ModelConfig,
+    params,
+    state: GenState,
+    chunk: jax.Array,
+    chunk_len: jax.Array,
+    start_turn: jax.Array,
+    sampling: SamplingParams,
+) -> GenState:
+    """Appends `chunk[b, :chunk_len[b]]` (right-padded [B, T]) to each row, then starts a policy turn on `start_turn` rows.
+
+    Rows must not hold a pending token. Starting a turn samples its first token from the logits at the row's last
+    appended token.
+    """
+    start = state.cache.length
+    real = jnp.arange(chunk.shape[1])[None, :] < chunk_len[:, None]
+    positions = start[:, None] + jnp.arange(chunk.shape[1])[None, :]
+    _, hidden, cache = models.forward(cfg, params, chunk, positions, real, state.cache)
+    cache = cache._replace(length=start + chunk_len)
+    state = state._replace(
+        cache=cache,
+        tokens=_write_rows(state.tokens, start, chunk, real),
+        policy=_write_rows(state.policy, start, jnp.zeros_like(real), real),
+        logprobs=_write_rows(state.logprobs, start, jnp.zeros(chunk.shape, jnp.float32), real),
+    )
+    last = jnp.take_along_axis(hidden, jnp.maximum(chunk_len - 1, 0)[:, None, None], axis=1)[:, 0]
+    key, subkey = jax.random.split(state.key)
+    tokens, logprobs = sample(models.lm_logits(cfg, params, last), subkey, sampling)
+    state = _record_samples(state._replace(key=key), start_turn, tokens, logprobs)
+    return state._replace(
+        active=state.active | start_turn,
+        turn_start=jnp.where(start_turn, cache.length, state.turn_start),
+    )
+
+
+def _stopped(state: GenState, stops: jax.Array, eos_ids: jax.Array, written: jax.Array) -> jax.Array:
+    """Whether each row's tokens, ending at slot `written`, end with a stop sequence or EOS inside the current turn."""
+    width = stops.shape[1]
+    offsets = jnp.arange(width) - (width - 1)
+    slots = written[:, None] + offsets[None, :]  # [B, W], the last W slots up to `written`
+    window = jnp.take_along_axis(state.tokens, jnp.maximum(slots, 0), axis=1)
+    in_turn = slots >= state.turn_start[:, None]
+    match = (stops[None] == -1) | ((stops[None] == window[:, None]) & in_turn[:, None])  # [B, n, W]
+    last_token = jnp.take_along_axis(state.tokens, written[:, None], axis=1)[:, 0]
+    return jnp.any(jnp.all(match, axis=-1), axis=-1) | jnp.isin(last_token, eos_ids)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "spec"), donate_argnums=(2,))
+def decode_chunk(
+    cfg: models.ModelConfig,
+    params,
+    state: GenState,
+    stops: jax.Array,
+    eos_ids: jax.Array,
+    spec: DecodeSpec,
+) -> GenState:
+    """Runs at most `spec.steps` decode steps in one `lax.while_loop`, exiting early once no row is active.
+
+    Each step writes every active row's pending token into the cache, ends the row's turn if that token completes a
+    stop sequence or EOS or exhausts a budget, and otherwise samples the next pending token.
+    """
+
+    def step(carry):
+        i, state = carry
+        rows = state.active
+        written = state.cache.length
+        token = jnp.take_along_axis(state.tokens, written[:, None], axis=1)
+        _, hidden, cache = models.forward(cfg, params, token, written[:, None], rows[:, None], state.cache)
+        cache = cache._replace(length=written + rows.astype(jnp.int32))
+        state = state._replace(cache=cache, pending=state.pending & ~rows)
+        turn_tokens = cache.length - state.turn_start
+        done = _stopped(state, stops, eos_ids, written) | (turn_tokens >= spec.max_turn_tokens)
+        done |= cache.length >= spec.max_len
+        go_on = rows & ~done
+        key, subkey = jax.random.split(state.key)
+        tokens, logprobs = sample(models.lm_logits(cfg, params, hidden[:, 0]), subkey, spec.sampling)
+        state = _record_samples(state._replace(key=key), go_on, tokens, logprobs)
+        return i + 1, state._replace(active=go_on)
+
+    def cond(carry):
+        i, state = carry
+        return (i < spec.steps) & jnp.any(state.active)
+
+    _, state = jax.lax.while_loop(cond, step, (jnp.int32(0), state))
+    return state
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def truncate(state: GenState, length: jax.Array) -> GenState:
+    """Drops every token of row b from slot `length[b]` on (e.g. text found a stop earlier than token ids did).
+
+    Only stopped rows may be truncated. Dropped slots are invalidated and later writes overwrite them.
+    """
+    slots = jnp.arange(state.tokens.shape[1])[None, :]
+    keep = slots < length[:, None]
+    cache = state.cache._replace(valid=state.cache.valid & keep, length=jnp.minimum(state.cache.length, length))
+    return state._replace(cache=cache, policy=state.policy & keep, logprobs=jnp.where(keep, state.logprobs, 0.0))
+
+
+@jax.jit
+def copy_state(state: GenState) -> GenState:
+    """An independent copy (for side branches such as intermediate answers; the original stays donatable)."""
+    return jax.tree.map(jnp.copy, state)
+
+
+def compiled_programs() -> int:
+    """How many programs the rollout's jitted functions have compiled so far in this process."""
+    return sum(f._cache_size() for f in (extend, decode_chunk, truncate, copy_state))

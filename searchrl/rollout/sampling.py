@@ -1,0 +1,55 @@
+"""Token sampling: greedy, temperature, top-k, top-p, with the sampled token's log-probability.
+
+The returned log-probability is taken under the temperature-scaled, *untruncated* distribution
+`log_softmax(logits / temperature)` (temperature 1 when greedy): exactly what the trainer recomputes with
+`searchrl.models.token_logprobs` on `logits / temperature`, so PPO's ratio starts at 1. Top-k/top-p only restrict
+which tokens can be drawn, as in verl and vLLM's `logprobs` of the raw distribution.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Static sampling settings (hashable: part of the compiled program)."""
+
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature the log-probabilities are reported (and must be recomputed) at."""
+        return self.temperature if self.temperature > 0 else 1.0
+
+
+def _restrict(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
+    """Sets logits outside the top-k / nucleus to -inf (at least one token always survives)."""
+    if top_k > 0:
+        kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    if top_p < 1.0:
+        sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        cutoff = jnp.min(jnp.where(mass_before < top_p, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+        logits = jnp.where(logits < cutoff, -jnp.inf, logits)
+    return logits
+
+
+def sample(logits: jax.Array, key: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
+    """Draws one token per row from fp32 `logits` [B, V]; returns (tokens int32 [B], logprobs fp32 [B])."""
+    logits = logits.astype(jnp.float32)
+    if params.temperature > 0:
+        scaled = logits / params.temperature
+        tokens = jax.random.categorical(key, _restrict(scaled, params.top_k, params.top_p), axis=-1)
+    else:
+        scaled = logits
+        tokens = jnp.argmax(logits, axis=-1)
+    logprobs = jax.nn.log_softmax(scaled, axis=-1)
+    chosen = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+    return tokens.astype(jnp.int32), chosen
