@@ -1,0 +1,228 @@
+"""Advantage estimators (GAE, GRPO, RLOO, REINFORCE++) and masked statistics, on [B, T] token arrays.
+
+Every array is [B, T] with a `mask` that is > 0 on policy-generated tokens only (observations and padding are
+0). Estimators return `(advantages, returns)`, both 0 wherever `mask` is 0, and are registered by name in
+`ADVANTAGES`; `compute_advantages(name, **inputs)` runs one with the inputs it takes. Conventions follow
+verl's `verl/trainer/ppo/core_algos.py` and `verl/utils/torch_functional.py`; differences are stated where
+they occur.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+AdvantageFn = Callable[..., tuple[jax.Array, jax.Array]]
+ADVANTAGES: dict[str, AdvantageFn] = {}
+
+WHITEN_EPS = 1e-8  # as verl's masked_whiten: (x - mean) * rsqrt(var + 1e-8)
+
+
+def check_shapes(expected: tuple[int, ...], **arrays: jax.Array) -> None:
+    """Raises a ValueError naming every array whose shape is not `expected` (checked at trace time)."""
+    wrong = {name: tuple(a.shape) for name, a in arrays.items() if tuple(a.shape) != tuple(expected)}
+    if wrong:
+        details = ", ".join(f"{name} has shape {shape}" for name, shape in wrong.items())
+        raise ValueError(f"expected shape {tuple(expected)}: {details}")
+
+
+def as_mask(mask: jax.Array) -> jax.Array:
+    """A bool or float mask as float32 weights (1.0 on policy tokens)."""
+    return jnp.asarray(mask).astype(jnp.float32)
+
+
+def masked_sum(x: jax.Array, mask: jax.Array, axis: int | None = None) -> jax.Array:
+    """Sum of x over mask > 0; NaN or garbage at masked-out positions never leaks in."""
+    mask = as_mask(mask)
+    return jnp.sum(jnp.where(mask > 0, x * mask, 0.0), axis=axis)
+
+
+def masked_mean(x: jax.Array, mask: jax.Array, axis: int | None = None) -> jax.Array:
+    """Mean of x over mask > 0, as verl's masked_mean; an empty mask gives 0 (verl: NaN)."""
+    count = jnp.sum(as_mask(mask), axis=axis)
+    return masked_sum(x, mask, axis) / jnp.where(count > 0, count, 1.0)
+
+
+def masked_var(x: jax.Array, mask: jax.Array, unbiased: bool = True) -> jax.Array:
+    """Variance over mask > 0, Bessel-corrected (n / (n - 1)) by default, as verl's masked_var.
+
+    verl raises when fewer than 2 tokens are masked in; under jit this returns 0 for n <= 1 instead.
+    """
+    mean = masked_mean(x, mask)
+    var = masked_mean(jnp.square(x - mean), mask)
+    if unbiased:
+        n = jnp.sum(as_mask(mask))
+        var = var * n / jnp.maximum(n - 1.0, 1.0)
+    return var
+
+
+def masked_whiten(x: jax.Array, mask: jax.Array, shift_mean: bool = True) -> jax.Array:
+    """(x - mean) * rsqrt(var + 1e-8) over mask > 0, as verl's masked_whiten (unbiased var, same eps).
+
+    With shift_mean=False the mean is added back (only the scale is normalised). Unlike verl, positions with
+    mask 0 are set to 0 so that whitened advantages never carry values outside the policy tokens.
+    """
+    x = jnp.asarray(x, jnp.float32)
+    mean, var = masked_mean(x, mask), masked_var(x, mask)
+    whitened = (x - mean) * jax.lax.rsqrt(var + WHITEN_EPS)
+    if not shift_mean:
+        whitened = whitened + mean
+    return jnp.where(as_mask(mask) > 0, whitened, 0.0)
+
+
+def outcome_scores(rewards: jax.Array, mask: jax.Array) -> jax.Array:
+    """[B] outcome score per row: the sum of its token-level rewards on policy tokens."""
+    return masked_sum(jnp.asarray(rewards, jnp.float32), mask, axis=-1)
+
+
+def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Registers an estimator under `name` in ADVANTAGES."""
+
+    def decorator(fn: AdvantageFn) -> AdvantageFn:
+        if name in ADVANTAGES:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        ADVANTAGES[name] = fn
+        return fn
+
+    return decorator
+
+
+def compute_advantages(name: str, **inputs) -> tuple[jax.Array, jax.Array]:
+    """Runs ADVANTAGES[name] on the inputs it declares, ignoring the rest.
+
+    One call site can pass everything it has (rewards, mask, values, group_ids, gamma, lam, eps, ...);
+    a missing input the estimator needs is an error naming it.
+    """
+    if name not in ADVANTAGES:
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ADVANTAGES)}")
+    fn = ADVANTAGES[name]
+    params = inspect.signature(fn).parameters
+    missing = [p for p, spec in params.items() if spec.default is spec.empty and p not in inputs]
+    if missing:
+        raise ValueError(f"advantage estimator {name!r} needs inputs {missing}")
+    return fn(**{k: v for k, v in inputs.items() if k in params})
+
+
+@register_advantage("gae")
+def gae(
+    rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: float = 1.0, lam: float = 1.0
+) -> tuple[jax.Array, jax.Array]:
+    """Generalized Advantage Estimation over the policy tokens of each row, skipping mask-0 positions.
+
+    The "next" value of a policy token is the value at the next policy token of the same row (0 after the
+    last one), so observation spans are transparent: as verl's compute_gae_advantage_return, which carries
+    nextvalues/lastgaelam through masked positions. Differences: advantages and returns are 0 at mask-0
+    positions, and advantages are not whitened here (verl whitens inside; apply `masked_whiten` to match).
+
+        delta_t = r_t + gamma * V_next - V_t,   A_t = delta_t + gamma * lam * A_next,   R_t = A_t + V_t
+    """
+    rewards = jnp.asarray(rewards, jnp.float32)
+    values = jnp.asarray(values, jnp.float32)
+    check_shapes(rewards.shape, values=values, mask=mask)
+    on = as_mask(mask) > 0
+
+    def step(carry, xs):
+        next_value, next_adv = carry
+        r, v, m = xs
+        adv = r + gamma * next_value - v + gamma * lam * next_adv
+        carry = (jnp.where(m, v, next_value), jnp.where(m, adv, next_adv))
+        return carry, jnp.where(m, adv, 0.0)
+
+    zeros = jnp.zeros(rewards.shape[:1], jnp.float32)
+    _, adv_tb = jax.lax.scan(step, (zeros, zeros), (rewards.T, values.T, on.T), reverse=True)
+    advantages = adv_tb.T
+    return advantages, jnp.where(on, advantages + values, 0.0)
+
+
+def discounted_returns(rewards: jax.Array, mask: jax.Array, gamma: float = 1.0) -> jax.Array:
+    """sum_k gamma^k r_{t+k} over the following policy tokens of the row (mask-0 positions skipped).
+
+    This is GAE with zero values and lam = 1, so it shares gae's scan.
+    """
+    return gae(rewards, jnp.zeros_like(jnp.asarray(rewards, jnp.float32)), mask, gamma, 1.0)[0]
+
+
+def _segments(group_ids: jax.Array) -> jax.Array:
+    """Dense segment index in [0, B) per row, equal exactly when prompt ids are equal (never by position)."""
+    b = group_ids.shape[0]
+    _, segment = jnp.unique(group_ids, size=b, return_inverse=True)
+    return segment.reshape(b)
+
+
+def _group_sum(x: jax.Array, segment: jax.Array) -> jax.Array:
+    """Per row, the sum of x over the row's group."""
+    return jax.ops.segment_sum(x, segment, num_segments=x.shape[0])[segment]
+
+
+def _broadcast_outcome(adv: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Per-row advantage [B] onto the row's policy tokens; returns equal advantages, as in verl."""
+    tokens = jnp.where(as_mask(mask) > 0, adv[:, None], 0.0)
+    return tokens, tokens
+
+
+def _check_group_ids(group_ids: jax.Array, rewards: jax.Array) -> None:
+    group_ids = jnp.asarray(group_ids)
+    check_shapes(rewards.shape[:1], group_ids=group_ids)
+    if not jnp.issubdtype(group_ids.dtype, jnp.integer):
+        raise ValueError(f"group_ids must be an integer array of prompt ids, got dtype {group_ids.dtype}")
+
+
+@register_advantage("grpo")
+def grpo(
+    rewards: jax.Array,
+    mask: jax.Array,
+    group_ids: jax.Array,
+    eps: float = 1e-6,
+    norm_by_std: bool = True,
+) -> tuple[jax.Array, jax.Array]:
+    """GRPO outcome advantage (score - group mean) / (group std + eps), groups keyed by prompt id.
+
+    As verl's compute_grpo_outcome_advantage: score = sum of the row's rewards, unbiased group std,
+    eps = 1e-6, `norm_by_std=False` is Dr.GRPO's unnormalised variant (score - group mean). Difference:
+    a group with a single member gets advantage 0 (verl leaves that member's raw score).
+    """
+    rewards = jnp.asarray(rewards, jnp.float32)
+    check_shapes(rewards.shape, mask=mask)
+    _check_group_ids(group_ids, rewards)
+    scores = outcome_scores(rewards, mask)
+    segment = _segments(group_ids)
+    count = _group_sum(jnp.ones_like(scores), segment)
+    mean = _group_sum(scores, segment) / count
+    adv = scores - mean  # exactly 0 for a single-member group
+    if norm_by_std:
+        std = jnp.sqrt(_group_sum(jnp.square(adv), segment) / jnp.maximum(count - 1.0, 1.0))
+        adv = adv / (std + eps)
+    return _broadcast_outcome(adv, mask)
+
+
+@register_advantage("rloo")
+def rloo(rewards: jax.Array, mask: jax.Array, group_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """RLOO: score_i minus the mean score of the other members of its prompt group.
+
+    Equal to verl's compute_rloo_outcome_advantage (n/(n-1) * (score - group mean)); a single-member group
+    gets advantage 0 (verl leaves the raw score).
+    """
+    rewards = jnp.asarray(rewards, jnp.float32)
+    check_shapes(rewards.shape, mask=mask)
+    _check_group_ids(group_ids, rewards)
+    scores = outcome_scores(rewards, mask)
+    segment = _segments(group_ids)
+    count = _group_sum(jnp.ones_like(scores), segment)
+    others = (_group_sum(scores, segment) - scores) / jnp.maximum(count - 1.0, 1.0)
+    return _broadcast_outcome(jnp.where(count > 1, scores - others, 0.0), mask)
+
+
+@register_advantage("reinforce_plus_plus")
+def reinforce_plus_plus(
+    rewards: jax.Array, mask: jax.Array, gamma: float = 1.0
+) -> tuple[jax.Array, jax.Array]:
+    """REINFORCE++: token-level discounted return, whitened over all policy tokens of the batch.
+
+    As verl's compute_reinforce_plus_plus_outcome_advantage (masked_whiten of the returns). Difference: the
+    return skips observation spans (as `gae` does) where verl resets it at every mask-0 position, which
+    would cut a multi-turn row's final reward off from its earlier turns.
+    """
+    returns = discounted_returns(rewards, mask, gamma)
+    return masked_whiten(returns, mask), returns

@@ -1,0 +1,90 @@
+"""KL estimators, the in-reward penalty and the KL coefficient controllers."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from searchrl.rl import kl
+
+
+@pytest.mark.parametrize("estimator,expected", [
+    # Columns: (logp, ref) = (-1, -1.5) and (-2, -1).
+    ("k1", [0.5, -1.0]),
+    ("kl", [0.5, -1.0]),
+    ("abs", [0.5, 1.0]),
+    ("k2", [0.125, 0.5]),  # 0.5 * d^2
+    ("mse", [0.125, 0.5]),
+    ("k3", [math.exp(-0.5) + 0.5 - 1, math.exp(1.0) - 1 - 1]),  # x = ref - logp: e^x - x - 1
+    ("low_var_kl", [math.exp(-0.5) + 0.5 - 1, math.exp(1.0) - 1 - 1]),
+])
+def test_estimators_hand_computed(estimator, expected):
+    out = kl.kl_estimate(jnp.array([[-1.0, -2.0]]), jnp.array([[-1.5, -1.0]]), estimator)
+    np.testing.assert_allclose(out, [expected], rtol=1e-6)
+
+
+def test_k3_is_clamped_like_verl():
+    # ref - logp = -50 -> clamped to -20 -> e^-20 + 19 ~ 19 -> clamped to 10; +50 -> e^20 - 21 -> 10.
+    out = kl.kl_estimate(jnp.array([[0.0, -50.0]]), jnp.array([[-50.0, 0.0]]), "low_var_kl")
+    np.testing.assert_array_equal(out, [[10.0, 10.0]])
+
+
+def test_k1_and_k3_are_unbiased_for_kl():
+    # E_{x~p}[k(log p(x), log q(x))] = KL(p || q) exactly for k1 and k3 (E_p[q/p] = 1), away from the clamps.
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.full(6, 5.0))
+    q = rng.dirichlet(np.full(6, 5.0))
+    true_kl = float(np.sum(p * np.log(p / q)))
+    logp, logq = jnp.log(jnp.asarray(p, jnp.float32)), jnp.log(jnp.asarray(q, jnp.float32))
+    for estimator in ("k1", "k3"):
+        np.testing.assert_allclose(jnp.sum(p * kl.kl_estimate(logp, logq, estimator)), true_kl, rtol=1e-4)
+
+
+def test_unknown_estimator():
+    with pytest.raises(ValueError, match="unknown KL estimator 'k4'"):
+        kl.kl_estimate(jnp.zeros((1, 1)), jnp.zeros((1, 1)), "k4")
+
+
+def test_apply_kl_penalty_hand_computed():
+    # k1 = logp - ref: row 0 -> [0.5, -0.2, 0.3, (masked)], row 1 -> [0.1, (obs), 0.4, 0.0]
+    rewards = jnp.array([[0.0, 0.0, 1.0, 9.0], [0.0, 0.0, 0.0, 2.0]])
+    logp = jnp.array([[-1.0, -2.0, -0.5, -3.0], [-1.0, -1.0, -1.0, -1.0]])
+    ref = jnp.array([[-1.5, -1.8, -0.8, 0.0], [-1.1, -5.0, -1.4, -1.0]])
+    mask = jnp.array([[1, 1, 1, 0], [1, 0, 1, 1]], jnp.float32)
+    out, m = jax.jit(kl.apply_kl_penalty, static_argnames="estimator")(rewards, logp, ref, mask, 0.1)
+    expected = [[-0.05, 0.02, 1.0 - 0.03, 9.0], [-0.01, 0.0, -0.04, 2.0]]  # masked positions untouched
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-7)
+    # Row token-means: (0.5 - 0.2 + 0.3) / 3 = 0.2 and (0.1 + 0.4 + 0) / 3 = 1/6; batch mean = 0.18333.
+    np.testing.assert_allclose(m["kl"], (0.2 + 1 / 6) / 2, rtol=1e-5)
+    np.testing.assert_allclose(m["kl_coef"], 0.1, rtol=1e-6)
+
+
+def test_adaptive_controller_hand_computed():
+    ctrl = kl.adaptive_kl_controller(init_coef=0.1, target=6.0, horizon=10000)
+    state = ctrl.init()
+    update = jax.jit(ctrl.update, static_argnums=2)
+    # kl 12: error = clip(12/6 - 1) = 0.2 -> coef * (1 + 0.2 * 256 / 10000) = 0.1 * 1.00512
+    np.testing.assert_allclose(update(state, 12.0, 256).coef, 0.100512, rtol=1e-6)
+    # kl 6.6: error 0.1 -> 0.1 * 1.00256
+    np.testing.assert_allclose(update(state, 6.6, 256).coef, 0.100256, rtol=1e-6)
+    # kl 0: error clipped to -0.2 -> 0.1 * 0.99488
+    np.testing.assert_allclose(update(state, 0.0, 256).coef, 0.099488, rtol=1e-6)
+    # At the target nothing changes; two steps compound.
+    np.testing.assert_allclose(update(state, 6.0, 256).coef, 0.1, rtol=1e-6)
+    np.testing.assert_allclose(update(update(state, 12.0, 256), 12.0, 256).coef, 0.1 * 1.00512**2, rtol=1e-6)
+
+
+def test_fixed_controller_and_factory():
+    ctrl = kl.make_kl_controller("fixed", 0.05)
+    state = ctrl.init()
+    assert ctrl.update(state, 100.0, 64) is state
+    np.testing.assert_allclose(state.coef, 0.05)
+    adaptive = kl.make_kl_controller("adaptive", 0.1, target=1.0, horizon=100)
+    np.testing.assert_allclose(adaptive.update(adaptive.init(), 2.0, 10).coef, 0.1 * 1.02, rtol=1e-6)
+    with pytest.raises(ValueError, match="needs both target and horizon"):
+        kl.make_kl_controller("adaptive", 0.1, target=1.0)
+    with pytest.raises(ValueError, match="horizon must be > 0"):
+        kl.adaptive_kl_controller(0.1, target=1.0, horizon=0)
+    with pytest.raises(ValueError, match="unknown KL controller kind 'pid'"):
+        kl.make_kl_controller("pid", 0.1)
