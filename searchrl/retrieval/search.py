@@ -1,0 +1,80 @@
+"""Batch search from the command line: one JSON line per query with its ranked hits.
+
+  python -m searchrl.retrieval.search --index DIR --queries Q.jsonl -k 10 [--out run.jsonl]
+
+Query lines are BEIR {"_id", "text"} or FlashRAG {"id", "question"}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+from tqdm import tqdm
+
+from searchrl.retrieval.types import Hit, Retriever
+
+
+def read_queries(path: str | os.PathLike) -> list[tuple[str, str]]:
+    """(query id, text) pairs from a JSONL file; a malformed line raises `ValueError("file:line: reason")`."""
+    queries = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: invalid JSON ({e})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object")
+            qid = row.get("_id", row.get("id"))
+            text = row.get("text", row.get("question"))
+            if not isinstance(qid, (str, int)) or isinstance(qid, bool):
+                raise ValueError(f'{path}:{lineno}: no string "_id" or "id" field')
+            if not isinstance(text, str):
+                raise ValueError(f'{path}:{lineno}: no string "text" or "question" field')
+            queries.append((str(qid), text))
+    return queries
+
+
+def search_all(retriever: Retriever, queries: Sequence[tuple[str, str]], k: int, batch_size: int = 256,
+               show_progress: bool = True) -> dict[str, list[Hit]]:
+    """Query id -> top-k hits, searching in batches of `batch_size`."""
+    run: dict[str, list[Hit]] = {}
+    with tqdm(total=len(queries), unit="query", desc="search", disable=not show_progress) as bar:
+        for start in range(0, len(queries), batch_size):
+            batch = queries[start:start + batch_size]
+            for (qid, _), hits in zip(batch, retriever.search([text for _, text in batch], k)):
+                run[qid] = hits
+            bar.update(len(batch))
+    return run
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--index", required=True, help="index dir (any kind)")
+    parser.add_argument("--queries", required=True, help="queries JSONL")
+    parser.add_argument("-k", type=int, default=10, help="hits per query")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--out", help="output JSONL (default: stdout)")
+    args = parser.parse_args(argv)
+
+    from searchrl.retrieval import load_retriever
+    queries = read_queries(args.queries)
+    run = search_all(load_retriever(args.index), queries, args.k, args.batch_size)
+    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+    try:
+        for qid, _ in queries:
+            hits = [{"id": h.id, "score": h.score} for h in run[qid]]
+            out.write(json.dumps({"query_id": qid, "hits": hits}, ensure_ascii=False) + "\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+
+
+if __name__ == "__main__":
+    main()

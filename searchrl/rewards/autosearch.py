@@ -1,0 +1,230 @@
+"""AutoSearch turn-level rewards: format/redundancy, answer quality gain, and minimal sufficient depth.
+
+AutoSearch (bofusun/AutoSearch; main_ppo_format_turn_new78.py with qa_em_format_turn6x.py) rewards each
+turn on its last token. After every search step j the policy answers the question from the trajectory so
+far (an intermediate answer); the first step whose intermediate answer is right is the minimal sufficient
+search depth d. Per turn (search turns 1..n, then the answer turn):
+
+- base: a search turn earns +search_format_reward when its format is exact and its query is new, else
+  -search_format_reward. A query is redundant when it is empty or its TF-IDF cosine with an earlier query of
+  the trajectory exceeds redundancy_threshold (TF-IDF fitted on that query and the earlier ones). The
+  answer turn earns answer_format_reward / answer_format_penalty, plus correct_answer_reward when the final
+  answer is an exact match.
+- quality: search turn j earns quality_coef * max(0, F1_j - max_{i<j} F1_i), F1_j being the token F1 of
+  intermediate answer j (0 before any step).
+- efficiency, on "valid" turns (format reward not negative: a well-formed new query, a well-formed answer):
+  * final answer correct, no search: the answer turn earns efficiency_budget.
+  * final answer correct, d < n: valid turns 1..d earn efficiency_budget / d - efficiency_step_cost each;
+    every later turn (searches d+1..n and the answer turn) gets -efficiency_overshoot_penalty.
+  * final answer correct, no d < n (every search was needed): every valid turn, the answer turn included,
+    earns efficiency_budget / n - efficiency_step_cost.
+  * final answer wrong: every valid turn earns efficiency_wrong_answer_reward.
+
+Differences from the public code, on purpose:
+- The public code overwrites the whole reward of each turn after d with the penalty, which erases the answer
+  turn's +1, and does so whether or not the final answer is right. By default the penalty is added, and only
+  when the final answer is right; `efficiency_overwrites_answer_reward=True` restores the public behaviour.
+- Invalid turns among 1..d are skipped (the public code stops at the first one), and a correct answer with
+  no search earns the budget only when its format is valid (the public code does not check).
+- F1 (with the HotpotQA yes/no rule) and the depth's EM use every gold answer; the public code uses the
+  first gold only.
+- A query with no word of two or more characters is redundant; empty earlier queries are not part of the
+  TF-IDF fit (the public code puts a placeholder "None" document in their place).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+from typing import Sequence
+
+import ml_collections
+import numpy as np
+
+from searchrl.rewards import protocol, qa
+
+# scikit-learn's TfidfVectorizer default tokens: lower-cased runs of two or more word characters.
+_TFIDF_TOKEN = re.compile(r"(?u)\b\w\w+\b")
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """AutoSearch reward coefficients (values from the public training code)."""
+    c = ml_collections.ConfigDict()
+    # base: per search turn, +value for exact format and a new query, -value otherwise
+    # (structure_format_score / 8 with structure_format_score = 0.2).
+    c.search_format_reward = 0.025
+    # base: TF-IDF cosine above which a query repeats an earlier one.
+    c.redundancy_threshold = 0.8
+    # base: answer turn format reward (final_format_score = 0.1) and penalty for a malformed answer turn.
+    c.answer_format_reward = 0.1
+    c.answer_format_penalty = -0.5
+    # base: answer turn reward for a final answer that exactly matches a gold answer.
+    c.correct_answer_reward = 1.0
+    # quality: scale of the per-step F1 gain of the intermediate answers.
+    c.quality_coef = 1.0
+    # efficiency: bonus shared by the needed steps; each needed step earns budget / depth - step_cost
+    # (the public code's 0.5 * (0.4 / depth - 0.05)); a correct answer with no search earns the budget.
+    c.efficiency_budget = 0.2
+    c.efficiency_step_cost = 0.025
+    # efficiency: penalty for each turn after the minimal sufficient depth d.
+    c.efficiency_overshoot_penalty = 0.05
+    # efficiency: small constant on each valid turn when the final answer is wrong (keeps searching alive).
+    c.efficiency_wrong_answer_reward = 0.0125
+    # efficiency: True reproduces the public code: each turn after d gets exactly -penalty (its base,
+    # quality and answer rewards erased), whether or not the final answer is right.
+    c.efficiency_overwrites_answer_reward = False
+    return c
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchTurn:
+    """One search turn: the generated text (without the observation), its query, and its format check."""
+
+    text: str
+    query: str | None
+    format_ok: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class AnswerTurn:
+    """The final turn: the generated text and whether it is `<think>..</think><answer>..</answer>`."""
+
+    text: str
+    format_ok: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoSearchRecord:
+    """Everything the reward needs about one trajectory.
+
+    intermediate_answers[j] is the answer produced from the trajectory up to search turn j (None when
+    none was produced). answer_turn is None when the trajectory ran out of turns before answering.
+    """
+
+    search_turns: Sequence[SearchTurn]
+    answer_turn: AnswerTurn | None
+    intermediate_answers: Sequence[str | None]
+    golds: Sequence[str]
+
+    def __post_init__(self):
+        if len(self.intermediate_answers) != len(self.search_turns):
+            raise ValueError(f"intermediate_answers has {len(self.intermediate_answers)} entries for "
+                             f"{len(self.search_turns)} search turns")
+        if not self.search_turns and self.answer_turn is None:
+            raise ValueError("a trajectory needs at least one turn")
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoSearchRewards:
+    """Per-turn rewards, in turn order; `total` goes on each turn's last token."""
+
+    total: list[float]
+    base: list[float]
+    quality: list[float]
+    efficiency: list[float]
+    minimal_depth: int | None  # d (1-based) when an intermediate answer was right before the last search
+    final_correct: bool
+
+
+def tfidf_vectors(docs: Sequence[str]) -> np.ndarray:
+    """L2-normalised TF-IDF rows of `docs`, fitted on `docs` (scikit-learn defaults, smooth idf):
+    tf = raw count, idf = ln((1 + n) / (1 + df)) + 1."""
+    tokens = [_TFIDF_TOKEN.findall(d.lower()) for d in docs]
+    vocab = {t: i for i, t in enumerate(sorted({t for toks in tokens for t in toks}))}
+    tf = np.zeros((len(docs), len(vocab)))
+    for row, toks in enumerate(tokens):
+        for tok, count in collections.Counter(toks).items():
+            tf[row, vocab[tok]] = count
+    df = (tf > 0).sum(axis=0)
+    weights = tf * (np.log((1 + len(docs)) / (1 + df)) + 1)
+    norms = np.linalg.norm(weights, axis=1, keepdims=True)
+    return np.divide(weights, norms, out=np.zeros_like(weights), where=norms > 0)
+
+
+def is_redundant(query: str | None, earlier: Sequence[str | None], threshold: float) -> bool:
+    """True when the normalised query is empty, or its TF-IDF cosine with an earlier query exceeds
+    `threshold`."""
+    query = qa.normalize_answer(query or "")
+    if not _TFIDF_TOKEN.search(query):
+        return True
+    history = [h for h in (qa.normalize_answer(e or "") for e in earlier) if h]
+    if not history:
+        return False
+    vectors = tfidf_vectors([query, *history])
+    return float(np.max(vectors[1:] @ vectors[0])) > threshold
+
+
+def _format_rewards(record: AutoSearchRecord, cfg: ml_collections.ConfigDict) -> list[float]:
+    """Format/redundancy reward per search turn, then the answer turn's format reward."""
+    queries = [t.query for t in record.search_turns]
+    rewards = [cfg.search_format_reward
+               if turn.format_ok and not is_redundant(turn.query, queries[:j], cfg.redundancy_threshold)
+               else -cfg.search_format_reward
+               for j, turn in enumerate(record.search_turns)]
+    answer_ok = record.answer_turn is not None and record.answer_turn.format_ok
+    return rewards + [cfg.answer_format_reward if answer_ok else cfg.answer_format_penalty]
+
+
+def _quality_rewards(record: AutoSearchRecord, cfg: ml_collections.ConfigDict) -> list[float]:
+    """Per search step, the scaled gain of the intermediate answer's F1 over the best earlier F1."""
+    best, gains = 0.0, []
+    for answer in record.intermediate_answers:
+        score = qa.f1(answer, record.golds) if answer is not None else 0.0
+        gains.append(cfg.quality_coef * max(0.0, score - best))
+        best = max(best, score)
+    return gains + [0.0]
+
+
+def minimal_depth(record: AutoSearchRecord) -> int | None:
+    """The first search step d (1-based) whose intermediate answer is an exact match, if d < n."""
+    n = len(record.search_turns)
+    for j, answer in enumerate(record.intermediate_answers[:max(n - 1, 0)]):
+        if answer is not None and qa.exact_match(answer, record.golds):
+            return j + 1
+    return None
+
+
+def _efficiency_rewards(valid: list[bool], depth: int | None, final_correct: bool,
+                        cfg: ml_collections.ConfigDict) -> list[float]:
+    """Efficiency reward per turn (search turns then the answer turn), before any overwrite."""
+    n = len(valid) - 1
+    if not final_correct:
+        return [cfg.efficiency_wrong_answer_reward if ok else 0.0 for ok in valid]
+    if n == 0:
+        return [cfg.efficiency_budget if valid[0] else 0.0]
+    needed = depth if depth is not None else n
+    step = cfg.efficiency_budget / needed - cfg.efficiency_step_cost
+    if depth is None:
+        return [step if ok else 0.0 for ok in valid]
+    return [(step if ok else 0.0) if t < depth else -cfg.efficiency_overshoot_penalty
+            for t, ok in enumerate(valid)]
+
+
+def _fold_missing_answer(values: list[float], has_answer_turn: bool) -> list[float]:
+    """Without an answer turn, the answer slot's reward lands on the last (search) turn."""
+    if has_answer_turn:
+        return values
+    return values[:-2] + [values[-2] + values[-1]]
+
+
+def autosearch_rewards(record: AutoSearchRecord, cfg: ml_collections.ConfigDict | None = None
+                       ) -> AutoSearchRewards:
+    """Per-turn AutoSearch rewards: one entry per search turn, then one for the answer turn (when the
+    trajectory has one). The components always sum to `total`."""
+    cfg = cfg or default_config()
+    answer = protocol.extract_answer(record.answer_turn.text) if record.answer_turn else None
+    final_correct = answer is not None and bool(qa.exact_match(answer, record.golds))
+    depth = minimal_depth(record)
+    fmt = _format_rewards(record, cfg)
+    base = fmt[:-1] + [fmt[-1] + (cfg.correct_answer_reward if final_correct else 0.0)]
+    quality = _quality_rewards(record, cfg)
+    efficiency = _efficiency_rewards([f >= 0 for f in fmt], depth, final_correct, cfg)
+    has_answer_turn = record.answer_turn is not None
+    base, quality, efficiency = (_fold_missing_answer(v, has_answer_turn)
+                                 for v in (base, quality, efficiency))
+    if cfg.efficiency_overwrites_answer_reward and depth is not None:
+        for t in range(depth, len(base)):
+            efficiency[t] = -cfg.efficiency_overshoot_penalty - base[t] - quality[t]
+    total = [b + q + e for b, q, e in zip(base, quality, efficiency)]
+    return AutoSearchRewards(total=total, base=base, quality=quality, efficiency=efficiency,
+                             minimal_depth=depth, final_correct=final_correct)

@@ -1,0 +1,206 @@
+"""DeepRetrieval rewards (pat-jj/DeepRetrieval, code/verl/utils/reward_score/*.py).
+
+The policy writes `<think>...</think><answer>{"query": "..."}</answer>` (or `{"sql": "..."}` for
+text-to-SQL). The env parses the answer, runs the retriever or the database, and scores the result:
+
+- tiered (literature search and answer-span retrieval, e.g. pubmed.py, squad.py): a format term
+  (+1 / -4) plus a tier score of recall or of the rank of the first passage holding an answer. The answer is
+  scored only when the tags are well formed; a JSON that cannot be parsed scores parse_error_score.
+- gated (BEIR and SQL, e.g. msmarco_beir.py, spider.py): a format term (+0.1 / -2, the format also needs
+  valid JSON) plus the metric (NDCG@k, execution match) when the metric is positive; a well-formed answer
+  with a zero metric scores 0.
+
+Recall and NDCG@k (gain = rel, log2 discount, ideal from the qrels) come from `searchrl.retrieval.metrics`:
+recall over everything retrieved is `recall_at_k(ids, qrels, len(ids))`. The public tables change from
+dataset to dataset; every value lives in `default_config()`.
+
+Differences from the public code, on purpose: code fences around the JSON are tolerated; an empty query
+is a parse error (the public code scores it as format-only); answers are matched on word boundaries
+(`qa.has_answer`, as DPR's has_answers); the ideal NDCG ranking sorts the qrels by relevance (the public
+code takes them in the given order); an SQL query that runs out of time is an error scoring 0 (the public
+code compares an empty result, which can match an empty gold result).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import re
+import sqlite3
+import time
+from typing import Sequence
+
+import ml_collections
+
+from searchrl.rewards import protocol, qa
+
+_FENCE = re.compile(r"\A```[\w-]*\s*(.*?)\s*```\Z", re.DOTALL)
+_STRUCTURE_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+_SQL_ALLOWED = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
+                          sqlite3.SQLITE_RECURSIVE})
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """DeepRetrieval reward tables."""
+    c = ml_collections.ConfigDict()
+    # tiered: format term for well-formed / malformed tags, and the answer score of unparseable JSON.
+    c.tiered = ml_collections.ConfigDict(dict(format_reward=1.0, format_penalty=-4.0, parse_error_score=-4.0))
+    # gated (BEIR, SQL): format term; the tags must be well formed and the JSON valid.
+    c.gated = ml_collections.ConfigDict(dict(format_reward=0.1, format_penalty=-2.0))
+    # (max 1-based rank, score), ascending: rank of the first retrieved passage that holds a gold answer
+    # (squad.py); answer_rank_miss when no passage does.
+    c.answer_rank_tiers = ((5, 5.0), (20, 4.0), (50, 2.0), (100, 1.0), (1000, 0.5), (3000, 0.1))
+    c.answer_rank_miss = -3.5
+    # (min recall, score), descending (pubmed.py); recall_miss below the last threshold.
+    c.recall_tiers = ((0.7, 5.0), (0.5, 4.0), (0.4, 3.0), (0.3, 1.0), (0.1, 0.5), (0.05, 0.1))
+    c.recall_miss = -3.5
+    # NDCG cut-off for training rewards and for evaluation (msmarco_beir.py).
+    c.ndcg_k = 1000
+    c.ndcg_k_eval = 10
+    # SQL execution: wall-clock limit per query and the most rows one query may return.
+    c.sql_timeout_s = 30.0
+    c.sql_max_rows = 100_000
+    return c
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedAnswer:
+    """The JSON field of the answer (None when it could not be read), and the tag check."""
+
+    value: str | None
+    structure_ok: bool
+    reason: str  # "" when both the tags and the JSON are fine
+
+
+def check_structure(response: str) -> protocol.FormatCheck:
+    """DeepRetrieval's tag check: `<think>`, `</think>`, `<answer>`, `</answer>` once each, in this order."""
+    text = protocol.response_part(response)
+    for tag in _STRUCTURE_TAGS:
+        if (count := text.count(tag)) != 1:
+            return protocol.FormatCheck(False, f"{tag} appears {count} times, expected once")
+    positions = [text.find(tag) for tag in _STRUCTURE_TAGS]
+    if positions != sorted(positions):
+        return protocol.FormatCheck(False, "tags out of order, expected <think>..</think><answer>..</answer>")
+    return protocol.FormatCheck(True, "")
+
+
+def _json_field(answer: str | None, key: str) -> tuple[str | None, str]:
+    """Reads `{key: "..."}` from the answer text, tolerating a code fence; (value, reason)."""
+    if answer is None:
+        return None, "no <answer> block"
+    text = answer.strip()
+    if fence := _FENCE.match(text):
+        text = fence.group(1)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        return None, f"answer is not valid JSON: {e}"
+    if not isinstance(data, dict) or key not in data:
+        return None, f'answer JSON has no "{key}" field'
+    value = data[key]
+    if not isinstance(value, str) or not value.strip():
+        return None, f'"{key}" must be a non-empty string, got {value!r}'
+    return value.strip(), ""
+
+
+def parse_json_answer(response: str, key: str) -> ParsedAnswer:
+    """Parses `<answer>{key: ...}</answer>` from a response and checks its tags."""
+    structure = check_structure(response)
+    value, reason = _json_field(protocol.extract_answer(response), key)
+    return ParsedAnswer(value=value, structure_ok=structure.ok, reason=structure.reason or reason)
+
+
+def parse_query_answer(response: str) -> ParsedAnswer:
+    """The search query of a DeepRetrieval answer `{"query": ...}`."""
+    return parse_json_answer(response, "query")
+
+
+def parse_sql_answer(response: str) -> ParsedAnswer:
+    """The SQL of a DeepRetrieval text-to-SQL answer `{"sql": ...}`."""
+    return parse_json_answer(response, "sql")
+
+
+def tiered_reward(parsed: ParsedAnswer, metric_score: float | None,
+                  cfg: ml_collections.ConfigDict | None = None) -> float:
+    """Format term plus `metric_score` (a tier score); the metric is needed only when a value was parsed."""
+    cfg = (cfg or default_config()).tiered
+    if not parsed.structure_ok:
+        return cfg.format_penalty
+    if parsed.value is None:
+        return cfg.format_reward + cfg.parse_error_score
+    if metric_score is None:
+        raise ValueError("a parsed answer needs its metric score")
+    return cfg.format_reward + metric_score
+
+
+def gated_reward(parsed: ParsedAnswer, metric_score: float | None,
+                 cfg: ml_collections.ConfigDict | None = None) -> float:
+    """Format term plus a positive metric; 0 for a well-formed answer whose metric is not positive."""
+    cfg = (cfg or default_config()).gated
+    if not parsed.structure_ok or parsed.value is None:
+        return cfg.format_penalty
+    if metric_score is None:
+        raise ValueError("a parsed answer needs its metric score")
+    return cfg.format_reward + metric_score if metric_score > 0 else 0.0
+
+
+def first_answer_rank(passages: Sequence[str], golds: qa.Golds) -> int | None:
+    """1-based rank of the first passage that holds a gold answer, or None."""
+    return next((i + 1 for i, p in enumerate(passages) if qa.has_answer(p, golds)), None)
+
+
+def answer_rank_score(rank: int | None, cfg: ml_collections.ConfigDict | None = None) -> float:
+    """The tier score of an answer rank (None: no passage holds an answer)."""
+    cfg = cfg or default_config()
+    if rank is not None:
+        for max_rank, score in cfg.answer_rank_tiers:
+            if rank <= max_rank:
+                return float(score)
+    return float(cfg.answer_rank_miss)
+
+
+def recall_score(value: float, cfg: ml_collections.ConfigDict | None = None) -> float:
+    """The tier score of a recall."""
+    cfg = cfg or default_config()
+    for min_recall, score in cfg.recall_tiers:
+        if value >= min_recall:
+            return float(score)
+    return float(cfg.recall_miss)
+
+
+def _authorize_read(action: int, *_args) -> int:
+    """sqlite3 authorizer: reads only (no ATTACH, PRAGMA or writes)."""
+    return sqlite3.SQLITE_OK if action in _SQL_ALLOWED else sqlite3.SQLITE_DENY
+
+
+def run_sql(db_path: str | pathlib.Path, sql: str, *, timeout_s: float, max_rows: int) -> list[tuple]:
+    """Runs one read-only statement; raises sqlite3.Error on a bad query, a timeout or too many rows."""
+    path = pathlib.Path(db_path).resolve()
+    if not path.is_file():
+        raise FileNotFoundError(f"SQL database not found: {path}")
+    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+    try:
+        conn.set_authorizer(_authorize_read)
+        deadline = time.monotonic() + timeout_s
+        conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
+        rows = conn.execute(sql).fetchmany(max_rows + 1)
+    finally:
+        conn.close()
+    if len(rows) > max_rows:
+        raise sqlite3.OperationalError(f"query returned more than {max_rows} rows")
+    return rows
+
+
+def sql_execution_match(db_path: str | pathlib.Path, pred_sql: str, gold_sql: str,
+                        cfg: ml_collections.ConfigDict | None = None) -> tuple[float, str]:
+    """1.0 when both queries return the same set of rows, else 0.0; the reason says why it is 0."""
+    cfg = cfg or default_config()
+    results = {}
+    for name, sql in (("predicted", pred_sql), ("gold", gold_sql)):
+        try:
+            results[name] = set(run_sql(db_path, sql, timeout_s=cfg.sql_timeout_s, max_rows=cfg.sql_max_rows))
+        except sqlite3.Error as e:
+            return 0.0, f"{name} SQL failed: {e}"
+    if results["predicted"] != results["gold"]:
+        return 0.0, "result rows differ"
+    return 1.0, ""

@@ -1,0 +1,91 @@
+"""Ranking metrics on hand-computed cases (trec_eval definitions) and the qrels readers."""
+import math
+import random
+
+import pytest
+
+from searchrl.retrieval.metrics import evaluate, mrr_at_k, ndcg_at_k, precision_at_k, read_beir_qrels, \
+    read_qrels, read_trec_qrels, recall_at_k
+
+RANKED = ["d1", "d2", "d3", "d4", "d5"]
+# Relevant: d1, d3, d6 (d6 is never retrieved); d7 is judged non-relevant.
+QRELS = {"d1": 1, "d3": 2, "d6": 1, "d7": 0}
+
+
+def test_ndcg_hand_computed():
+    # @3: DCG = 1/log2(2) + 0/log2(3) + 2/log2(4) = 1 + 0 + 1 = 2
+    #     ideal gains [2, 1, 1]: IDCG = 2/1 + 1/log2(3) + 1/2 = 3.1309298
+    assert ndcg_at_k(RANKED, QRELS, 3) == pytest.approx(2 / (2.5 + 1 / math.log2(3)), rel=1e-12)
+    assert ndcg_at_k(RANKED, QRELS, 3) == pytest.approx(0.6387878, abs=1e-7)
+    # @1: DCG = 1, IDCG = 2
+    assert ndcg_at_k(RANKED, QRELS, 1) == 0.5
+    # @10: DCG = 2 (d6 never retrieved), IDCG = 2 + 1/log2(3) + 1/log2(4) = 3.1309298
+    assert ndcg_at_k(RANKED, QRELS, 10) == pytest.approx(2 / (2.5 + 1 / math.log2(3)), rel=1e-12)
+    assert ndcg_at_k(["d3", "d1", "d6"], QRELS, 3) == pytest.approx(1.0)  # the ideal ranking
+    assert ndcg_at_k(RANKED, {"d9": 0}, 10) == 0.0  # nothing relevant
+    # A negative judgement is a gain of 0.
+    assert ndcg_at_k(["x", "d1"], {"x": -1, "d1": 1}, 2) == pytest.approx(1 / math.log2(3))
+
+
+def test_ndcg_matches_sklearn_on_random_cases():
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    rng = random.Random(0)
+    for _ in range(50):
+        docs = [f"d{i}" for i in range(12)]
+        qrels = {d: rng.choice([0, 0, 1, 2, 3]) for d in rng.sample(docs, 8)}
+        if not any(qrels.values()):
+            continue
+        ranked = rng.sample(docs, 12)
+        k = rng.randint(1, 12)
+        y_true = [[qrels.get(d, 0) for d in ranked]]
+        y_score = [[12 - i for i in range(12)]]
+        assert ndcg_at_k(ranked, qrels, k) == pytest.approx(sklearn_metrics.ndcg_score(y_true, y_score, k=k))
+
+
+def test_recall_precision_mrr_hand_computed():
+    assert recall_at_k(RANKED, QRELS, 1) == 1 / 3
+    assert recall_at_k(RANKED, QRELS, 3) == 2 / 3  # d1, d3 of {d1, d3, d6}
+    assert recall_at_k(RANKED, QRELS, 100) == 2 / 3
+    assert precision_at_k(RANKED, QRELS, 3) == 2 / 3
+    assert precision_at_k(RANKED, QRELS, 10) == 2 / 10  # trec_eval divides by k even past the run's end
+    assert mrr_at_k(RANKED, QRELS, 10) == 1.0
+    assert mrr_at_k(["d2", "d4", "d3"], QRELS, 10) == 1 / 3
+    assert mrr_at_k(["d2", "d4", "d3"], QRELS, 2) == 0.0
+    assert recall_at_k(RANKED, {}, 10) == 0.0
+
+
+def test_evaluate_means_over_qrels_queries():
+    qrels = {"q1": QRELS, "q2": {"a": 1}, "q3": {"b": 1}}
+    run = {"q1": RANKED, "q2": ["x", "a"], "extra": ["a"]}  # q3 missing from the run: scores 0
+    out = evaluate(run, qrels, ["mrr@10", "recall@1", "precision@2", "ndcg@2"])
+    assert out["mrr@10"] == pytest.approx((1 + 1 / 2 + 0) / 3)
+    assert out["recall@1"] == pytest.approx((1 / 3 + 0 + 0) / 3)
+    assert out["precision@2"] == pytest.approx((1 / 2 + 1 / 2 + 0) / 3)
+    # q1 @2: DCG 1, IDCG 2 + 1/log2(3); q2 @2: DCG 1/log2(3), IDCG 1
+    assert out["ndcg@2"] == pytest.approx((1 / (2 + 1 / math.log2(3)) + 1 / math.log2(3)) / 3)
+    for bad in ["ndcg", "map@10", "ndcg@0", "ndcg@x"]:
+        with pytest.raises(ValueError, match="unknown metric"):
+            evaluate(run, qrels, [bad])
+    with pytest.raises(ValueError, match="no queries"):
+        evaluate(run, {}, ["ndcg@10"])
+
+
+def test_qrels_readers(tmp_path):
+    beir = tmp_path / "test.tsv"
+    beir.write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\t2\n\nq2\td3\t0\n")
+    expected = {"q1": {"d1": 1, "d2": 2}, "q2": {"d3": 0}}
+    assert read_beir_qrels(beir) == expected == read_qrels(beir)
+    trec = tmp_path / "qrels.txt"
+    trec.write_text("q1 0 d1 1\nq1 0 d2 2\nq2 Q0 d3 0\n")
+    assert read_trec_qrels(trec) == expected == read_qrels(trec)
+
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\n")
+    with pytest.raises(ValueError, match=rf"{bad}:3: expected query-id"):
+        read_beir_qrels(bad)
+    bad.write_text("q1\td1\thigh\n")
+    with pytest.raises(ValueError, match=rf"{bad}:1: relevance must be an integer, got 'high'"):
+        read_qrels(bad)
+    bad.write_text("q1 0 d1 1\nq1 d2 1\n")
+    with pytest.raises(ValueError, match=rf"{bad}:2: expected 'qid 0 docid rel'"):
+        read_qrels(bad)

@@ -1,0 +1,124 @@
+"""AutoSearch turn rewards on hand-worked trajectories."""
+import math
+
+import numpy as np
+import pytest
+
+from searchrl.rewards import autosearch as au
+
+GOLDS = ["Paris"]
+
+
+def search(query, ok=True):
+    return au.SearchTurn(text=f"<think>t</think><search>{query}</search>", query=query, format_ok=ok)
+
+
+def answer(text, ok=True):
+    return au.AnswerTurn(text=f"<think>t</think><answer>{text}</answer>", format_ok=ok)
+
+
+def _rewards(searches, final, intermediate, **overrides):
+    cfg = au.default_config()
+    cfg.update(overrides)
+    out = au.autosearch_rewards(au.AutoSearchRecord(searches, final, intermediate, GOLDS), cfg)
+    for t, total in enumerate(out.total):  # the components always add up to the total
+        assert total == pytest.approx(out.base[t] + out.quality[t] + out.efficiency[t], abs=1e-12)
+    return out
+
+
+def test_tfidf_cosine_hand_computed():
+    # n = 2 docs; "apple" df 2 -> idf ln(3/3) + 1 = 1; "banana", "cherry" df 1 -> idf ln(3/2) + 1.
+    # doc0 = [1, w, 0], doc1 = [1, 0, w] with w = ln 1.5 + 1: cosine = 1 / (1 + w^2) = 0.33610.
+    v = au.tfidf_vectors(["apple banana", "Apple cherry"])
+    w = math.log(1.5) + 1
+    assert float(v[0] @ v[1]) == pytest.approx(1 / (1 + w * w), abs=1e-12)
+    assert np.linalg.norm(v, axis=1) == pytest.approx([1.0, 1.0], abs=1e-12)
+
+
+def test_tfidf_matches_scikit_learn():
+    sklearn_text = pytest.importorskip("sklearn.feature_extraction.text")
+    docs = ["who wrote the play hamlet", "hamlet author", "play play written by shakespeare", "a b c hamlet"]
+    expected = sklearn_text.TfidfVectorizer().fit_transform(docs).toarray()
+    np.testing.assert_allclose(au.tfidf_vectors(docs), expected, rtol=0, atol=1e-12)
+
+
+def test_is_redundant():
+    assert au.is_redundant("Who wrote Hamlet?", ["who wrote hamlet"], 0.8)  # cosine 1
+    assert au.is_redundant("", [], 0.8)
+    assert au.is_redundant(None, [], 0.8)
+    assert au.is_redundant("a b", [], 0.8)  # no word of two or more characters
+    assert not au.is_redundant("who wrote hamlet", [], 0.8)
+    assert not au.is_redundant("who wrote hamlet", [None, ""], 0.8)
+    # cosine 0.336 (see above): new at threshold 0.8, redundant at 0.3.
+    assert not au.is_redundant("apple banana", ["apple cherry"], 0.8)
+    assert au.is_redundant("apple banana", ["apple cherry"], 0.3)
+
+
+def test_early_stop_correct_answer():
+    searches = [search("eiffel tower location"), search("paris population"), search("louvre museum")]
+    out = _rewards(searches, answer("Paris"), ["Lyon", "Paris", "Paris"])
+    assert out.minimal_depth == 2 and out.final_correct
+    assert out.base == pytest.approx([0.025, 0.025, 0.025, 0.1 + 1.0])
+    assert out.quality == pytest.approx([0.0, 1.0, 0.0, 0.0])  # F1 0 -> 1 -> 1
+    # needed steps 1..2 earn 0.2 / 2 - 0.025 = 0.075; step 3 and the answer turn pay 0.05.
+    assert out.efficiency == pytest.approx([0.075, 0.075, -0.05, -0.05])
+    assert out.total == pytest.approx([0.1, 1.1, -0.025, 1.05])
+
+
+def test_early_stop_overwrite_as_coded():
+    searches = [search("eiffel tower location"), search("paris population"), search("louvre museum")]
+    out = _rewards(searches, answer("Paris"), ["Lyon", "Paris", "Paris"],
+                   efficiency_overwrites_answer_reward=True)
+    assert out.total == pytest.approx([0.1, 1.1, -0.05, -0.05])  # the answer turn's +1.1 is erased
+
+
+def test_every_search_needed():
+    # The last step's intermediate answer never sets d (nothing comes after it): all steps were needed.
+    out = _rewards([search("eiffel tower"), search("paris population")], answer("paris"), ["Lyon", "Paris"])
+    assert out.minimal_depth is None
+    # every valid turn, the answer turn too, earns 0.2 / 2 - 0.025 = 0.075.
+    assert out.efficiency == pytest.approx([0.075, 0.075, 0.075])
+    assert out.total == pytest.approx([0.1, 1.1, 1.175])
+    flagged = _rewards([search("eiffel tower"), search("paris population")], answer("paris"),
+                       ["Lyon", "Paris"], efficiency_overwrites_answer_reward=True)
+    assert flagged.total == pytest.approx(out.total)
+
+
+def test_wrong_answer_with_redundant_query():
+    searches = [search("paris population"), search("Paris population?"), search("louvre museum")]
+    out = _rewards(searches, answer("Lyon"), ["Paris", "Lyon", "Lyon"])
+    assert out.minimal_depth == 1 and not out.final_correct
+    assert out.base == pytest.approx([0.025, -0.025, 0.025, 0.1])
+    assert out.quality == pytest.approx([1.0, 0.0, 0.0, 0.0])
+    # wrong final answer: 0.0125 on each valid turn; the redundant turn gets nothing.
+    assert out.efficiency == pytest.approx([0.0125, 0.0, 0.0125, 0.0125])
+    assert out.total == pytest.approx([1.0375, -0.025, 0.0375, 0.1125])
+    flagged = _rewards(searches, answer("Lyon"), ["Paris", "Lyon", "Lyon"],
+                       efficiency_overwrites_answer_reward=True)
+    assert flagged.total == pytest.approx([1.0375, -0.05, -0.05, -0.05])
+
+
+def test_no_search():
+    assert _rewards([], answer("Paris"), []).total == pytest.approx([0.1 + 1.0 + 0.2])
+    # malformed answer turn: -0.5 + 1, and no efficiency bonus.
+    assert _rewards([], answer("Paris", ok=False), []).total == pytest.approx([0.5])
+
+
+def test_bad_search_turns():
+    out = _rewards([search("good query", ok=False), search(None)], answer("Rome"), [None, None])
+    assert out.base == pytest.approx([-0.025, -0.025, 0.1])
+    assert out.efficiency == pytest.approx([0.0, 0.0, 0.0125])
+
+
+def test_missing_answer_turn_folds_onto_last_turn():
+    out = _rewards([search("first query"), search("second query")], None, [None, "Paris"])
+    assert not out.final_correct and len(out.total) == 2
+    # slots [0.025, 0.025, -0.5] fold to [0.025, -0.475]; quality [0, 1]; efficiency 0.0125 on valid slots.
+    assert out.total == pytest.approx([0.025 + 0.0125, -0.475 + 1.0 + 0.0125])
+
+
+def test_record_validation():
+    with pytest.raises(ValueError, match="intermediate_answers has 0 entries for 1 search turns"):
+        au.AutoSearchRecord([search("q")], answer("x"), [], GOLDS)
+    with pytest.raises(ValueError, match="at least one turn"):
+        au.AutoSearchRecord([], None, [], GOLDS)

@@ -1,0 +1,152 @@
+"""DeepRetrieval parsing, reward tables, NDCG and SQL execution match."""
+import math
+import sqlite3
+
+import pytest
+
+from searchrl.retrieval import metrics
+from searchrl.rewards import deepretrieval as dr
+
+
+def _response(answer: str, think: str = "<think>plan</think>") -> str:
+    return f"<|im_start|>user\nexample <answer>{{\"query\": \"x\"}}</answer><|im_end|>\n" \
+           f"<|im_start|>assistant\n{think}\n<answer>{answer}</answer><|im_end|>"
+
+
+def test_parse_query_answer():
+    parsed = dr.parse_query_answer(_response('{"query": " covid vaccine "}'))
+    assert parsed == dr.ParsedAnswer(value="covid vaccine", structure_ok=True, reason="")
+    fenced = dr.parse_query_answer(_response('```json\n{"query": "q AND r"}\n```'))
+    assert fenced.value == "q AND r" and fenced.reason == ""
+    assert dr.parse_sql_answer(_response('{"sql": "SELECT 1"}')).value == "SELECT 1"
+
+
+@pytest.mark.parametrize("answer, reason", [
+    ('{"query": "q"', "answer is not valid JSON"),
+    ('["q"]', 'answer JSON has no "query" field'),
+    ('{"q": "x"}', 'answer JSON has no "query" field'),
+    ('{"query": 3}', '"query" must be a non-empty string, got 3'),
+    ('{"query": "  "}', '"query" must be a non-empty string'),
+])
+def test_parse_errors(answer, reason):
+    parsed = dr.parse_query_answer(_response(answer))
+    assert parsed.value is None and parsed.structure_ok and parsed.reason.startswith(reason)
+
+
+def test_parse_without_answer():
+    parsed = dr.parse_query_answer("<|im_start|>assistant\n<think>hmm</think>")
+    assert parsed.value is None and not parsed.structure_ok
+    assert parsed.reason == "<answer> appears 0 times, expected once"
+
+
+@pytest.mark.parametrize("response, reason", [
+    ("<think>a</think><think>b</think><answer>x</answer>", "<think> appears 2 times, expected once"),
+    ("<answer>x</answer><think>a</think>", "tags out of order"),
+    ("<answer>x</answer>", "<think> appears 0 times, expected once"),
+])
+def test_check_structure(response, reason):
+    check = dr.check_structure(response)
+    assert not check.ok and check.reason.startswith(reason)
+    assert dr.check_structure("note <think>a</think> then <answer>x</answer>").ok  # text outside tags is fine
+
+
+@pytest.mark.parametrize("rank, score", [
+    (1, 5.0), (5, 5.0), (6, 4.0), (20, 4.0), (21, 2.0), (50, 2.0), (51, 1.0), (100, 1.0),
+    (101, 0.5), (1000, 0.5), (1001, 0.1), (3000, 0.1), (3001, -3.5), (None, -3.5),
+])
+def test_answer_rank_tiers(rank, score):
+    assert dr.answer_rank_score(rank) == score
+
+
+@pytest.mark.parametrize("value, score", [
+    (1.0, 5.0), (0.7, 5.0), (0.69, 4.0), (0.5, 4.0), (0.45, 3.0), (0.4, 3.0), (0.35, 1.0), (0.3, 1.0),
+    (0.2, 0.5), (0.1, 0.5), (0.07, 0.1), (0.05, 0.1), (0.04, -3.5), (0.0, -3.5),
+])
+def test_recall_tiers(value, score):
+    assert dr.recall_score(value) == score
+
+
+def test_first_answer_rank():
+    passages = ["The party was fun.", "Lyon is big.", "The Art of War is a book."]
+    assert dr.first_answer_rank(passages, ["art"]) == 3  # "party" does not hold "art"
+    assert dr.first_answer_rank(passages, ["Paris"]) is None
+
+
+def test_recall_tier_of_a_retrieval():
+    # 2 of the 4 relevant ids retrieved: recall 0.5 -> tier 4, reward 1 + 4.
+    qrels = dict.fromkeys(["a", "c", "d", "e"], 1)
+    retrieved = ["a", "b", "c", "x"]
+    value = metrics.recall_at_k(retrieved, qrels, len(retrieved))
+    assert value == 0.5
+    assert dr.tiered_reward(dr.parse_query_answer(_response('{"query": "q"}')), dr.recall_score(value)) == 5.0
+
+
+def test_gated_ndcg_hand_computed():
+    # qrels d1: 2, d2: 1; ranking d3, d1, d2 at k = 3:
+    # DCG = 0 / log2(2) + 2 / log2(3) + 1 / log2(4) = 1.76186; ideal = 2 / log2(2) + 1 / log2(3) = 2.63093.
+    ndcg = metrics.ndcg_at_k(["d3", "d1", "d2"], {"d1": 2, "d2": 1, "d3": 0}, 3)
+    expected = (2 / math.log2(3) + 0.5) / (2 + 1 / math.log2(3))
+    assert ndcg == pytest.approx(expected, abs=1e-12)  # 0.66965
+    ok = dr.parse_query_answer(_response('{"query": "q"}'))
+    assert dr.gated_reward(ok, ndcg) == pytest.approx(0.1 + expected, abs=1e-12)
+
+
+def test_tiered_reward():
+    ok = dr.parse_query_answer(_response('{"query": "q"}'))
+    bad_json = dr.parse_query_answer(_response("not json"))
+    bad_tags = dr.parse_query_answer(_response('{"query": "q"}', think=""))
+    assert dr.tiered_reward(ok, dr.answer_rank_score(3)) == 1.0 + 5.0
+    assert dr.tiered_reward(ok, dr.recall_score(0.0)) == 1.0 - 3.5
+    assert dr.tiered_reward(bad_json, None) == 1.0 - 4.0
+    assert dr.tiered_reward(bad_tags, None) == -4.0
+    with pytest.raises(ValueError, match="metric score"):
+        dr.tiered_reward(ok, None)
+
+
+def test_gated_reward():
+    ok = dr.parse_query_answer(_response('{"query": "q"}'))
+    assert dr.gated_reward(ok, 0.5) == pytest.approx(0.6)
+    assert dr.gated_reward(ok, 0.0) == 0.0
+    assert dr.gated_reward(dr.parse_query_answer(_response("{}")), None) == -2.0
+    assert dr.gated_reward(dr.parse_query_answer(_response('{"query": "q"}', think="")), None) == -2.0
+
+
+@pytest.fixture
+def db(tmp_path):
+    path = tmp_path / "shop.db"
+    conn = sqlite3.connect(path)
+    conn.executescript("CREATE TABLE item(id INTEGER, name TEXT, price REAL);"
+                       "INSERT INTO item VALUES (1, 'pen', 1.5), (2, 'book', 12.0), (3, 'pen', 2.0);")
+    conn.commit()
+    conn.close()
+    return path
+
+
+def test_sql_match(db):
+    gold = "SELECT name FROM item WHERE price < 5"
+    assert dr.sql_execution_match(db, "SELECT DISTINCT name FROM item WHERE price < 3", gold) == (1.0, "")
+    assert dr.sql_execution_match(db, "SELECT name FROM item", gold) == (0.0, "result rows differ")
+
+
+@pytest.mark.parametrize("pred, reason", [
+    ("SELEC name FROM item", "predicted SQL failed: near \"SELEC\": syntax error"),
+    ("SELECT nope FROM item", "predicted SQL failed: no such column: nope"),
+    ("DELETE FROM item", "predicted SQL failed: not authorized"),
+    ("ATTACH DATABASE 'other.db' AS o", "predicted SQL failed: not authorized"),
+    ("SELECT 1; DROP TABLE item", "predicted SQL failed: You can only execute one statement at a time."),
+])
+def test_sql_errors(db, pred, reason):
+    assert dr.sql_execution_match(db, pred, "SELECT 1") == (0.0, reason)
+    assert dr.run_sql(db, "SELECT count(*) FROM item", timeout_s=5, max_rows=10) == [(3,)]  # untouched
+
+
+def test_sql_limits(db):
+    cfg = dr.default_config()
+    cfg.sql_timeout_s, cfg.sql_max_rows = 0.2, 2
+    endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+    assert dr.sql_execution_match(db, endless, "SELECT 1", cfg) == (0.0, "predicted SQL failed: interrupted")
+    assert dr.sql_execution_match(db, "SELECT id FROM item", "SELECT 1", cfg) == (
+        0.0, "predicted SQL failed: query returned more than 2 rows")
+    assert dr.sql_execution_match(db, "SELECT 1", "SELECT bad", cfg)[1].startswith("gold SQL failed")
+    with pytest.raises(FileNotFoundError, match="SQL database not found"):
+        dr.sql_execution_match(db.parent / "missing.db", "SELECT 1", "SELECT 1")
