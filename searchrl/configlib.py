@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import ml_collections
+from ml_collections import config_dict
+
+from searchrl.models.config import OVERRIDABLE
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -14,7 +17,8 @@ def base_config() -> ml_collections.ConfigDict:
     config.model.preset = "tiny"  # a name from searchrl.models.PRESETS, used when `path` is empty
     config.model.path = ""  # a local Hugging Face directory (config.json + *.safetensors); wins over `preset`
     config.model.param_dtype = "float32"  # bfloat16 on accelerators; master weights stay float32 in the optimizer
-    config.model.overrides = ml_collections.ConfigDict()  # ModelConfig fields replaced on top of the preset
+    for name, kind in OVERRIDABLE.items():  # unset: the preset's / checkpoint's value
+        config.model[name] = config_dict.placeholder(kind)
 
     config.mesh = ml_collections.ConfigDict()
     config.mesh.data = -1  # -1: all devices not used by the other axes

@@ -98,10 +98,14 @@ class RolloutEngine:
         return generate.extend(self.cfg, params, state, tokens, lengths, start, self.config.sampling)
 
     def _finish_turn(self, tokens: np.ndarray, start: int, end: int) -> tuple[int, str]:
-        """Re-checks stop strings on the turn's text: returns the (possibly earlier) end slot and the text."""
+        """Re-checks stop strings on the turn's text: returns the end slot and the text, cut after the first stop.
+
+        Token-id matching misses a stop the model spelled with other tokens; here the turn is trimmed after the
+        first token whose text completes the stop.
+        """
         text = self._decode(tokens[start:end])
         stop = first_stop_end(text, self.env.stop_strings)
-        if stop is None or stop == len(text.rstrip()):
+        if stop is None or stop == len(text):
             return end, text
         lo, hi = start + 1, end  # smallest end whose text already contains the stop string
         while lo < hi:
@@ -110,7 +114,7 @@ class RolloutEngine:
                 lo = mid + 1
             else:
                 hi = mid
-        return lo, self._decode(tokens[start:lo])
+        return lo, text[:stop]
 
     def _observation_tokens(self, obs: Observation, room: int) -> list[int]:
         """Tokenises an observation, truncating its body to `max_obs_tokens` and to the room left in the row."""

@@ -110,7 +110,7 @@ def extend(
     start = state.cache.length
     real = jnp.arange(chunk.shape[1])[None, :] < chunk_len[:, None]
     positions = start[:, None] + jnp.arange(chunk.shape[1])[None, :]
-    _, hidden, cache = models.forward(cfg, params, chunk, positions, real, state.cache)
+    hidden, cache = models.backbone(cfg, params, chunk, positions, real, state.cache)
     cache = cache._replace(length=start + chunk_len)
     state = state._replace(
         cache=cache,
@@ -160,7 +160,7 @@ def decode_chunk(
         rows = state.active
         written = state.cache.length
         token = jnp.take_along_axis(state.tokens, written[:, None], axis=1)
-        _, hidden, cache = models.forward(cfg, params, token, written[:, None], rows[:, None], state.cache)
+        hidden, cache = models.backbone(cfg, params, token, written[:, None], rows[:, None], state.cache)
         cache = cache._replace(length=written + rows.astype(jnp.int32))
         state = state._replace(cache=cache, pending=state.pending & ~rows)
         turn_tokens = cache.length - state.turn_start

@@ -1,0 +1,103 @@
+"""Training-step throughput of the searchrl decoder against transformers' PyTorch model on the same config.
+
+Both sides compute the gradient of the mean next-token NLL of the same batch in float32 on the CPU, after
+warm-up (compilation for JAX). Run:
+`python -m searchrl.benchmarks.model [--json] [--preset bench_small] [--batch 4] [--seq 256] [--steps 5]`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+import transformers
+
+from searchrl.models import ModelConfig, get_preset, init_params, to_hf_config, token_logprobs
+
+
+def _time(step: Callable[[], None], steps: int, warmup: int = 2) -> float:
+    """Seconds per call of `step` (which must block until its work is done), after `warmup` calls."""
+    for _ in range(warmup):
+        step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - start) / steps
+
+
+def searchrl_step(cfg: ModelConfig, tokens: np.ndarray) -> Callable[[], None]:
+    """A jitted value-and-grad of the mean next-token NLL."""
+    params = init_params(cfg, jax.random.key(0))
+    B, T = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    mask = jnp.ones((B, T), bool)
+
+    def loss(params, tokens):
+        return -token_logprobs(cfg, params, tokens, positions, mask)[:, 1:].mean()
+
+    grad = jax.jit(jax.value_and_grad(loss))
+    tokens = jnp.asarray(tokens)
+    return lambda: jax.block_until_ready(grad(params, tokens))
+
+
+def torch_step(cfg: ModelConfig, tokens: np.ndarray) -> Callable[[], None]:
+    """transformers' model on the same config: loss(labels=tokens) and backward."""
+    hf = to_hf_config(cfg)
+    config = transformers.AutoConfig.for_model(hf.pop("model_type"), **hf)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).float().train()
+    ids = torch.from_numpy(tokens).long()
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids, labels=ids).loss.backward()
+
+    return step
+
+
+def run(preset: str, batch: int, seq: int, steps: int) -> dict:
+    cfg = get_preset(preset)
+    threads = len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, size=(batch, seq)).astype(np.int32)
+    ours = _time(searchrl_step(cfg, tokens), steps)
+    theirs = _time(torch_step(cfg, tokens), steps)
+    shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+    n_params = sum(x.size for x in jax.tree.leaves(shapes))
+    return {
+        "preset": preset, "params": n_params, "batch": batch, "seq": seq, "steps": steps, "threads": threads,
+        "device": jax.devices()[0].platform,
+        "searchrl_step_s": ours, "torch_step_s": theirs,
+        "searchrl_tokens_per_s": batch * seq / ours, "torch_tokens_per_s": batch * seq / theirs,
+        "ratio": theirs / ours,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="bench_small")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    args = parser.parse_args(argv)
+    r = run(args.preset, args.batch, args.seq, args.steps)
+    if args.json:
+        print(json.dumps(r))
+        return
+    print(f"forward+backward, {r['preset']} ({r['params'] / 1e6:.1f}M params), batch {r['batch']} x seq "
+          f"{r['seq']}, fp32, {r['device']}, {r['threads']} threads, {r['steps']} timed steps")
+    print(f"{'impl':<22}{'step s':>10}{'tokens/s':>12}")
+    print(f"{'searchrl (jax.jit)':<22}{r['searchrl_step_s']:>10.3f}{r['searchrl_tokens_per_s']:>12.0f}")
+    print(f"{'transformers (torch)':<22}{r['torch_step_s']:>10.3f}{r['torch_tokens_per_s']:>12.0f}")
+    print(f"ratio searchrl / torch tokens/s: {r['ratio']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

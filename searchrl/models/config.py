@@ -1,0 +1,279 @@
+"""Decoder hyper-parameters: `ModelConfig`, published presets, and the Hugging Face config.json mapping.
+
+`ModelConfig` is frozen and hashable so it can be a static argument of `jax.jit`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+FAMILIES = ("qwen2", "qwen3", "llama")
+ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
+_FAMILY_ARCH = {family: arch for arch, family in ARCHITECTURES.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 frequency scaling of RoPE (HF `rope_type: "llama3"`)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+    rope_type: str = "llama3"
+
+    def __post_init__(self):
+        if self.rope_type != "llama3":
+            raise ValueError(f"rope_scaling.rope_type {self.rope_type!r} is not supported (only 'llama3')")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a Qwen2/Qwen2.5, Qwen3 or Llama-3 decoder."""
+
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10_000.0
+    rope_scaling: RopeScaling | None = None
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # q/k/v biases (always on in Qwen2); Llama/Qwen3 then also bias o.
+    qk_norm: bool = False  # RMSNorm of each query/key head before RoPE (Qwen3).
+    max_position_embeddings: int = 32768
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"family {self.family!r} is not one of {FAMILIES}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
+                             f"num_kv_heads={self.num_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+        if isinstance(self.eos_token_id, list):
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+
+    @property
+    def o_bias(self) -> bool:
+        """Whether the attention output projection has a bias (HF `attention_bias` outside Qwen2)."""
+        return self.attention_bias and self.family != "qwen2"
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """All end-of-sequence ids (HF allows one id or a list)."""
+        if self.eos_token_id is None:
+            return ()
+        return self.eos_token_id if isinstance(self.eos_token_id, tuple) else (self.eos_token_id,)
+
+
+def _qwen2p5(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int = 151936,
+             tied: bool = True) -> ModelConfig:
+    # Values of the Qwen2.5-*-Instruct config.json files.
+    return ModelConfig("qwen2", vocab, hidden, inter, layers, heads, kv, hidden // heads, rope_theta=1e6,
+                       rms_norm_eps=1e-6, tie_word_embeddings=tied, attention_bias=True,
+                       max_position_embeddings=32768, bos_token_id=151643, eos_token_id=151645)
+
+
+def _qwen3(hidden: int, inter: int, layers: int, heads: int, tied: bool = True) -> ModelConfig:
+    # Values of the Qwen3-* config.json files (8 KV heads of 128 everywhere).
+    return ModelConfig("qwen3", 151936, hidden, inter, layers, heads, 8, 128, rope_theta=1e6,
+                       rms_norm_eps=1e-6, tie_word_embeddings=tied, qk_norm=True,
+                       max_position_embeddings=40960, bos_token_id=151643, eos_token_id=151645)
+
+
+def _llama3p2(hidden: int, layers: int, heads: int, head_dim: int) -> ModelConfig:
+    # Values of the Llama-3.2-*-Instruct config.json files.
+    return ModelConfig("llama", 128256, hidden, 8192, layers, heads, 8, head_dim, rope_theta=500_000.0,
+                       rope_scaling=RopeScaling(32.0, 1.0, 4.0, 8192), rms_norm_eps=1e-5,
+                       tie_word_embeddings=True, max_position_embeddings=131072, bos_token_id=128000,
+                       eos_token_id=(128001, 128008, 128009))
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "qwen2p5_0p5b": _qwen2p5(896, 4864, 24, 14, 2),
+    "qwen2p5_1p5b": _qwen2p5(1536, 8960, 28, 12, 2),
+    "qwen2p5_3b": _qwen2p5(2048, 11008, 36, 16, 2),
+    "qwen2p5_7b": _qwen2p5(3584, 18944, 28, 28, 4, vocab=152064, tied=False),
+    "qwen3_0p6b": _qwen3(1024, 3072, 28, 16),
+    "qwen3_1p7b": _qwen3(2048, 6144, 28, 16),
+    "qwen3_4b": _qwen3(2560, 9728, 36, 32),
+    "qwen3_8b": _qwen3(4096, 12288, 36, 32, tied=False),
+    "llama3p2_1b": _llama3p2(2048, 16, 32, 64),
+    "llama3p2_3b": _llama3p2(3072, 28, 24, 128),
+    # ~150K parameters: CPU unit tests.
+    "tiny": ModelConfig("qwen3", 512, 64, 256, 2, 4, 2, 16, rope_theta=10_000.0, tie_word_embeddings=True,
+                        qk_norm=True, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
+                        pad_token_id=0),
+    # ~65M parameters: benchmarks.
+    "bench_small": ModelConfig("qwen3", 32000, 640, 1792, 10, 10, 2, 64, rope_theta=1e6,
+                               tie_word_embeddings=True, qk_norm=True, max_position_embeddings=4096,
+                               bos_token_id=1, eos_token_id=2, pad_token_id=0),
+}
+
+
+def get_preset(name: str) -> ModelConfig:
+    """The preset called `name`; unknown names raise a ValueError listing the known ones."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")
+    return PRESETS[name]
+
+
+# HF class defaults (transformers 5.x) for optional fields, per family.
+_HF_DEFAULTS = {
+    "qwen2": {"max_position_embeddings": 32768, "bos_token_id": None, "eos_token_id": None},
+    "qwen3": {"max_position_embeddings": 32768, "bos_token_id": None, "eos_token_id": None, "head_dim": 128},
+    "llama": {"max_position_embeddings": 2048, "bos_token_id": 1, "eos_token_id": 2},
+}
+_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
+
+def _family(hf: dict[str, Any]) -> str:
+    archs = hf.get("architectures") or []
+    if archs:
+        if archs[0] not in ARCHITECTURES:
+            raise ValueError(f"unsupported architecture {archs[0]!r} in field 'architectures'; "
+                             f"supported: {', '.join(ARCHITECTURES)}")
+        return ARCHITECTURES[archs[0]]
+    model_type = hf.get("model_type")
+    if model_type not in FAMILIES:
+        raise ValueError(f"unsupported architecture: no 'architectures' field and model_type {model_type!r} "
+                         f"is not one of {FAMILIES}")
+    return model_type
+
+
+def _rope(hf: dict[str, Any], max_pos: int) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, rope_scaling) from 5.x `rope_parameters` or the older `rope_theta` + `rope_scaling`."""
+    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10_000.0)))
+    if params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError("field 'partial_rotary_factor' != 1 is not supported")
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        return theta, None
+    if rope_type != "llama3":
+        raise ValueError(f"field 'rope_type' = {rope_type!r} is not supported (only 'default' and 'llama3')")
+    try:
+        scaling = RopeScaling(float(params["factor"]), float(params["low_freq_factor"]),
+                              float(params["high_freq_factor"]),
+                              int(params.get("original_max_position_embeddings", max_pos)))
+    except KeyError as e:
+        raise ValueError(f"llama3 rope scaling is missing field {e.args[0]!r}") from None
+    return theta, scaling
+
+
+def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
+    """`ModelConfig` from a parsed HF config.json (Qwen2ForCausalLM, Qwen3ForCausalLM, LlamaForCausalLM)."""
+    family = _family(hf)
+    for field in _REQUIRED:
+        if hf.get(field) is None:
+            raise ValueError(f"config is missing required field {field!r}")
+    for field, ok in (("hidden_act", "silu"), ("use_sliding_window", False), ("mlp_bias", False)):
+        if field in hf and hf[field] != ok:
+            raise ValueError(f"field {field!r} = {hf[field]!r} is not supported (expected {ok!r})")
+    if any(t != "full_attention" for t in hf.get("layer_types") or ()):
+        raise ValueError(f"field 'layer_types' = {hf['layer_types']!r}: only full attention is supported")
+    defaults = _HF_DEFAULTS[family]
+    heads = hf["num_attention_heads"]
+    max_pos = hf.get("max_position_embeddings", defaults["max_position_embeddings"])
+    theta, scaling = _rope(hf, max_pos)
+    eos = hf.get("eos_token_id", defaults["eos_token_id"])
+    return ModelConfig(
+        family=family,
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or defaults.get("head_dim") or hf["hidden_size"] // heads,
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        attention_bias=True if family == "qwen2" else bool(hf.get("attention_bias", False)),
+        qk_norm=family == "qwen3",
+        max_position_embeddings=max_pos,
+        bos_token_id=hf.get("bos_token_id", defaults["bos_token_id"]),
+        eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+        pad_token_id=hf.get("pad_token_id"),
+    )
+
+
+def to_hf_config(cfg: ModelConfig, dtype: str = "float32") -> dict[str, Any]:
+    """HF config.json dict for `cfg`, readable by transformers 4.x and 5.x (and vLLM)."""
+    if cfg.family == "qwen2" and not cfg.attention_bias:
+        raise ValueError("Qwen2ForCausalLM always has q/k/v biases: attention_bias must be True")
+    if cfg.qk_norm != (cfg.family == "qwen3"):
+        raise ValueError(f"qk_norm={cfg.qk_norm} is not expressible for family {cfg.family!r}")
+    scaling = None
+    if cfg.rope_scaling is not None:
+        scaling = dataclasses.asdict(cfg.rope_scaling)
+    hf: dict[str, Any] = {
+        "architectures": [_FAMILY_ARCH[cfg.family]],
+        "model_type": cfg.family,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": scaling,
+        "rope_parameters": {**(scaling or {"rope_type": "default"}), "rope_theta": cfg.rope_theta},
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": list(cfg.eos_token_id) if isinstance(cfg.eos_token_id, tuple) else cfg.eos_token_id,
+        "pad_token_id": cfg.pad_token_id,
+        "dtype": dtype,
+        "torch_dtype": dtype,
+    }
+    if cfg.family in ("qwen2", "qwen3"):
+        hf["use_sliding_window"] = False
+    if cfg.family != "qwen2":
+        hf["attention_bias"] = cfg.attention_bias
+    if cfg.family == "llama":
+        hf["mlp_bias"] = False
+    return hf
+
+
+def read_hf_config(path: str | os.PathLike) -> ModelConfig:
+    """`ModelConfig` from `path`/config.json; errors name the file."""
+    config_file = Path(path) / "config.json"
+    try:
+        return from_hf_config(json.loads(config_file.read_text()))
+    except ValueError as e:
+        raise ValueError(f"{config_file}: {e}") from None
+
+
+# ModelConfig fields an experiment config may override from the command line (`--config.model.num_layers=2`).
+OVERRIDABLE = {
+    "family": str, "vocab_size": int, "hidden_size": int, "intermediate_size": int, "num_layers": int,
+    "num_heads": int, "num_kv_heads": int, "head_dim": int, "rope_theta": float, "rms_norm_eps": float,
+    "tie_word_embeddings": bool, "attention_bias": bool, "qk_norm": bool, "max_position_embeddings": int,
+}
+
+
+def config_from_dict(model: Any) -> ModelConfig:
+    """`ModelConfig` from an experiment's `config.model` (a ConfigDict or dict).
+
+    `path` (a local HF directory: its config.json) wins over `preset` (a `PRESETS` name); every `OVERRIDABLE`
+    field that is set (not None) then replaces the value from there.
+    """
+    cfg = read_hf_config(model["path"]) if model.get("path") else get_preset(model.get("preset") or "")
+    overrides = {name: model[name] for name in OVERRIDABLE if model.get(name) is not None}
+    return dataclasses.replace(cfg, **overrides)

@@ -1,0 +1,210 @@
+"""Qwen2/Qwen2.5, Qwen3 and Llama-3 decoder as pure functions of a plain-dict parameter pytree.
+
+Layers are stacked on a leading axis and run with `lax.scan`, so compile time does not grow with depth. One
+`forward` serves training (no cache), prefill, single-token decode and multi-turn extends (with a `KVCache`).
+Compute runs in the params' dtype; norms, softmax, logits and values are float32.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from searchrl.models.config import ModelConfig
+from searchrl.models.kv_cache import KVCache, write_rows
+from searchrl.models.layout import ParamSpec, param_layout
+from searchrl.models.sharding import TRAIN_RULES, ShardingRules, constrain
+
+_INIT_STD = 0.02  # HF `initializer_range` of all three families.
+_MASKED = -1e30  # score of a key that may not be attended (finite: fully masked rows stay NaN-free).
+_ACT = ("batch", "length", "embed")
+
+
+def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32) -> dict:
+    """Random params: N(0, 0.02) matrices and embeddings, unit norms, zero biases."""
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(
+        param_layout(cfg), is_leaf=lambda x: isinstance(x, ParamSpec))
+    out = []
+    for i, (path, spec) in enumerate(leaves):
+        name = path[-1].key
+        if name.endswith("norm"):
+            out.append(jnp.ones(spec.shape, dtype))
+        elif name.endswith("bias"):
+            out.append(jnp.zeros(spec.shape, dtype))
+        else:
+            out.append((_INIT_STD * jax.random.normal(jax.random.fold_in(key, i), spec.shape)).astype(dtype))
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def value_params_from_policy(cfg: ModelConfig, policy_params: dict, key: jax.Array,
+                             init_scale: float = 0.1) -> dict:
+    """Value model params: the policy backbone (embed kept, lm_head dropped) plus a small scalar head."""
+    params = {name: p for name, p in policy_params.items() if name != "lm_head"}
+    width = cfg.hidden_size
+    kernel = init_scale / math.sqrt(width) * jax.random.normal(key, (width,))
+    dtype = params["final_norm"].dtype
+    params["value_head"] = {"kernel": kernel.astype(dtype), "bias": jnp.zeros((), dtype)}
+    return params
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm computed in float32, cast back to x's dtype before the weight (as HF does)."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight * y.astype(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> np.ndarray:
+    """RoPE inverse frequencies [head_dim / 2], with Llama-3 scaling when configured."""
+    inv_freq = 1.0 / cfg.rope_theta ** (np.arange(0, cfg.head_dim, 2, dtype=np.float64) / cfg.head_dim)
+    s = cfg.rope_scaling
+    if s is not None:
+        wavelen = 2 * math.pi / inv_freq
+        low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+        high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+        scaled = np.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+        smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+            s.high_freq_factor - s.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv_freq = np.where(medium, smoothed, scaled)
+    return inv_freq.astype(np.float32)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+    """Rotate-half RoPE of x [B, T, N, hd] at integer positions [B, T], in float32."""
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, hd/2]
+    cos, sin = jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def _attention(cfg: ModelConfig, lp: dict, x: jax.Array, positions: jax.Array, attend: jax.Array,
+               kv: tuple[jax.Array, jax.Array] | None, start: jax.Array | None, rules: ShardingRules):
+    """Grouped-query attention block; with a cache layer `kv`, writes the new keys/values at `start`."""
+    h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
+    q = jnp.einsum("btd,dnh->btnh", h, lp["q"])
+    k = jnp.einsum("btd,dnh->btnh", h, lp["k"])
+    v = jnp.einsum("btd,dnh->btnh", h, lp["v"])
+    if cfg.attention_bias:
+        q, k, v = q + lp["q_bias"], k + lp["k_bias"], v + lp["v_bias"]
+    if cfg.qk_norm:
+        q = rms_norm(q, lp["q_norm"], cfg.rms_norm_eps)
+        k = rms_norm(k, lp["k_norm"], cfg.rms_norm_eps)
+    inv_freq = rope_inv_freq(cfg)
+    q = constrain(apply_rope(q, positions, inv_freq), ("batch", "length", "heads", "head_dim"), rules)
+    k = constrain(apply_rope(k, positions, inv_freq), ("batch", "length", "kv_heads", "head_dim"), rules)
+    v = constrain(v, ("batch", "length", "kv_heads", "head_dim"), rules)
+    if kv is not None:
+        kv = tuple(constrain(write_rows(c, new, start), ("batch", "length", "kv_heads", "head_dim"), rules)
+                   for c, new in zip(kv, (k, v)))
+        k, v = kv[0].astype(x.dtype), kv[1].astype(x.dtype)
+    B, T, H, hd = q.shape
+    groups = H // cfg.num_kv_heads
+    qg = q.reshape(B, T, cfg.num_kv_heads, groups, hd)
+    scores = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32) / math.sqrt(hd)
+    scores = jnp.where(attend[:, None, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(B, T, H, hd)
+    y = jnp.einsum("btnh,nhd->btd", out, lp["o"])
+    if cfg.o_bias:
+        y = y + lp["o_bias"]
+    return y, kv
+
+
+def _mlp(cfg: ModelConfig, lp: dict, x: jax.Array, rules: ShardingRules) -> jax.Array:
+    """SwiGLU feed-forward block."""
+    h = rms_norm(x, lp["mlp_norm"], cfg.rms_norm_eps)
+    act = jax.nn.silu(jnp.einsum("btd,df->btf", h, lp["gate"])) * jnp.einsum("btd,df->btf", h, lp["up"])
+    return jnp.einsum("btf,fd->btd", constrain(act, ("batch", "length", "mlp"), rules), lp["down"])
+
+
+def backbone(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
+             cache: KVCache | None = None, *, rules: ShardingRules | None = None,
+             remat: bool = False) -> tuple[jax.Array, KVCache | None]:
+    """Final-normed hidden states [B, T, D] and the extended cache (see `forward`)."""
+    rules = rules or TRAIN_RULES
+    T = tokens.shape[1]
+    if cache is None:
+        idx = jnp.arange(T)
+        attend = (idx[None, :] <= idx[:, None])[None] & mask[:, None, :]  # [B, T(query), T(key)]
+        start, kv_xs = None, None
+    else:
+        start = cache.length
+        valid = write_rows(cache.valid, mask, start)
+        slot = start[:, None] + jnp.arange(T)  # [B, T] slot of each query
+        attend = valid[:, None, :] & (jnp.arange(valid.shape[1])[None, None, :] <= slot[:, :, None])
+        kv_xs = (cache.k, cache.v)
+
+    def layer(x, xs):
+        lp, kv = xs
+        y, kv = _attention(cfg, lp, x, positions, attend, kv, start, rules)
+        x = constrain(x + y, _ACT, rules)
+        x = constrain(x + _mlp(cfg, lp, x, rules), _ACT, rules)
+        return x, kv
+
+    x = constrain(jnp.take(params["embed"], tokens, axis=0), _ACT, rules)
+    x, kv = jax.lax.scan(jax.checkpoint(layer) if remat else layer, x, (params["layers"], kv_xs))
+    hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
+    if cache is not None:
+        cache = KVCache(k=kv[0], v=kv[1], valid=valid, length=cache.length + T)
+    return hidden, cache
+
+
+def forward(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
+            cache: KVCache | None = None, *, rules: ShardingRules | None = None,
+            remat: bool = False) -> tuple[jax.Array, jax.Array, KVCache | None]:
+    """(logits fp32 [B, T, V], final hidden [B, T, D], cache); tokens, positions int32 and mask bool [B, T].
+
+    Without a cache, query t attends to key s iff s <= t and mask[b, s]. With one, row b's new keys/values go
+    to slots length[b] .. length[b]+T-1 (valid there := mask), each query attends to valid slots up to its
+    own, and the returned cache has length += T. Positions (for RoPE) always come from the caller. Outputs at
+    masked positions are unspecified. `remat` recomputes each layer in the backward pass to save memory.
+    """
+    hidden, cache = backbone(cfg, params, tokens, positions, mask, cache, rules=rules, remat=remat)
+    logits = constrain(lm_logits(cfg, params, hidden), ("batch", "length", "vocab"), rules or TRAIN_RULES)
+    return logits, hidden, cache
+
+
+def lm_logits(cfg: ModelConfig, params: dict, hidden: jax.Array) -> jax.Array:
+    """Float32 logits [..., V] from final hidden states [..., D] (the tied embedding or lm_head)."""
+    head = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
+    return jnp.einsum("...d,dv->...v", hidden, head, preferred_element_type=jnp.float32)
+
+
+def apply(cfg: ModelConfig, params: dict, tokens: jax.Array) -> jax.Array:
+    """Logits [B, T, V] of unpadded sequences at positions 0 .. T-1."""
+    B, T = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    return forward(cfg, params, tokens, positions, jnp.ones((B, T), bool))[0]
+
+
+def logprobs_from_logits(logits: jax.Array, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(log p(tokens[:, t] | logits[:, t-1]), entropy of that distribution), both [B, T] fp32, index 0 = 0."""
+    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+    picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    pad = jnp.zeros_like(picked[:, :1])
+    return jnp.concatenate([pad, picked], axis=1), jnp.concatenate([pad, entropy], axis=1)
+
+
+def token_logprobs(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
+                   *, with_entropy: bool = False, rules: ShardingRules | None = None, remat: bool = False):
+    """Per-token log-probabilities [B, T] (index t+1 holds log p(tokens[:, t+1] | prefix), index 0 = 0).
+
+    With `with_entropy`, returns (logprobs, entropy) in the same alignment.
+    """
+    logits = forward(cfg, params, tokens, positions, mask, rules=rules, remat=remat)[0]
+    logprobs, entropy = logprobs_from_logits(logits, tokens)
+    return (logprobs, entropy) if with_entropy else logprobs
+
+
+def values(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
+           *, rules: ShardingRules | None = None, remat: bool = False) -> jax.Array:
+    """Value estimates [B, T] fp32 from value-model params (see `value_params_from_policy`)."""
+    hidden = backbone(cfg, params, tokens, positions, mask, rules=rules, remat=remat)[0]
+    head = params["value_head"]
+    return (jnp.einsum("btd,d->bt", hidden, head["kernel"], preferred_element_type=jnp.float32)
+            + head["bias"].astype(jnp.float32))

@@ -1,0 +1,54 @@
+"""Static-shape KV cache: a NamedTuple pytree that `decoder.forward` reads and extends.
+
+Row b holds its keys/values in slots 0 .. length[b]-1; `valid` marks the slots that hold real tokens
+(padding is written as holes that are never attended). Rows advance independently, so multi-turn extends of
+different lengths need no re-packing. Writing past `max_len` is the caller's responsibility to avoid: the
+update is clamped by `lax.dynamic_update_slice` and would overwrite the last slots.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from searchrl.models.config import ModelConfig
+from searchrl.models.sharding import ShardingRules, logical_to_sharding
+
+
+class KVCache(NamedTuple):
+    """k, v: [L, B, S, KV, hd] (post-RoPE keys); valid: bool [B, S]; length: int32 [B] slots used per row."""
+
+    k: jax.Array
+    v: jax.Array
+    valid: jax.Array
+    length: jax.Array
+
+    @classmethod
+    def init(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
+        """An empty cache of `max_len` slots per row."""
+        shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                   valid=jnp.zeros((batch, max_len), bool), length=jnp.zeros((batch,), jnp.int32))
+
+    @staticmethod
+    def logical_axes() -> KVCache:
+        """Logical axis names of each field, for `cache_shardings`."""
+        kv = ("layers", "batch", "length", "kv_heads", "head_dim")
+        return KVCache(k=kv, v=kv, valid=("batch", "length"), length=("batch",))
+
+
+def cache_shardings(cfg: ModelConfig, mesh: Mesh, rules: ShardingRules, batch: int, max_len: int) -> KVCache:
+    """NamedSharding of each cache field (as a KVCache), for jit in/out shardings."""
+    shapes = jax.eval_shape(lambda: KVCache.init(cfg, batch, max_len))
+    return KVCache(*(logical_to_sharding(axes, mesh, rules, s.shape)
+                     for axes, s in zip(KVCache.logical_axes(), shapes)))
+
+
+def write_rows(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+    """buf[b, start[b]:start[b]+T] = new[b] for every row b (buf [B, S, ...], new [B, T, ...], start [B])."""
+    def one(row, chunk, offset):
+        return jax.lax.dynamic_update_slice_in_dim(row, chunk.astype(row.dtype), offset, axis=0)
+
+    return jax.vmap(one)(buf, new, start)

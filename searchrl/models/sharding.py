@@ -1,0 +1,119 @@
+"""Device mesh and logical-axis sharding rules for the decoder.
+
+Arrays name their axes logically (`batch`, `embed`, `heads`, ...); a `ShardingRules` table maps each name to
+mesh axes (`data`, `fsdp`, `tensor`). Training uses FSDP + tensor parallelism, sampling keeps weights whole
+across the data axes. A mesh axis shards at most one dimension of an array (mesh axes of size 1 are left out),
+and a dimension that a mesh axis does not divide evenly is left unsharded along it, so tiny test models run on
+any mesh.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+import jax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from searchrl.models.config import ModelConfig
+from searchrl.models.layout import ParamSpec, param_layout
+
+MESH_AXES = ("data", "fsdp", "tensor")
+LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers")
+
+MeshAxes = str | tuple[str, ...] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingRules:
+    """Logical axis name -> mesh axis, tuple of mesh axes, or None (replicated)."""
+
+    rules: tuple[tuple[str, MeshAxes], ...]
+
+    def __post_init__(self):
+        unknown = {name for name, _ in self.rules} - set(LOGICAL_AXES)
+        if unknown:
+            raise ValueError(f"unknown logical axes {sorted(unknown)}; known: {LOGICAL_AXES}")
+
+    def mesh_axes(self, name: str) -> tuple[str, ...]:
+        """The mesh axes that logical axis `name` is sharded over, in order."""
+        table = dict(self.rules)
+        if name not in table:
+            raise ValueError(f"logical axis {name!r} has no rule in {sorted(table)}")
+        axes = table[name]
+        return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+# Training: batch over data x fsdp, weights sharded over fsdp (on `embed`) and tensor (heads / mlp / vocab).
+TRAIN_RULES = ShardingRules((
+    ("batch", ("data", "fsdp")), ("length", None), ("embed", "fsdp"), ("heads", "tensor"),
+    ("kv_heads", "tensor"), ("head_dim", None), ("mlp", "tensor"), ("vocab", "tensor"), ("layers", None),
+))
+# Sampling: weights whole on every data/fsdp replica (no per-token gathers), tensor parallel only.
+SAMPLE_RULES = ShardingRules((
+    ("batch", ("data", "fsdp")), ("length", None), ("embed", None), ("heads", "tensor"),
+    ("kv_heads", "tensor"), ("head_dim", None), ("mlp", "tensor"), ("vocab", "tensor"), ("layers", None),
+))
+
+
+def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh; one size may be -1 to take the devices left over."""
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = [data, fsdp, tensor]
+    if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+        raise ValueError(f"mesh sizes {dict(zip(MESH_AXES, sizes))}: each must be >= 1, at most one -1")
+    fixed = math.prod(s for s in sizes if s != -1)
+    if len(devices) % fixed:
+        raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} does not divide the {len(devices)} devices")
+    sizes = [len(devices) // fixed if s == -1 else s for s in sizes]
+    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
+                         devices=devices[:math.prod(sizes)])
+
+
+def logical_to_spec(axes: Sequence[str | None], rules: ShardingRules, mesh_shape: Mapping[str, int],
+                    shape: Sequence[int] | None = None) -> PartitionSpec:
+    """PartitionSpec for logical `axes`; with `shape`, axes that do not divide evenly are dropped."""
+    used: set[str] = set()
+    spec = []
+    for dim, name in enumerate(axes):
+        kept: list[str] = []
+        for axis in rules.mesh_axes(name) if name is not None else ():
+            if axis in used or mesh_shape.get(axis, 1) == 1:
+                continue
+            if shape is not None and shape[dim] % (math.prod(mesh_shape[a] for a in kept) * mesh_shape[axis]):
+                break
+            kept.append(axis)
+        used.update(kept)
+        spec.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
+    return PartitionSpec(*spec)
+
+
+def logical_to_sharding(axes: Sequence[str | None], mesh: Mesh, rules: ShardingRules,
+                        shape: Sequence[int] | None = None) -> NamedSharding:
+    """NamedSharding on `mesh` for an array with logical `axes` (see `logical_to_spec`)."""
+    return NamedSharding(mesh, logical_to_spec(axes, rules, dict(mesh.shape), shape))
+
+
+def _is_spec(x) -> bool:
+    return isinstance(x, ParamSpec)
+
+
+def param_logical_axes(cfg: ModelConfig, *, value: bool = False) -> dict:
+    """Pytree of logical axis-name tuples mirroring the params (`value=True`: the value model's)."""
+    return jax.tree.map(lambda s: s.axes, param_layout(cfg, value=value), is_leaf=_is_spec)
+
+
+def param_shardings(cfg: ModelConfig, mesh: Mesh, rules: ShardingRules = TRAIN_RULES, *,
+                    value: bool = False) -> dict:
+    """Pytree of NamedSharding mirroring the params, for jit in_shardings/out_shardings and `load_hf`."""
+    return jax.tree.map(lambda s: logical_to_sharding(s.axes, mesh, rules, s.shape),
+                        param_layout(cfg, value=value), is_leaf=_is_spec)
+
+
+def constrain(x: jax.Array, axes: Sequence[str | None], rules: ShardingRules) -> jax.Array:
+    """Sharding constraint on an activation when an (Auto-axes) mesh is set with `jax.set_mesh`; else `x`."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or any(t != AxisType.Auto for t in mesh.axis_types):
+        return x
+    return jax.lax.with_sharding_constraint(x, logical_to_spec(axes, rules, dict(mesh.shape), x.shape))

@@ -1,0 +1,47 @@
+"""Tokenizers: load a Hugging Face tokenizer directory offline, or train a small byte-level BPE one.
+
+Training is for self-contained worlds (tests, the demo): the protocol tags become single special tokens so that
+stop sequences and masks are exact, and the result is saved as an ordinary Hugging Face tokenizer directory.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable, Sequence
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+import transformers
+
+EOS = "<|endoftext|>"
+PROTOCOL_TAGS = (
+    "<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<answer>", "</answer>",
+)
+
+
+def load_tokenizer(path: str) -> transformers.PreTrainedTokenizerBase:
+    """A tokenizer from a local directory (never a hub id: searchrl runs offline)."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"Tokenizer directory not found: {path!r} (searchrl loads tokenizers from local paths).")
+    return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def train_bpe_tokenizer(
+    texts: Iterable[str],
+    vocab_size: int,
+    out_dir: str | None = None,
+    special_tokens: Sequence[str] = PROTOCOL_TAGS,
+) -> transformers.PreTrainedTokenizerBase:
+    """Trains a byte-level BPE tokenizer (EOS first, then `special_tokens`), saving it to `out_dir` if given."""
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS, *special_tokens],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(texts, trainer)
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=EOS, pad_token=EOS)
+    if out_dir is not None:
+        tokenizer.save_pretrained(out_dir)
+    return tokenizer

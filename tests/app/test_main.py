@@ -1,0 +1,46 @@
+"""The absl entry point: config files, presets, command-line overrides, clear usage errors."""
+import dataclasses
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from searchrl import configlib, models
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_main(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "searchrl.main", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_info_applies_command_line_overrides():
+    out = run_main("--config=configs/search_r1.py:tiny", "--config.model.num_layers=3",
+                   "--config.mesh.fsdp=2", "info")
+    assert out.returncode == 0, out.stderr
+    assert "num_layers: 3" in out.stdout
+    assert "mesh: {'data': 4, 'fsdp': 2, 'tensor': 1} over 8 cpu device(s)" in out.stdout
+    cfg = dataclasses.replace(models.get_preset("tiny"), num_layers=3)
+    count = sum(x.size for x in jax.tree.leaves(models.init_params(cfg, jax.random.key(0))))
+    assert f"{count / 1e6:.2f}M parameters" in out.stdout
+
+
+def test_unknown_config_key_and_command_are_clear_errors():
+    out = run_main("--config=configs/search_r1.py:tiny", "--config.model.num_layerz=3", "info")
+    assert out.returncode != 0 and "num_layerz" in out.stderr
+    out = run_main("--config=configs/search_r1.py:tiny", "trian")
+    assert out.returncode != 0 and "Expected one command out of" in out.stderr
+
+
+def test_config_from_dict_prefers_set_fields_over_the_preset():
+    config = configlib.base_config()
+    config.model.preset = "tiny"
+    config.model.hidden_size = 96
+    cfg = models.config_from_dict(config.model)
+    assert cfg.hidden_size == 96 and cfg.num_layers == models.get_preset("tiny").num_layers
+    config.model.preset = "no_such_model"
+    with pytest.raises(ValueError, match="no_such_model"):
+        models.config_from_dict(config.model)

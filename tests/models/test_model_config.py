@@ -1,0 +1,115 @@
+"""ModelConfig presets and the config.json mapping, checked against transformers' own config classes."""
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import pytest
+import transformers
+
+from searchrl.models import (PRESETS, ModelConfig, config_from_dict, from_hf_config, get_preset, init_params,
+                             to_hf_config)
+
+# Published sizes in billions of parameters (model cards), to check the presets' shapes against.
+PUBLISHED_BILLIONS = {
+    "qwen2p5_0p5b": 0.49, "qwen2p5_1p5b": 1.54, "qwen2p5_3b": 3.09, "qwen2p5_7b": 7.61,
+    "qwen3_0p6b": 0.6, "qwen3_1p7b": 1.7, "qwen3_4b": 4.0, "qwen3_8b": 8.2,
+    "llama3p2_1b": 1.24, "llama3p2_3b": 3.21,
+}
+
+
+def _count(cfg: ModelConfig) -> int:
+    shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+    return sum(x.size for x in jax.tree.leaves(shapes))
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_BILLIONS))
+def test_preset_sizes_match_published_counts(name):
+    assert _count(get_preset(name)) / 1e9 == pytest.approx(PUBLISHED_BILLIONS[name], rel=0.02)
+
+
+def test_small_presets():
+    assert 1e5 < _count(get_preset("tiny")) < 1e6
+    assert 50e6 < _count(get_preset("bench_small")) < 100e6
+
+
+def test_unknown_preset_lists_names():
+    with pytest.raises(ValueError, match="qwen3_8b.*tiny|tiny.*qwen3_8b"):
+        get_preset("qwen9")
+
+
+def test_config_is_hashable_static_jit_arg():
+    cfg = get_preset("llama3p2_1b")
+    assert hash(cfg) == hash(dataclasses.replace(cfg))
+    f = jax.jit(lambda c, x: x * c.num_layers, static_argnums=0)
+    assert int(f(cfg, jnp.int32(2))) == 32
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.num_layers = 3
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_hf_config_round_trip_through_transformers(name):
+    """to_hf_config is read by transformers' config class; its to_dict maps back to the same ModelConfig."""
+    cfg = get_preset(name)
+    hf = to_hf_config(cfg)
+    fields = {k: v for k, v in hf.items() if k != "model_type"}
+    loaded = transformers.AutoConfig.for_model(hf["model_type"], **fields)
+    assert from_hf_config(loaded.to_dict()) == cfg
+    assert from_hf_config(hf) == cfg
+
+
+def test_legacy_rope_fields_and_hf_defaults():
+    """Transformers 4.x config.json: top-level rope_theta + rope_scaling; optional fields take HF defaults."""
+    legacy = {"architectures": ["LlamaForCausalLM"], "vocab_size": 128256, "hidden_size": 2048,
+              "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "rope_theta": 500000.0, "max_position_embeddings": 131072,
+              "rope_scaling": {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                               "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+              "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "bos_token_id": 128000,
+              "eos_token_id": [128001, 128008, 128009]}
+    assert from_hf_config(legacy) == get_preset("llama3p2_1b")
+    minimal = {"model_type": "qwen3", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+               "num_hidden_layers": 1, "num_attention_heads": 2}
+    cfg = from_hf_config(minimal)
+    assert (cfg.head_dim, cfg.num_kv_heads, cfg.rope_theta, cfg.qk_norm) == (128, 2, 10_000.0, True)
+
+
+@pytest.mark.parametrize("edit, field", [
+    ({"architectures": ["GPT2LMHeadModel"]}, "GPT2LMHeadModel"),
+    ({"hidden_size": None}, "hidden_size"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"use_sliding_window": True}, "use_sliding_window"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_type"),
+    ({"rope_parameters": {"rope_type": "llama3", "factor": 4.0}}, "low_freq_factor"),
+])
+def test_bad_hf_config_names_the_field(edit, field):
+    hf = {**to_hf_config(get_preset("qwen2p5_0p5b")), **edit}
+    with pytest.raises(ValueError, match=field):
+        from_hf_config(hf)
+
+
+def test_invalid_model_config():
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        dataclasses.replace(get_preset("tiny"), num_kv_heads=3)
+    with pytest.raises(ValueError, match="family"):
+        dataclasses.replace(get_preset("tiny"), family="gpt2")
+    with pytest.raises(ValueError, match="attention_bias"):
+        to_hf_config(dataclasses.replace(get_preset("qwen2p5_0p5b"), attention_bias=False))
+
+
+def test_config_from_dict(tmp_path):
+    model = ml_collections.ConfigDict({"preset": "tiny", "path": "", "param_dtype": "float32",
+                                       "overrides": {"num_layers": 3, "eos_token_id": [2, 5]}})
+    cfg = config_from_dict(model)
+    assert cfg == dataclasses.replace(get_preset("tiny"), num_layers=3, eos_token_id=(2, 5))
+    assert cfg.eos_token_ids == (2, 5)
+    (tmp_path / "config.json").write_text(json.dumps(to_hf_config(get_preset("llama3p2_1b"))))
+    assert config_from_dict({"path": str(tmp_path), "preset": "tiny"}) == get_preset("llama3p2_1b")
+    rope = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    scaled = config_from_dict({"preset": "tiny", "overrides": {"rope_scaling": rope}})
+    assert scaled.rope_scaling.factor == 8.0
+    with pytest.raises(ValueError, match="num_layer"):
+        config_from_dict({"preset": "tiny", "overrides": {"num_layer": 3}})
+    with pytest.raises(ValueError, match="unknown model preset"):
+        config_from_dict({"preset": "", "path": ""})

@@ -1,0 +1,172 @@
+"""Decoder semantics: KV-cache prefill/decode/extend, padding, bf16, value head, log-probabilities."""
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from searchrl.models import (KVCache, apply, forward, get_preset, lm_logits, token_logprobs,
+                             value_params_from_policy, values)
+from tests.models.model_helpers import random_params, random_tokens
+
+CFG = get_preset("tiny")
+PARAMS = random_params(CFG)
+fwd = jax.jit(functools.partial(forward, CFG))
+
+
+def _left_pad(rows: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Left-padded tokens, positions ("real tokens so far") and mask."""
+    tokens = np.zeros((len(rows), width), np.int32)
+    mask = np.zeros((len(rows), width), bool)
+    for b, row in enumerate(rows):
+        tokens[b, width - len(row):], mask[b, width - len(row):] = row, True
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+    return tokens, positions, mask
+
+
+def _alone(row: np.ndarray, width: int = 16) -> np.ndarray:
+    """Logits of one sequence on its own, no mask, positions 0..n-1: the reference for batched/cached paths.
+
+    The row is followed by filler up to a fixed width (one compilation); causality keeps it out of the result.
+    """
+    tokens = np.zeros((1, width), np.int32)
+    tokens[0, :len(row)] = row
+    positions = np.arange(width, dtype=np.int32)[None]
+    return np.asarray(fwd(PARAMS, tokens, positions, np.ones((1, width), bool))[0])[0, :len(row)]
+
+
+def test_left_padded_batch_equals_rows_alone():
+    rows = [random_tokens(CFG, (n,), seed=n) for n in (4, 9, 7)]
+    tokens, positions, mask = _left_pad(rows, 9)
+    logits = np.asarray(fwd(PARAMS, tokens, positions, mask)[0])
+    for b, row in enumerate(rows):
+        np.testing.assert_allclose(logits[b, mask[b]], _alone(row), atol=1e-4, rtol=0)
+
+
+def test_prefill_then_decode_equals_full_forward():
+    prompts = [random_tokens(CFG, (n,), seed=10 + n) for n in (3, 6)]
+    new = random_tokens(CFG, (2, 4), seed=1)
+    tokens, positions, mask = _left_pad(prompts, 6)
+    cache = KVCache.init(CFG, batch=2, max_len=16)
+    prefill, _, cache = fwd(PARAMS, tokens, positions, mask, cache)
+    steps = []
+    for t in range(new.shape[1]):
+        pos = np.array([[len(p) + t] for p in prompts], np.int32)
+        logits, _, cache = fwd(PARAMS, new[:, t:t + 1], pos, np.ones((2, 1), bool), cache)
+        steps.append(np.asarray(logits[:, 0]))
+    np.testing.assert_array_equal(np.asarray(cache.length), [10, 10])
+    for b, prompt in enumerate(prompts):
+        ref = _alone(np.concatenate([prompt, new[b]]))
+        np.testing.assert_allclose(np.asarray(prefill)[b, mask[b]], ref[:len(prompt)], atol=1e-4, rtol=0)
+        np.testing.assert_allclose(np.stack(steps, 1)[b], ref[len(prompt):], atol=1e-4, rtol=0)
+
+
+def test_extend_with_right_padded_holes_then_decode():
+    """Prompt (left-padded), observation chunk (right-padded: holes), decode: rows end at different slots."""
+    prompts = [random_tokens(CFG, (n,), seed=20 + n) for n in (5, 2)]
+    observations = [random_tokens(CFG, (n,), seed=30 + n) for n in (3, 6)]
+    decoded = random_tokens(CFG, (2, 2), seed=2)
+    tokens, positions, mask = _left_pad(prompts, 5)
+    cache = KVCache.init(CFG, batch=2, max_len=24)
+    _, _, cache = fwd(PARAMS, tokens, positions, mask, cache)
+
+    obs = np.zeros((2, 6), np.int32)
+    obs_mask = np.zeros((2, 6), bool)
+    for b, o in enumerate(observations):
+        obs[b, :len(o)], obs_mask[b, :len(o)] = o, True
+    seen = np.array([len(p) for p in prompts])
+    obs_pos = (seen[:, None] + np.arange(6)).astype(np.int32)
+    extend, _, cache = fwd(PARAMS, obs, obs_pos, obs_mask, cache)
+    seen += obs_mask.sum(1)
+    np.testing.assert_array_equal(np.asarray(cache.valid).sum(1), seen)
+
+    steps = []
+    for t in range(decoded.shape[1]):
+        logits, _, cache = fwd(PARAMS, decoded[:, t:t + 1], (seen + t)[:, None].astype(np.int32),
+                               np.ones((2, 1), bool), cache)
+        steps.append(np.asarray(logits[:, 0]))
+    for b in range(2):
+        ref = _alone(np.concatenate([prompts[b], observations[b], decoded[b]]))
+        n_p, n_o = len(prompts[b]), len(observations[b])
+        np.testing.assert_allclose(np.asarray(extend)[b, :n_o], ref[n_p:n_p + n_o], atol=1e-4, rtol=0)
+        np.testing.assert_allclose(np.stack(steps, 1)[b], ref[n_p + n_o:], atol=1e-4, rtol=0)
+
+
+def test_padding_keys_are_never_attended():
+    """Changing the token under a padded position leaves every real position's logits unchanged."""
+    tokens, positions, mask = _left_pad([random_tokens(CFG, (5,), seed=3)], 8)
+    base = np.asarray(fwd(PARAMS, tokens, positions, mask)[0])
+    other = np.asarray(fwd(PARAMS, np.where(mask, tokens, 7), positions, mask)[0])
+    np.testing.assert_array_equal(base[mask], other[mask])
+    full = np.asarray(fwd(PARAMS, tokens, positions, np.ones_like(mask))[0])
+    assert np.abs(full[mask] - base[mask]).max() > 1e-2  # the mask really changes what is attended
+
+
+def test_bf16_params_stay_close_to_fp32():
+    tokens = random_tokens(CFG, (2, 12), seed=4)
+    ref = np.asarray(apply(CFG, PARAMS, tokens))
+    bf16 = apply(CFG, jax.tree.map(lambda p: p.astype(jnp.bfloat16), PARAMS), tokens)
+    assert bf16.dtype == jnp.float32
+    diff = np.abs(np.asarray(bf16) - ref).max()
+    print(f"bf16 vs fp32 max |logit diff| = {diff:.4f} (max |logit| = {np.abs(ref).max():.2f})")
+    assert np.isfinite(diff) and diff < 0.05 * np.abs(ref).max()
+
+
+def test_token_logprobs_match_numpy_log_softmax():
+    tokens = random_tokens(CFG, (2, 10), seed=5)
+    positions = np.broadcast_to(np.arange(10, dtype=np.int32), (2, 10))
+    mask = np.ones((2, 10), bool)
+    logprobs, entropy = token_logprobs(CFG, PARAMS, tokens, positions, mask, with_entropy=True)
+    assert logprobs.shape == entropy.shape == (2, 10) and logprobs.dtype == jnp.float32
+    logits = np.asarray(apply(CFG, PARAMS, tokens), np.float64)
+    shifted = logits - logits.max(-1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    expected = np.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1)[..., 0]
+    np.testing.assert_allclose(np.asarray(logprobs)[:, 1:], expected, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(entropy)[:, 1:], -(np.exp(logp) * logp).sum(-1)[:, :-1],
+                               atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(np.asarray(logprobs)[:, 0], 0)
+    np.testing.assert_array_equal(
+        np.asarray(token_logprobs(CFG, PARAMS, tokens, positions, mask)), np.asarray(logprobs))
+
+
+def test_value_model_params_and_outputs():
+    untied = dataclasses.replace(CFG, tie_word_embeddings=False)
+    policy = random_params(untied)
+    critic = value_params_from_policy(untied, policy, jax.random.key(0))
+    assert "lm_head" not in critic and critic["embed"] is policy["embed"]
+    head = critic["value_head"]
+    assert head["kernel"].shape == (untied.hidden_size,) and head["bias"].shape == ()
+    tokens, positions, mask = _left_pad([random_tokens(CFG, (n,), seed=n) for n in (4, 6)], 6)
+    v = values(untied, critic, tokens, positions, mask)
+    assert v.shape == (2, 6) and v.dtype == jnp.float32 and np.isfinite(np.asarray(v)).all()
+    hidden = np.asarray(forward(untied, policy, tokens, positions, mask)[1], np.float64)
+    expected = hidden @ np.asarray(head["kernel"], np.float64)
+    np.testing.assert_allclose(np.asarray(v), expected, atol=1e-5, rtol=0)
+    assert 0 < np.abs(np.asarray(v)).max() < 2.0  # small at init
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_gradients_are_finite_through_padding(remat):
+    """Left padding gives fully masked query rows; their gradients must not turn into NaN."""
+    tokens, positions, mask = _left_pad([random_tokens(CFG, (n,), seed=n) for n in (3, 7)], 7)
+
+    def loss(params, remat):
+        return -(token_logprobs(CFG, params, tokens, positions, mask, remat=remat) * mask).sum()
+
+    grads = jax.jit(jax.grad(loss), static_argnums=1)(PARAMS, remat)
+    assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+    if remat:
+        ref = jax.jit(jax.grad(loss), static_argnums=1)(PARAMS, False)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), grads, ref)
+
+
+def test_lm_logits_of_one_hidden_state_per_row():
+    """The rollout samples from the last hidden state of each row: [B, D] -> [B, V] must match forward."""
+    tokens = random_tokens(CFG, (2, 5), seed=6)
+    positions = np.broadcast_to(np.arange(5, dtype=np.int32), (2, 5))
+    logits, hidden, _ = fwd(PARAMS, tokens, positions, np.ones((2, 5), bool))
+    np.testing.assert_allclose(np.asarray(lm_logits(CFG, PARAMS, hidden[:, -1])), np.asarray(logits[:, -1]),
+                               atol=1e-6, rtol=0)

@@ -1,0 +1,119 @@
+"""Mesh, logical-axis rules, and the sharded forward pass on 8 fake CPU devices."""
+import dataclasses
+import functools
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from searchrl.models import (SAMPLE_RULES, TRAIN_RULES, KVCache, ShardingRules, cache_shardings, forward,
+                             get_preset, logical_to_sharding, logical_to_spec, make_mesh, param_layout,
+                             param_logical_axes, param_shardings, value_params_from_policy)
+from tests.models.model_helpers import random_params, random_tokens
+
+MESH_SHAPE = {"data": 2, "fsdp": 2, "tensor": 2}
+
+
+def test_make_mesh_sizes_and_errors():
+    assert dict(make_mesh().shape) == {"data": 8, "fsdp": 1, "tensor": 1}
+    assert dict(make_mesh(data=-1, fsdp=2, tensor=2).shape) == MESH_SHAPE
+    assert dict(make_mesh(data=1, fsdp=-1, tensor=4).shape) == {"data": 1, "fsdp": 2, "tensor": 4}
+    assert make_mesh(data=2, fsdp=1, tensor=2).devices.size == 4  # a divisor of the device count is fine
+    with pytest.raises(ValueError, match="does not divide the 8 devices"):
+        make_mesh(data=3)
+    with pytest.raises(ValueError, match="at most one -1"):
+        make_mesh(data=-1, fsdp=-1)
+
+
+def test_logical_to_spec_rules():
+    # Each mesh axis shards at most one dimension: activations keep `embed` whole under FSDP.
+    assert logical_to_spec(("batch", "length", "embed"), TRAIN_RULES, MESH_SHAPE) == \
+        P(("data", "fsdp"), None, None)
+    assert logical_to_spec(("layers", "embed", "heads", "head_dim"), TRAIN_RULES, MESH_SHAPE) == \
+        P(None, "fsdp", "tensor", None)
+    assert logical_to_spec(("vocab", "embed"), SAMPLE_RULES, MESH_SHAPE) == P("tensor", None)
+    # Divisibility fallback: 2 rows over data x fsdp (4) keep only data; 3 heads stay whole.
+    assert logical_to_spec(("batch", "heads"), TRAIN_RULES, MESH_SHAPE, shape=(2, 3)) == P("data", None)
+    # Mesh axes absent from the mesh are ignored.
+    assert logical_to_spec(("batch",), TRAIN_RULES, {"data": 4}) == P("data")
+    with pytest.raises(ValueError, match="'nope'"):
+        logical_to_spec(("nope",), TRAIN_RULES, MESH_SHAPE)
+    with pytest.raises(ValueError, match="unknown logical axes"):
+        ShardingRules((("batch", "data"), ("widgets", "tensor")))
+
+
+@pytest.mark.parametrize("value", [False, True])
+def test_param_axes_mirror_params(value):
+    cfg = dataclasses.replace(get_preset("tiny"), tie_word_embeddings=False)
+    params = random_params(cfg)
+    if value:
+        params = value_params_from_policy(cfg, params, jax.random.key(0))
+    axes = param_logical_axes(cfg, value=value)
+    is_axes = lambda x: isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)  # noqa: E731
+    assert jax.tree.structure(axes, is_leaf=is_axes) == jax.tree.structure(params)
+    for a, p in zip(jax.tree.leaves(axes, is_leaf=is_axes), jax.tree.leaves(params)):
+        assert len(a) == p.ndim
+    layout = param_layout(cfg, value=value)
+    assert ("value_head" in layout) == value and ("lm_head" in layout) != value
+
+
+def _mesh_cfg():
+    # One KV head: `kv_heads` cannot split over tensor=2 and must fall back to replication.
+    return dataclasses.replace(get_preset("tiny"), num_kv_heads=1, tie_word_embeddings=False)
+
+
+def test_sharded_forward_equals_single_device():
+    cfg = _mesh_cfg()
+    params = random_params(cfg)
+    tokens = random_tokens(cfg, (8, 12), seed=0)
+    mask = np.ones((8, 12), bool)
+    mask[::3, :4] = False
+    positions = np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32)
+    ref = np.asarray(jax.jit(functools.partial(forward, cfg))(params, tokens, positions, mask)[0])
+
+    mesh = make_mesh(data=2, fsdp=2, tensor=2)
+    shardings = param_shardings(cfg, mesh, TRAIN_RULES)
+    assert shardings["layers"]["k"].spec == P(None, "fsdp", None, None)
+    assert shardings["layers"]["q"].spec == P(None, "fsdp", "tensor", None)
+    batch = logical_to_sharding(("batch", "length"), mesh, TRAIN_RULES)
+    step = jax.jit(lambda p, t, pos, m: forward(cfg, p, t, pos, m)[0],
+                   in_shardings=(shardings, batch, batch, batch))
+    with jax.set_mesh(mesh):
+        logits = step(jax.device_put(params, shardings), tokens, positions, mask)
+    assert logits.sharding.spec == P(("data", "fsdp"), None, "tensor")  # activation constraints were applied
+    np.testing.assert_allclose(np.asarray(logits), ref, atol=1e-5, rtol=0)
+
+
+def test_sharded_cached_decode_equals_single_device():
+    cfg = _mesh_cfg()
+    params = random_params(cfg)
+    tokens = random_tokens(cfg, (4, 6), seed=1)
+    positions = np.broadcast_to(np.arange(6, dtype=np.int32), (4, 6))
+    mask = np.ones((4, 6), bool)
+
+    def run(params, cache, step):
+        _, _, cache = step(params, tokens[:, :5], positions[:, :5], mask[:, :5], cache)
+        return np.asarray(step(params, tokens[:, 5:], positions[:, 5:], mask[:, 5:], cache)[0])
+
+    plain = jax.jit(functools.partial(forward, cfg))
+    ref = run(params, KVCache.init(cfg, 4, 8), plain)
+
+    mesh = make_mesh(data=2, fsdp=1, tensor=4)
+    shardings = param_shardings(cfg, mesh, SAMPLE_RULES)
+    cache_sh = cache_shardings(cfg, mesh, SAMPLE_RULES, 4, 8)
+    assert cache_sh.k.spec == P(None, "data", None, None, None)
+    batch = logical_to_sharding(("batch", "length"), mesh, SAMPLE_RULES)
+    sharded = jax.jit(lambda p, t, pos, m, c: forward(cfg, p, t, pos, m, c, rules=SAMPLE_RULES),
+                      in_shardings=(shardings, batch, batch, batch, cache_sh), donate_argnums=4)
+    with jax.set_mesh(mesh):
+        cache = jax.device_put(KVCache.init(cfg, 4, 8), cache_sh)
+        out = run(jax.device_put(params, shardings), cache, sharded)
+    np.testing.assert_allclose(out, ref, atol=1e-5, rtol=0)
+
+
+def test_forward_without_mesh_has_no_constraints():
+    cfg = get_preset("tiny")
+    jaxpr = jax.make_jaxpr(functools.partial(forward, cfg))(
+        random_params(cfg), np.zeros((1, 4), np.int32), np.zeros((1, 4), np.int32), np.ones((1, 4), bool))
+    assert "sharding_constraint" not in str(jaxpr)

@@ -1,0 +1,200 @@
+"""Multi-turn rollouts with a tiny random model, a small trained tokenizer and a scripted environment."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from searchrl import models
+from searchrl.envs.base import Action, Observation
+from searchrl.rollout import generate
+from searchrl.rollout.engine import RolloutConfig, RolloutEngine
+from searchrl.rollout.sampling import SamplingParams
+from searchrl.text.tokenizer import train_bpe_tokenizer
+
+WORDS = "alpha beta gamma delta search answer river mountain city house tree stone light water fire".split()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    rng = np.random.default_rng(0)
+    texts = [" ".join(rng.choice(WORDS, 12)) for _ in range(300)]
+    return train_bpe_tokenizer(texts, vocab_size=330)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    cfg = dataclasses.replace(models.get_preset("tiny"), vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
+    return cfg, models.init_params(cfg, jax.random.key(1))
+
+
+@dataclasses.dataclass
+class ScriptedEnv:
+    """Every turn searches, except that a turn answers when its text has an even number of characters.
+
+    The rule is arbitrary but deterministic, so rows finish at different turns; observations echo the query length.
+    """
+
+    stop_strings: tuple[str, ...] = ("</search>", "</answer>")
+    max_turns: int = 3
+    answer_prompt: str | None = None
+    observed: list[int] = dataclasses.field(default_factory=list)
+
+    def prompt(self, example):
+        return f"question {example['q']} answer"
+
+    def parse_action(self, text, tools_allowed):
+        if len(text) % 2 == 0:
+            return Action("answer", text)
+        return Action("search", text) if tools_allowed else Action("invalid", "no tools in the final turn")
+
+    def observe(self, actions):
+        self.observed.append(len(actions))
+        return [Observation(f" <information> river {len(a.content) % 7} stone </information> ", (a.content,))
+                for a in actions]
+
+    def intermediate_answer_prompt(self):
+        return self.answer_prompt
+
+
+def make_engine(model, tokenizer, env, **overrides):
+    cfg, _ = model
+    config = RolloutConfig(max_prompt_tokens=16, max_len=96, max_turn_tokens=6, max_obs_tokens=24,
+                           obs_buckets=(8, 16, 32), chunk_steps=4, intermediate_answer_tokens=4,
+                           sampling=SamplingParams(temperature=1.0))
+    return RolloutEngine(cfg, tokenizer, env, dataclasses.replace(config, **overrides))
+
+
+EXAMPLES = [{"q": w} for w in WORDS[:6]]
+
+
+def test_masks_spans_and_observations(model, tokenizer):
+    env = ScriptedEnv()
+    engine = make_engine(model, tokenizer, env)
+    traj = engine.run(model[1], EXAMPLES, jax.random.key(0))
+    assert len({len(t) for t in traj.turns}) > 1, "rows should finish at different turns"
+    assert sum(env.observed) == sum(len(t) - 1 for t in traj.turns)  # every turn but the last was observed
+    for b, turns in enumerate(traj.turns):
+        expected_mask = np.zeros(traj.tokens.shape[1], np.float32)
+        for turn in turns:
+            expected_mask[turn.start:turn.end] = 1
+        np.testing.assert_array_equal(traj.loss_mask[b], expected_mask)
+        assert turns[0].start == traj.prompt_lengths[b]
+        for prev, nxt in zip(turns, turns[1:]):  # the tokens between two turns are exactly the observation
+            obs = tokenizer.decode(traj.tokens[b, prev.end:nxt.start])
+            assert obs == f" <information> river {len(prev.action.content) % 7} stone </information> "
+            assert prev.action.kind == "search"
+        last = turns[-1]
+        assert traj.lengths[b] == last.end
+        if traj.finish_reasons[b] == "answer":
+            assert last.action.kind == "answer"
+        else:
+            assert traj.finish_reasons[b] == "max_turns" and len(turns) == env.max_turns + 1
+        assert not traj.attention_mask[b, traj.lengths[b]:].any() and traj.attention_mask[b, :traj.lengths[b]].all()
+        assert tokenizer.decode(traj.tokens[b, :traj.prompt_lengths[b]]) == env.prompt(EXAMPLES[b])
+
+
+def test_sampler_logprobs_match_recomputation(model, tokenizer):
+    cfg, params = model
+    traj = make_engine(model, tokenizer, ScriptedEnv()).run(params, EXAMPLES, jax.random.key(3))
+    tokens = jnp.asarray(traj.tokens)
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    recomputed = models.token_logprobs(cfg, params, tokens, positions, jnp.asarray(traj.attention_mask))
+    policy = traj.loss_mask > 0
+    assert policy.sum() > 20
+    np.testing.assert_allclose(np.asarray(recomputed)[policy], traj.logprobs[policy], atol=1e-5, rtol=0)
+
+
+def test_greedy_rollouts_are_deterministic_and_key_independent(model, tokenizer):
+    greedy = SamplingParams(temperature=0.0)
+    runs = [make_engine(model, tokenizer, ScriptedEnv(), sampling=greedy).run(model[1], EXAMPLES, jax.random.key(k))
+            for k in (0, 1)]
+    np.testing.assert_array_equal(runs[0].tokens, runs[1].tokens)
+    assert [[t.text for t in row] for row in runs[0].turns] == [[t.text for t in row] for row in runs[1].turns]
+
+
+def _greedy_turn_tokens(model, tokenizer, env, **overrides):
+    engine = make_engine(model, tokenizer, env, sampling=SamplingParams(temperature=0.0), **overrides)
+    traj = engine.run(model[1], EXAMPLES[:1], jax.random.key(0))
+    first = traj.turns[0][0]
+    return traj, traj.tokens[0, first.start:first.end]
+
+
+@pytest.mark.parametrize("chunk_steps", [1, 2, 32])
+def test_multi_token_stop_across_chunk_boundaries(model, tokenizer, chunk_steps):
+    # Greedy decoding is deterministic: take two consecutive tokens the model emits mid-turn as a stop string.
+    _, free = _greedy_turn_tokens(model, tokenizer, ScriptedEnv(max_turns=0), max_turn_tokens=12)
+    stop = tokenizer.decode(free[3:5])
+    assert len(tokenizer.encode(stop, add_special_tokens=False)) >= 1
+    env = ScriptedEnv(stop_strings=(stop,), max_turns=0)
+    traj, stopped = _greedy_turn_tokens(model, tokenizer, env, max_turn_tokens=12, chunk_steps=chunk_steps)
+    text = tokenizer.decode(stopped)
+    assert text.endswith(stop) and text.count(stop) == 1
+    assert text == tokenizer.decode(free)[: len(text)]
+    assert len(stopped) <= 5
+
+
+def test_text_stop_trims_tokens_past_the_stop(model, tokenizer):
+    # A stop string ending strictly inside a sampled multi-character token can only be found on text; the turn is
+    # trimmed after that token and its text cut at the stop.
+    _, free = _greedy_turn_tokens(model, tokenizer, ScriptedEnv(max_turns=0), max_turn_tokens=12)
+    text = tokenizer.decode(free)
+    for i in range(len(free) - 1):
+        before, through = tokenizer.decode(free[:i]), tokenizer.decode(free[:i + 1])
+        stop = through[len(before):-1]
+        if len(stop) >= 1 and text.find(stop) == len(before):
+            break
+    else:
+        pytest.fail(f"no multi-character token in the greedy turn {text!r}")
+    env = ScriptedEnv(stop_strings=(stop,), max_turns=0)
+    traj, kept = _greedy_turn_tokens(model, tokenizer, env, max_turn_tokens=12)
+    assert list(kept) == list(free[:i + 1])
+    assert traj.turns[0][0].text == before + stop
+    assert traj.loss_mask[0].sum() == i + 1 and traj.lengths[0] == traj.turns[0][0].end
+
+
+def test_max_turns_and_final_turn_without_tools(model, tokenizer):
+    env = ScriptedEnv(max_turns=1)
+    traj = make_engine(model, tokenizer, env).run(model[1], EXAMPLES, jax.random.key(5))
+    for turns, reason in zip(traj.turns, traj.finish_reasons):
+        assert len(turns) <= 2
+        if len(turns) == 2 and turns[-1].action.kind != "answer":
+            assert reason == "max_turns" and turns[-1].action.kind == "invalid"
+
+
+def test_intermediate_answers_recorded_per_search(model, tokenizer):
+    env = ScriptedEnv(answer_prompt=" <answer>")
+    traj = make_engine(model, tokenizer, env).run(model[1], EXAMPLES, jax.random.key(7))
+    assert traj.num_searches.sum() > 0
+    for answers, n in zip(traj.intermediate_answers, traj.num_searches):
+        assert len(answers) == n
+
+
+def test_intermediate_answers_leave_the_trajectory_unchanged(model, tokenizer):
+    greedy = SamplingParams(temperature=0.0)
+    plain = make_engine(model, tokenizer, ScriptedEnv(), sampling=greedy).run(model[1], EXAMPLES, jax.random.key(0))
+    env = ScriptedEnv(answer_prompt=" <answer>")
+    branched = make_engine(model, tokenizer, env, sampling=greedy).run(model[1], EXAMPLES, jax.random.key(0))
+    np.testing.assert_array_equal(plain.tokens, branched.tokens)
+    np.testing.assert_array_equal(plain.logprobs, branched.logprobs)
+
+
+def test_long_run_compiles_nothing_after_warmup(model, tokenizer):
+    env = ScriptedEnv(answer_prompt=" <answer>")
+    engine = make_engine(model, tokenizer, env)
+    engine.run(model[1], EXAMPLES, jax.random.key(11))
+    engine.run(model[1], EXAMPLES, jax.random.key(12))
+    warm = generate.compiled_programs()
+    for seed in range(13, 16):
+        engine.run(model[1], EXAMPLES, jax.random.key(seed))
+    assert generate.compiled_programs() == warm
+    assert warm <= 16
+
+
+def test_prompt_too_long_is_a_clear_error(model, tokenizer):
+    engine = make_engine(model, tokenizer, ScriptedEnv(), max_prompt_tokens=4)
+    with pytest.raises(ValueError, match="Example 0: prompt has"):
+        engine.run(model[1], EXAMPLES[:1], jax.random.key(0))
