@@ -100,16 +100,11 @@ def test_invalid_model_config():
 
 def test_config_from_dict(tmp_path):
     model = ml_collections.ConfigDict({"preset": "tiny", "path": "", "param_dtype": "float32",
-                                       "overrides": {"num_layers": 3, "eos_token_id": [2, 5]}})
+                                       "num_layers": 3, "qk_norm": None})
     cfg = config_from_dict(model)
-    assert cfg == dataclasses.replace(get_preset("tiny"), num_layers=3, eos_token_id=(2, 5))
-    assert cfg.eos_token_ids == (2, 5)
+    assert cfg == dataclasses.replace(get_preset("tiny"), num_layers=3)
     (tmp_path / "config.json").write_text(json.dumps(to_hf_config(get_preset("llama3p2_1b"))))
     assert config_from_dict({"path": str(tmp_path), "preset": "tiny"}) == get_preset("llama3p2_1b")
-    rope = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
-    scaled = config_from_dict({"preset": "tiny", "overrides": {"rope_scaling": rope}})
-    assert scaled.rope_scaling.factor == 8.0
-    with pytest.raises(ValueError, match="num_layer"):
-        config_from_dict({"preset": "tiny", "overrides": {"num_layer": 3}})
+    assert config_from_dict({"path": str(tmp_path), "num_kv_heads": 2}).num_kv_heads == 2
     with pytest.raises(ValueError, match="unknown model preset"):
         config_from_dict({"preset": "", "path": ""})
