@@ -7,7 +7,8 @@ tokenised, truncated and appended to the cache with `extend`, which also starts 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+import time
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +37,18 @@ class RolloutConfig:
     def __post_init__(self):
         if max(self.obs_buckets) < self.max_obs_tokens:
             raise ValueError(f"obs_buckets {self.obs_buckets} must cover max_obs_tokens={self.max_obs_tokens}.")
+
+
+@dataclasses.dataclass
+class RolloutStats:
+    """Where a rollout's wall time went: jitted device work (waited for) versus everything on the host."""
+
+    wall_s: float = 0.0
+    device_s: float = 0.0
+
+    @property
+    def host_fraction(self) -> float:
+        return 1.0 - self.device_s / self.wall_s if self.wall_s else 0.0
 
 
 def pad_batch(sequences: Sequence[Sequence[int]], width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -71,6 +84,31 @@ class RolloutEngine:
         self.answer_spec = generate.DecodeSpec(
             config.chunk_steps, config.intermediate_answer_tokens, self.slots - 1, greedy
         )
+        self.stats = RolloutStats()
+
+    def warmup(self, params, batch: int) -> None:
+        """Compiles every program a rollout of `batch` rows can use, so that none compiles afterwards."""
+        dtype = jax.tree.leaves(params)[0].dtype
+        state = generate.init_state(self.cfg, batch, self.slots, jax.random.key(0), dtype)
+        idle = np.zeros(batch, bool)
+        specs = [(self.spec, self.stops)]
+        if self.env.intermediate_answer_prompt() is not None:
+            specs.append((self.answer_spec, self.answer_stops))
+            state = generate.copy_state(state)
+        for spec, stops in specs:
+            widths = self.chunk_widths + ((self.config.max_prompt_tokens,) if spec is self.spec else ())
+            for width in widths:
+                tokens, lengths = pad_batch([[]] * batch, width)
+                state = generate.extend(self.cfg, params, state, tokens, lengths, idle, spec.sampling)
+            state = generate.decode_chunk(self.cfg, params, state, stops, self.eos_ids, spec)
+        jax.block_until_ready(generate.truncate(state, jnp.zeros(batch, jnp.int32)))
+
+    def _device(self, fn: Callable, *args) -> Any:
+        """Runs a jitted call to completion, counting its time as device time."""
+        start = time.perf_counter()
+        out = jax.block_until_ready(fn(*args))
+        self.stats.device_s += time.perf_counter() - start
+        return out
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -95,7 +133,7 @@ class RolloutEngine:
         dtype = jax.tree.leaves(params)[0].dtype
         state = generate.init_state(self.cfg, len(examples), self.slots, key, dtype)
         start = np.ones(len(examples), bool)
-        return generate.extend(self.cfg, params, state, tokens, lengths, start, self.config.sampling)
+        return self._device(generate.extend, self.cfg, params, state, tokens, lengths, start, self.config.sampling)
 
     def _finish_turn(self, tokens: np.ndarray, start: int, end: int) -> tuple[int, str]:
         """Re-checks stop strings on the turn's text: returns the end slot and the text, cut after the first stop.
@@ -135,14 +173,18 @@ class RolloutEngine:
         prompt = self._encode(self.env.intermediate_answer_prompt())
         if len(prompt) > _ANSWER_PROMPT_ROOM:
             raise ValueError(f"The intermediate answer prompt has {len(prompt)} tokens > {_ANSWER_PROMPT_ROOM}.")
-        branch = generate.copy_state(state)
+        branch = self._device(generate.copy_state, state)
         sequences = [chunks[b] + prompt if b in chunks else [] for b in range(state.tokens.shape[0])]
         width = self._bucket(max(len(s) for s in sequences))
         tokens, lengths = pad_batch(sequences, width)
         start = np.isin(np.arange(len(sequences)), rows)
-        branch = generate.extend(self.cfg, params, branch, tokens, lengths, start, self.answer_spec.sampling)
+        branch = self._device(
+            generate.extend, self.cfg, params, branch, tokens, lengths, start, self.answer_spec.sampling
+        )
         while bool(jax.device_get(branch.active).any()):
-            branch = generate.decode_chunk(self.cfg, params, branch, self.answer_stops, self.eos_ids, self.answer_spec)
+            branch = self._device(
+                generate.decode_chunk, self.cfg, params, branch, self.answer_stops, self.eos_ids, self.answer_spec
+            )
         out_tokens, turn_start, length = jax.device_get((branch.tokens, branch.turn_start, branch.cache.length))
         answers = {}
         for b in rows:
@@ -151,7 +193,13 @@ class RolloutEngine:
         return answers
 
     def run(self, params, examples: Sequence[dict], key: jax.Array) -> Trajectory:
-        """Rolls out one episode per example; returns the finished batch."""
+        """Rolls out one episode per example; returns the finished batch. Adds its timings to `self.stats`."""
+        start = time.perf_counter()
+        trajectory = self._run(params, examples, key)
+        self.stats.wall_s += time.perf_counter() - start
+        return trajectory
+
+    def _run(self, params, examples: Sequence[dict], key: jax.Array) -> Trajectory:
         batch = len(examples)
         state = self._prefill(params, examples, key)
         prompt_lengths = np.asarray(jax.device_get(state.cache.length))
@@ -161,7 +209,9 @@ class RolloutEngine:
         generating = list(range(batch))
         for turn_index in range(self.env.max_turns + 1):
             while bool(jax.device_get(state.active).any()):
-                state = generate.decode_chunk(self.cfg, params, state, self.stops, self.eos_ids, self.spec)
+                state = self._device(
+                    generate.decode_chunk, self.cfg, params, state, self.stops, self.eos_ids, self.spec
+                )
             tokens, turn_start, length = jax.device_get((state.tokens, state.turn_start, state.cache.length))
             length = np.array(length)
             tools_allowed = turn_index < self.env.max_turns
@@ -179,7 +229,7 @@ class RolloutEngine:
                     finish[b] = "length"
                 else:
                     waiting.append(b)
-            state = generate.truncate(state, jnp.asarray(length))
+            state = self._device(generate.truncate, state, jnp.asarray(length))
             if not waiting:
                 break
             observations = self.env.observe([turns[b][-1].action for b in waiting])
@@ -196,7 +246,9 @@ class RolloutEngine:
             sequences = [chunks.get(b, []) for b in range(batch)]
             chunk, chunk_len = pad_batch(sequences, self._bucket(max(len(s) for s in sequences)))
             start = np.isin(np.arange(batch), waiting)
-            state = generate.extend(self.cfg, params, state, chunk, chunk_len, start, self.config.sampling)
+            state = self._device(
+                generate.extend, self.cfg, params, state, chunk, chunk_len, start, self.config.sampling
+            )
             generating = waiting
         return self._trajectory(state, prompt_lengths, turns, finish, intermediate)
 

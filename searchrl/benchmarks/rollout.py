@@ -1,0 +1,151 @@
+"""Rollout throughput: searchrl's jitted chunked generation against transformers' `generate`, and a search rollout.
+
+(a) plain greedy generation, batch 16 x 128 new tokens, same random weights on both sides (fp32, CPU);
+(b) a 4-turn search rollout against BM25 over a generated corpus: the share of wall time spent outside jitted
+    compute (host: parsing, retrieval, tokenising, Python);
+(c) programs compiled after `RolloutEngine.warmup` (should be 0).
+Run: `python -m searchrl.benchmarks.rollout [--json] [--preset bench_small] [--passages 20000]`.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+import transformers
+
+from searchrl import models
+from searchrl.benchmarks.retrieval import make_queries, synthetic_corpus
+from searchrl.envs.base import Action
+from searchrl.envs.search_qa import SearchQAEnv
+from searchrl.retrieval.bm25 import BM25Retriever
+from searchrl.rollout import generate
+from searchrl.rollout.engine import RolloutConfig, RolloutEngine
+from searchrl.rollout.sampling import SamplingParams
+from searchrl.text.tokenizer import train_bpe_tokenizer
+
+_NEVER = [[-2]]  # a stop/EOS id no token has: generation runs to its budget, as with min_new_tokens
+
+
+def searchrl_generate(cfg: models.ModelConfig, params, prompts: np.ndarray, new_tokens: int) -> np.ndarray:
+    """Greedy generation of exactly `new_tokens` per row with prefill + one decode chunk."""
+    batch, prompt_len = prompts.shape
+    slots = prompt_len + new_tokens + 1
+    spec = generate.DecodeSpec(new_tokens, new_tokens, slots - 1, SamplingParams(temperature=0.0))
+    state = generate.init_state(cfg, batch, slots, jax.random.key(0))
+    lengths = np.full((batch,), prompt_len, np.int32)
+    state = generate.extend(cfg, params, state, prompts, lengths, np.ones(batch, bool), spec.sampling)
+    stops = generate.stop_table(_NEVER)
+    state = generate.decode_chunk(cfg, params, state, stops, jnp.asarray([-2], jnp.int32), spec)
+    return np.asarray(state.tokens[:, prompt_len:prompt_len + new_tokens])
+
+
+def bench_generate(preset: str, batch: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
+    cfg = dataclasses.replace(models.get_preset(preset), eos_token_id=None)
+    params = models.init_params(cfg, jax.random.key(0))
+    prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, prompt_len)).astype(np.int32)
+    with tempfile.TemporaryDirectory() as tmp:
+        models.save_hf(cfg, params, tmp)  # the same weights on both sides
+        torch_model = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+    ids = torch.from_numpy(prompts).long()
+
+    def run_torch():
+        with torch.no_grad():
+            return torch_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                        min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+
+    ours = searchrl_generate(cfg, params, prompts, new_tokens)  # warm-up (compilation)
+    theirs = run_torch()[:, prompt_len:].numpy()
+    agree = float((ours == theirs).mean())
+    t_ours = min(_seconds(lambda: searchrl_generate(cfg, params, prompts, new_tokens)) for _ in range(repeats))
+    t_torch = min(_seconds(run_torch) for _ in range(repeats))
+    tokens = batch * new_tokens
+    return {"generate_searchrl_tokens_per_s": tokens / t_ours, "generate_torch_tokens_per_s": tokens / t_torch,
+            "generate_ratio_vs_torch": t_torch / t_ours, "generate_greedy_token_agreement": agree}
+
+
+@dataclasses.dataclass
+class SearchEveryTurnEnv(SearchQAEnv):
+    """Search-QA where each non-final turn's text is the query (a random policy never writes the tags itself)."""
+
+    def parse_action(self, turn_text: str, tools_allowed: bool) -> Action:
+        if tools_allowed:
+            return Action("search", turn_text)
+        return Action("answer", turn_text)
+
+
+def bench_search_rollout(preset: str, batch: int, passages: int, turns: int, rollouts: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "corpus.jsonl"
+        docs = synthetic_corpus(corpus, passages, seed=0)
+        retriever = BM25Retriever.build(corpus, Path(tmp) / "bm25", show_progress=False)
+        questions = make_queries(docs, batch * (rollouts + 1), seed=0)
+        tokenizer = train_bpe_tokenizer((" ".join(d) for d in docs[:5000]), vocab_size=4000)
+        cfg = dataclasses.replace(models.get_preset(preset), vocab_size=len(tokenizer),
+                                  eos_token_id=tokenizer.eos_token_id)
+        params = models.init_params(cfg, jax.random.key(0))
+        env = SearchEveryTurnEnv(retriever, topk=3, max_turns=turns, prompt_template="Question: {question}\n")
+        config = RolloutConfig(max_prompt_tokens=64, max_len=64 + (turns + 1) * (48 + 160), max_turn_tokens=48,
+                               max_obs_tokens=160, obs_buckets=(64, 160), chunk_steps=16)
+        engine = RolloutEngine(cfg, tokenizer, env, config)
+        batches = [[{"question": q} for q in questions[i * batch:(i + 1) * batch]] for i in range(rollouts + 1)]
+        engine.warmup(params, batch)
+        compiled = generate.compiled_programs()
+        engine.run(params, batches[0], jax.random.key(0))
+        engine.stats = type(engine.stats)()
+        searches = 0
+        for i, examples in enumerate(batches[1:]):
+            searches += int(engine.run(params, examples, jax.random.key(i + 1)).num_searches.sum())
+    return {"host_fraction": engine.stats.host_fraction, "rollout_wall_s": engine.stats.wall_s,
+            "rollout_device_s": engine.stats.device_s, "searches": searches,
+            "compiles_after_warmup": generate.compiled_programs() - compiled, "compiled_programs": compiled}
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="bench_small")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--passages", type=int, default=20_000)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--rollouts", type=int, default=2)
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    r = {"preset": args.preset, "device": jax.devices()[0].platform, "batch": args.batch}
+    r |= bench_generate(args.preset, args.batch, args.prompt_len, args.new_tokens, args.repeats)
+    r |= bench_search_rollout(args.preset, args.batch, args.passages, args.turns, args.rollouts)
+    if args.json:
+        print(json.dumps(r))
+        return
+    print(f"(a) greedy generation, {args.preset}, batch {args.batch}, prompt {args.prompt_len}, "
+          f"{args.new_tokens} new tokens, fp32, {r['device']}")
+    print(f"    {'searchrl (jitted chunks)':<28}{r['generate_searchrl_tokens_per_s']:>10.0f} tokens/s")
+    print(f"    {'transformers generate':<28}{r['generate_torch_tokens_per_s']:>10.0f} tokens/s")
+    print(f"    ratio searchrl / torch: {r['generate_ratio_vs_torch']:.2f}x "
+          f"(greedy tokens identical: {r['generate_greedy_token_agreement']:.1%})")
+    print(f"(b) {args.turns}-turn search rollout, BM25 over {args.passages} passages, batch {args.batch}, "
+          f"{r['searches']} searches")
+    print(f"    wall {r['rollout_wall_s']:.2f}s, jitted {r['rollout_device_s']:.2f}s, "
+          f"host fraction {r['host_fraction']:.1%}")
+    print(f"(c) compiled programs {r['compiled_programs']}, after warm-up {r['compiles_after_warmup']}")
+
+
+if __name__ == "__main__":
+    main()
