@@ -6,7 +6,10 @@ It never touches tokens or arrays: the engine does the tokenising, batching and 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from searchrl.rollout.trajectory import Trajectory
 
 ActionKind = Literal["search", "answer", "program", "invalid"]
 
@@ -51,4 +54,12 @@ class Env(Protocol):
 
     def intermediate_answer_prompt(self) -> str | None:
         """Text appended after an observation to elicit an intermediate answer (AutoSearch), or None for none."""
+        ...
+
+    def rewards(self, trajectory: Trajectory, examples: Sequence[dict[str, Any]]) -> list[list[float]]:
+        """Per-turn rewards of each row (one value per policy turn, placed on the turn's last token)."""
+        ...
+
+    def metrics(self, trajectory: Trajectory, examples: Sequence[dict[str, Any]]) -> dict[str, float]:
+        """Task metrics of a batch (e.g. exact match, searches per question), averaged over rows."""
         ...

@@ -9,8 +9,15 @@ import dataclasses
 import re
 from typing import Any, Sequence
 
+import ml_collections
+import numpy as np
+
 from searchrl.envs.base import Action, Observation
 from searchrl.retrieval.types import Hit, Retriever
+from searchrl.rewards import autosearch, protocol, qa, search_r1
+from searchrl.rollout.trajectory import Trajectory, Turn
+
+REWARDS = ("em", "search_r1", "autosearch")
 
 SEARCH_R1_PROMPT = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get "
@@ -41,7 +48,15 @@ class SearchQAEnv:
     max_turns: int = 4
     prompt_template: str = SEARCH_R1_PROMPT
     answer_prompt: str | None = None  # e.g. "\n<answer>" to record AutoSearch's intermediate answers
+    reward: str = "search_r1"  # one of REWARDS
+    autosearch_config: ml_collections.ConfigDict = dataclasses.field(default_factory=autosearch.default_config)
     stop_strings: tuple[str, ...] = ("</search>", "</answer>")
+
+    def __post_init__(self):
+        if self.reward not in REWARDS:
+            raise ValueError(f"SearchQAEnv.reward {self.reward!r} is not one of {REWARDS}")
+        if self.reward == "autosearch" and self.answer_prompt is None:
+            raise ValueError("The autosearch reward needs intermediate answers: set SearchQAEnv.answer_prompt.")
 
     def prompt(self, example: dict[str, Any]) -> str:
         return self.prompt_template.format(question=example["question"].strip())
@@ -72,3 +87,55 @@ class SearchQAEnv:
 
     def intermediate_answer_prompt(self) -> str | None:
         return self.answer_prompt
+
+    def rewards(self, trajectory: Trajectory, examples: Sequence[dict[str, Any]]) -> list[list[float]]:
+        """Outcome rewards (`em`, `search_r1`) on the last turn, or AutoSearch's turn-level rewards."""
+        out = []
+        for b, example in enumerate(examples):
+            turns, golds = trajectory.turns[b], example["golden_answers"]
+            if self.reward == "autosearch":
+                record = autosearch_record(turns, trajectory.intermediate_answers[b], golds)
+                out.append(autosearch.autosearch_rewards(record, self.autosearch_config).total)
+                continue
+            if self.reward == "em":
+                score = qa.exact_match(_final_answer(turns), golds)
+            else:
+                score = search_r1.search_r1_reward(trajectory.response_text(b), golds)
+            out.append([0.0] * (len(turns) - 1) + [score])
+        return out
+
+    def metrics(self, trajectory: Trajectory, examples: Sequence[dict[str, Any]]) -> dict[str, float]:
+        """Final-answer EM / F1 / cover-EM, searches per question and the share of well-formed responses."""
+        answers = [_final_answer(turns) for turns in trajectory.turns]
+        golds = [ex["golden_answers"] for ex in examples]
+        valid = [protocol.check_sequence(trajectory.response_text(b)).ok for b in range(len(examples))]
+        return {
+            "em": float(np.mean([qa.exact_match(a, g) for a, g in zip(answers, golds)])),
+            "f1": float(np.mean([qa.f1(a, g) for a, g in zip(answers, golds)])),
+            "cover_em": float(np.mean([qa.cover_em(a, g) for a, g in zip(answers, golds)])),
+            "searches": float(trajectory.num_searches.mean()),
+            "format_valid": float(np.mean(valid)),
+        }
+
+
+def _final_answer(turns: Sequence[Turn]) -> str:
+    """The answer of a row's last turn ("" when it did not answer)."""
+    last = turns[-1].action if turns else None
+    return last.content if last is not None and last.kind == "answer" else ""
+
+
+def autosearch_record(turns: Sequence[Turn], intermediate: Sequence[str], golds: Sequence[str]
+                      ) -> autosearch.AutoSearchRecord:
+    """The AutoSearch view of a row: every non-answer turn is a search step (invalid ones with no query and a
+    failed format check), the answer turn last; one intermediate answer per real search."""
+    answers = iter(intermediate)
+    steps, step_answers, answer_turn = [], [], None
+    for turn in turns:
+        if turn.action.kind == "answer":
+            answer_turn = autosearch.AnswerTurn(turn.text, protocol.check_turn(turn.text, "answer").ok)
+            continue
+        searched = turn.action.kind == "search"
+        ok = searched and protocol.check_turn(turn.text, "search").ok
+        steps.append(autosearch.SearchTurn(turn.text, turn.action.content if searched else None, ok))
+        step_answers.append(next(answers) if searched else None)
+    return autosearch.AutoSearchRecord(steps, answer_turn, step_answers, list(golds))

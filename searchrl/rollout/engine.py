@@ -237,8 +237,9 @@ class RolloutEngine:
             for b, obs in zip(waiting, observations):
                 if not obs.text:
                     raise ValueError(f"Row {b}: the environment returned an empty observation.")
-                turns[b][-1].doc_ids = obs.doc_ids
                 chunks[b] = self._observation_tokens(obs, self.config.max_len - int(length[b]) - 1)
+                turns[b][-1].observation = self._decode(chunks[b])
+                turns[b][-1].doc_ids = obs.doc_ids
             searched = [b for b in waiting if turns[b][-1].action.kind == "search"]
             if searched and self.env.intermediate_answer_prompt() is not None:
                 for b, answer in self._intermediate_answers(params, state, searched, chunks).items():

@@ -16,6 +16,7 @@ class Turn:
     end: int
     text: str
     action: Action
+    observation: str = ""  # the text appended after the turn (as tokenised and truncated), "" for the last
     doc_ids: tuple[str, ...] = ()  # what the observation after it returned
 
     @property
@@ -54,6 +55,10 @@ class Trajectory:
     @property
     def final_actions(self) -> list[Action | None]:
         return [row[-1].action if row else None for row in self.turns]
+
+    def response_text(self, row: int) -> str:
+        """Everything after the prompt of one row: its turns and the observations between them."""
+        return "".join(t.text + t.observation for t in self.turns[row])
 
     @property
     def response_lengths(self) -> np.ndarray:
