@@ -31,3 +31,15 @@ def base_config() -> ml_collections.ConfigDict:
     config.distributed.num_processes = -1
     config.distributed.process_id = -1
     return config
+
+
+def experiment_config() -> ml_collections.ConfigDict:
+    """Every group a training run reads: base, tokenizer/data/retrieval/env, train/rollout/rl, sft."""
+    from searchrl import experiment  # local: these import the model, rollout and RL stacks
+    from searchrl.rl import sft, trainer
+
+    config = base_config()
+    config.update(experiment.default_config())
+    config.update(trainer.default_config())
+    config.sft = sft.default_config()
+    return config

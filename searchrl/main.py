@@ -1,7 +1,8 @@
 """searchrl's entry point: `python -m searchrl.main --config configs/FILE.py:PRESET COMMAND [--config.x.y=v ...]`.
 
-Commands: `info` (the resolved config, the device mesh and the model size). Training, evaluation and serving
-register themselves in COMMANDS as they land.
+Commands: `info` (the resolved config, the device mesh and the model size) and `train` (RL from the config:
+PPO/GRPO/... on its environment, resuming from config.workdir's latest checkpoint). Evaluation is
+`python -m searchrl.eval`, the retrieval server `python -m searchrl.retrieval.serve`.
 """
 from __future__ import annotations
 
@@ -28,7 +29,24 @@ def info(config: ml_collections.ConfigDict) -> None:
     print(f"model: {cfg.family}, {count / 1e6:.2f}M parameters")
 
 
-COMMANDS: dict[str, Callable[[ml_collections.ConfigDict], None]] = {"info": info}
+def train(config: ml_collections.ConfigDict) -> None:
+    """Builds the run from its config and trains until config.train.steps."""
+    from searchrl import distributed, experiment
+    from searchrl.rl.trainer import Trainer
+
+    distributed.initialize(config)
+    built = experiment.build(config)
+    eval_sets = experiment.load_examples(config.data, config.data.eval, config.data.eval_split)
+    eval_examples = [r for records in eval_sets.values() for r in records[: config.data.eval_limit or None]]
+    trainer = Trainer(config, built.model_cfg, built.policy, built.tokenizer, built.env, built.train_examples,
+                      eval_examples)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+
+
+COMMANDS: dict[str, Callable[[ml_collections.ConfigDict], None]] = {"info": info, "train": train}
 
 
 def main(argv: list[str]) -> None:

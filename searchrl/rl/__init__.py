@@ -1,4 +1,5 @@
-"""searchrl.rl: RL algorithm core (advantages, losses, KL) as pure, jit-able functions on [B, T] arrays."""
+"""searchrl.rl: the RL core. Advantages, losses and KL are pure, jit-able functions on [B, T] arrays; the train
+state, the sharded PPO update, SFT and the trainer loop build on them (`searchrl.rl.trainer`, `searchrl.rl.sft`)."""
 from searchrl.rl.advantages import (
     ADVANTAGES,
     compute_advantages,
@@ -35,8 +36,21 @@ from searchrl.rl.losses import (
     register_policy_loss,
     value_loss,
 )
+from searchrl.rl.optim import OptimConfig
+from searchrl.rl.train_state import StateLayout, TrainState, abstract_train_state, init_train_state, state_shardings
+from searchrl.rl.update import PPOBatch, PPOConfig, compute_old_logprobs_and_values, ppo_update
 
 __all__ = [
+    "OptimConfig",
+    "PPOBatch",
+    "PPOConfig",
+    "StateLayout",
+    "TrainState",
+    "abstract_train_state",
+    "compute_old_logprobs_and_values",
+    "init_train_state",
+    "ppo_update",
+    "state_shardings",
     "ADVANTAGES",
     "AGG_MODES",
     "KLController",

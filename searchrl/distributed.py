@@ -1,0 +1,86 @@
+"""Multi-process JAX: start-up from the config or the cluster environment, and global batches from each
+process's rows.
+
+Every process runs the same program on its own devices; arrays are global (`jax.Array` spanning all processes'
+devices). A process only ever holds its share of a batch: `local_rows` says which global rows that is, and
+`host_local_batch_to_global` assembles the global array from every process's share without any copy to a
+single host.
+"""
+from __future__ import annotations
+
+import jax
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from searchrl.models.sharding import TRAIN_RULES
+
+
+def initialize(config: ml_collections.ConfigDict) -> None:
+    """`jax.distributed.initialize` as `config.distributed` says; a no-op when disabled or already done.
+
+    With `coordinator_address` set, `num_processes` and `process_id` must be too; with it empty, JAX detects
+    the cluster (SLURM, TPU pods, Open MPI, Kubernetes). Must run before anything touches a device.
+    """
+    dist = config.distributed
+    if not dist.enabled or jax.distributed.is_initialized():
+        return
+    # Cross-process collectives between CPU devices (tests, CPU clusters); accelerators ignore it.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if not dist.coordinator_address:
+        jax.distributed.initialize()
+        return
+    if dist.num_processes < 1 or not 0 <= dist.process_id < dist.num_processes:
+        raise ValueError(f"config.distributed: coordinator_address={dist.coordinator_address!r} needs "
+                         f"num_processes >= 1 and 0 <= process_id < num_processes, got "
+                         f"num_processes={dist.num_processes}, process_id={dist.process_id}")
+    jax.distributed.initialize(dist.coordinator_address, dist.num_processes, dist.process_id)
+
+
+def _row_sharding(mesh: Mesh, spec: PartitionSpec | None) -> NamedSharding:
+    """Rows sharded over the training rules' batch axes (those in `mesh`) unless `spec` says otherwise."""
+    if spec is None:
+        spec = PartitionSpec(tuple(a for a in TRAIN_RULES.mesh_axes("batch") if a in mesh.shape))
+    return NamedSharding(mesh, spec)
+
+
+def _row_blocks(sharding: NamedSharding) -> tuple[int, list[int]]:
+    """(number of row blocks, the blocks this process's devices hold, sorted)."""
+    axes = sharding.spec[0] if len(sharding.spec) else None
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    blocks = int(np.prod([sharding.mesh.shape[a] for a in axes]))
+    index = sharding.addressable_devices_indices_map((blocks,))
+    return blocks, sorted({idx[0].indices(blocks)[0] for idx in index.values()})
+
+
+def local_rows(mesh: Mesh, num_rows: int, spec: PartitionSpec | None = None) -> slice:
+    """The global rows [start, stop) of a `num_rows` batch that this process feeds."""
+    blocks, mine = _row_blocks(_row_sharding(mesh, spec))
+    if num_rows % blocks:
+        raise ValueError(f"a batch of {num_rows} rows does not split into the mesh's {blocks} row blocks")
+    if mine != list(range(mine[0], mine[0] + len(mine))):
+        raise ValueError(f"process {jax.process_index()} holds non-adjacent row blocks {mine} of this mesh")
+    size = num_rows // blocks
+    return slice(mine[0] * size, (mine[-1] + 1) * size)
+
+
+def host_local_batch_to_global(mesh: Mesh, arrays, spec: PartitionSpec | None = None):
+    """Global arrays from every process's rows (a pytree of numpy arrays, rows first; see `local_rows`).
+
+    Arrays are sharded along rows by `spec` (default: the batch axes of the training rules); scalars are
+    replicated and must be equal on every process.
+    """
+    sharding = _row_sharding(mesh, spec)
+    blocks, mine = _row_blocks(sharding)
+
+    def to_global(x):
+        x = np.asarray(x)
+        if x.ndim == 0:
+            return jax.make_array_from_process_local_data(NamedSharding(mesh, PartitionSpec()), x, x.shape)
+        if x.shape[0] % len(mine):
+            raise ValueError(f"{x.shape[0]} local rows do not split over this process's "
+                             f"{len(mine)} row blocks")
+        global_shape = (x.shape[0] // len(mine) * blocks,) + x.shape[1:]
+        return jax.make_array_from_process_local_data(sharding, x, global_shape)
+
+    return jax.tree.map(to_global, arrays)

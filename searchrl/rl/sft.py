@@ -1,0 +1,99 @@
+"""Supervised fine-tuning (the cold start before RL): masked next-token NLL on policy tokens only.
+
+A training example is a list of (text, is_policy) segments — prompt, turns, observations — tokenised one segment
+at a time, exactly as the rollout engine tokenises prompts and observations, so the token boundaries the policy
+learns are the ones it will meet when it samples.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from tqdm import tqdm
+
+from searchrl import models
+from searchrl.rl.optim import OptimConfig, apply_gradients, learning_rate, make_optimizer
+from searchrl.rl.train_state import StateLayout, state_shardings
+
+Segments = Sequence[tuple[str, bool]]
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """`config.sft`: steps, batch and the optimizer (an `OptimConfig` group)."""
+    config = ml_collections.ConfigDict(dict(steps=200, batch_size=32, max_len=512, seed=0))
+    config.optim = ml_collections.ConfigDict(dataclasses.asdict(OptimConfig(lr=1e-3, warmup_steps=20)))
+    return config
+
+
+def encode(tokenizer: Any, examples: Sequence[Segments], max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded int32 tokens [N, max_len] and float32 loss masks (1 on policy tokens).
+
+    An example longer than `max_len` is an error (silently cutting a trajectory would teach a truncated answer).
+    """
+    tokens = np.zeros((len(examples), max_len), np.int32)
+    mask = np.zeros((len(examples), max_len), np.float32)
+    for i, segments in enumerate(examples):
+        ids, policy = [], []
+        for text, is_policy in segments:
+            piece = tokenizer.encode(text, add_special_tokens=False)
+            ids += piece
+            policy += [float(is_policy)] * len(piece)
+        if len(ids) > max_len:
+            raise ValueError(f"SFT example {i} has {len(ids)} tokens > max_len={max_len}.")
+        tokens[i, :len(ids)], mask[i, :len(ids)] = ids, policy
+    return tokens, mask
+
+
+def nll(cfg: models.ModelConfig, params: dict, tokens: jax.Array, loss_mask: jax.Array) -> jax.Array:
+    """Mean negative log-likelihood of the policy tokens (`loss_mask` > 0) given their prefixes."""
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    logprobs = models.token_logprobs(cfg, params, tokens, positions, _attention(tokens, loss_mask))
+    return -jnp.sum(logprobs * loss_mask) / jnp.maximum(jnp.sum(loss_mask), 1.0)
+
+
+def _attention(tokens: jax.Array, loss_mask: jax.Array) -> jax.Array:
+    """Every slot up to a row's last policy token attends (prompt and observations included)."""
+    last = jnp.max(jnp.where(loss_mask > 0, jnp.arange(tokens.shape[1]), -1), axis=1, keepdims=True)
+    return jnp.arange(tokens.shape[1])[None, :] <= last
+
+
+@functools.lru_cache(maxsize=None)
+def _train_step(cfg: models.ModelConfig, optim: OptimConfig, mesh: Mesh):
+    """The jitted, sharded SFT step and its optimizer (params and moments as in RL training)."""
+    tx, schedule = make_optimizer(optim), learning_rate(optim)
+    shardings = state_shardings(StateLayout(model=cfg, actor=optim), mesh)
+    rows = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def step(params, opt_state, i, tokens, loss_mask):
+        loss, grads = jax.value_and_grad(functools.partial(nll, cfg))(params, tokens, loss_mask)
+        params, opt_state, grad_norm = apply_gradients(tx, params, grads, opt_state, schedule(i))
+        return params, opt_state, loss, grad_norm
+
+    return jax.jit(step, in_shardings=(shardings.policy, shardings.actor_opt, replicated, rows, rows),
+                   out_shardings=(shardings.policy, shardings.actor_opt, replicated, replicated),
+                   donate_argnums=(0, 1)), tx
+
+
+def train(cfg: models.ModelConfig, params: dict, tokens: np.ndarray, loss_mask: np.ndarray,
+          config: ml_collections.ConfigDict, mesh: Mesh) -> tuple[dict, list[float]]:
+    """`config.steps` AdamW steps on seeded random minibatches; returns the params and the loss per step."""
+    if len(tokens) < config.batch_size:
+        raise ValueError(f"SFT needs at least batch_size={config.batch_size} examples, got {len(tokens)}.")
+    step, tx = _train_step(cfg, OptimConfig.from_config(config.optim, "sft.optim"), mesh)
+    params = jax.tree.map(lambda p: p.astype(jnp.float32), params)
+    opt_state = tx.init(params)
+    rng = np.random.default_rng(config.seed)
+    losses = []
+    with jax.set_mesh(mesh):
+        for i in tqdm(range(config.steps), desc="sft", disable=jax.process_index() != 0):
+            rows = rng.choice(len(tokens), config.batch_size, replace=False)
+            params, opt_state, loss, _ = step(params, opt_state, np.int32(i), tokens[rows], loss_mask[rows])
+            losses.append(float(loss))
+    return params, losses

@@ -1,0 +1,238 @@
+"""The sharded PPO update: mesh invariance, exact gradient accumulation, hand-derived first steps, PPO
+clipping, scoring alignment, one compilation for repeated calls."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from searchrl import models
+from searchrl.rl import losses, train_state, update
+
+CFG = dataclasses.replace(models.get_preset("tiny"), vocab_size=128)
+B, S = 8, 16
+ONE = models.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+
+
+def make_mesh_8():
+    return models.make_mesh(2, 2, 2)
+
+
+def rl_config(**overrides):
+    rl = update.default_config()
+    rl.minibatch_size, rl.micro_batch_size, rl.ppo_epochs = 4, 2, 2
+    rl.actor.lr, rl.critic.lr = 1e-3, 1e-3
+    # Adam divides by |g| + eps: with the default 1e-8, coordinates whose gradient is ~1e-8 turn float32
+    # round-off of the gradient (different reduction orders across meshes) into visible parameter changes.
+    rl.actor.eps, rl.critic.eps = 1e-5, 1e-5
+    for name, value in overrides.items():
+        group, _, field = name.rpartition("__")
+        (rl[group] if group else rl)[field] = value
+    return update.PPOConfig.from_config(rl, CFG)
+
+
+def make_data(seed: int = 0) -> dict:
+    """Rows of different lengths (padding at the end) with policy turns of different lengths."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(9, S + 1, size=B)
+    attention = np.arange(S)[None] < lengths[:, None]
+    loss_mask = (np.arange(S)[None] >= 4) & attention & (rng.random((B, S)) < 0.8)
+    return dict(
+        tokens=rng.integers(0, CFG.vocab_size, (B, S)).astype(np.int32),
+        attention_mask=attention,
+        loss_mask=loss_mask.astype(np.float32),
+        advantages=(rng.normal(size=(B, S)) * loss_mask).astype(np.float32),
+        returns=(rng.normal(size=(B, S)) * loss_mask).astype(np.float32),
+        noise=rng.normal(size=(B, S)).astype(np.float32),
+    )
+
+
+def new_state(config, mesh):
+    params = models.init_params(CFG, jax.random.key(0))
+    return train_state.init_train_state(config.layout, mesh, params, jax.random.key(1))
+
+
+def make_batch(config, data, temperature=1.0, logprob_shift=0.1):
+    """A PPOBatch whose old logprobs are the initial policy's, shifted by noise so that some ratios clip."""
+    state = new_state(config, ONE)
+    logp, values, ref = update.compute_old_logprobs_and_values(
+        state, data["tokens"], data["attention_mask"], temperature, config, ONE)
+    old = np.asarray(logp) + logprob_shift * data["noise"] * data["loss_mask"]
+    return update.PPOBatch(
+        tokens=data["tokens"], attention_mask=data["attention_mask"], loss_mask=data["loss_mask"],
+        old_logprobs=old, advantages=data["advantages"], temperature=temperature,
+        returns=data["returns"] if values is not None else None,
+        old_values=None if values is None else np.asarray(values),
+        ref_logprobs=None if ref is None else np.asarray(ref) + 0.05 * data["noise"])
+
+
+def host(tree):
+    return jax.tree.map(np.asarray, tree)
+
+
+def max_abs_diff(a, b) -> float:
+    return max(jax.tree.leaves(jax.tree.map(lambda x, y: float(np.max(np.abs(x - y))), a, b)))
+
+
+FULL = dict(use_reference=True, kl_loss_coef=0.1, entropy_coef=0.01)
+
+
+def test_sharded_update_matches_single_device():
+    config = rl_config(**FULL)
+    batch = make_batch(config, make_data(0), temperature=0.8)
+    mesh = make_mesh_8()
+    state8, metrics8 = update.ppo_update(new_state(config, mesh), batch, config, mesh)
+    state1, metrics1 = update.ppo_update(new_state(config, ONE), batch, config, ONE)
+    q_spec = jax.sharding.PartitionSpec(None, "fsdp", "tensor", None)
+    assert state8.policy["layers"]["q"].sharding.spec == q_spec
+    assert len(state8.actor_opt[1][0].mu["embed"].sharding.device_set) == 8  # moments sharded like params
+    start = host(new_state(config, ONE).policy)
+    assert max_abs_diff(host(state1.policy), start) > 1e-3  # 4 Adam steps of lr 1e-3 really moved the params
+    assert max_abs_diff(host(state8), host(state1)) < 1e-5
+    assert 0 < float(metrics1["actor/pg_clipfrac"]) < 1
+    for name in metrics1:
+        np.testing.assert_allclose(metrics8[name], metrics1[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    assert int(state8.step) == 1 and not np.array_equal(state8.rng, new_state(config, ONE).rng)
+
+
+@pytest.mark.parametrize("mode,critic", [("token-mean", True), ("seq-mean-token-sum", False)])
+def test_gradient_accumulation_equals_full_minibatch(mode, critic):
+    data = make_data(1)
+    whole = rl_config(micro_batch_size=4, loss_agg_mode=mode, use_critic=critic, entropy_coef=0.01)
+    accumulated = rl_config(micro_batch_size=2, loss_agg_mode=mode, use_critic=critic, entropy_coef=0.01)
+    batch = make_batch(whole, data)
+    # Micro-batches carry different numbers of policy tokens, so per-micro-batch normalisation would differ.
+    per_row = data["loss_mask"].sum(1)
+    assert len(set(per_row[:2].tolist() + per_row[2:4].tolist())) > 1
+    state_w, metrics_w = update.ppo_update(new_state(whole, ONE), batch, whole, ONE)
+    state_a, metrics_a = update.ppo_update(new_state(accumulated, ONE), batch, accumulated, ONE)
+    assert max_abs_diff(host(state_w), host(state_a)) < 1e-6
+    for name in metrics_w:  # losses and (pre-clipping) gradient norms: magnitudes, not just Adam's signs
+        np.testing.assert_allclose(metrics_a[name], metrics_w[name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def one_step_config(**overrides):
+    return rl_config(use_critic=False, ppo_epochs=1, minibatch_size=B, micro_batch_size=4,
+                     actor__weight_decay=0.0, actor__clip_grad_norm=0.0, actor__lr=1e-4, actor__eps=1e-3,
+                     **overrides)
+
+
+def reference_logprobs(params, data, temperature=1.0):
+    """log_softmax(logits / temperature) of each next token, straight from the model's forward pass."""
+    logits = models.forward(CFG, params, jnp.asarray(data["tokens"]),
+                            jnp.broadcast_to(jnp.arange(S), (B, S)), jnp.asarray(data["attention_mask"]))[0]
+    return models.logprobs_from_logits(logits / temperature, jnp.asarray(data["tokens"]))[0]
+
+
+def mean_logprob(params, data, temperature=1.0) -> float:
+    return float(losses.masked_mean(reference_logprobs(params, data, temperature), data["loss_mask"]))
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_first_step_is_adam_on_the_policy_gradient(sign):
+    """At ratio 1 the PPO gradient is the policy gradient -mean(A * grad log p); Adam's first step is
+    -lr * g / (|g| + eps) (eps = 1e-3 keeps the gradient's magnitudes in it). Positive advantages raise the
+    policy tokens' log-probabilities, negative ones lower them."""
+    config = one_step_config()
+    data = make_data(2)
+    data["advantages"] = sign * data["loss_mask"]
+    batch = make_batch(config, data, temperature=0.7, logprob_shift=0.0)
+    params = host(new_state(config, ONE).policy)
+
+    def reinforce(p):
+        return -losses.masked_mean(data["advantages"] * reference_logprobs(p, data, 0.7), data["loss_mask"])
+
+    grads = jax.jit(jax.grad(reinforce))(params)
+    state, metrics = update.ppo_update(new_state(config, ONE), batch, config, ONE)
+    eps = config.layout.actor.eps
+    expected = jax.tree.map(lambda p, g: p - 1e-4 * g / (np.abs(g) + eps), params, grads)
+    # Steps are up to lr = 1e-4; allow about one float32 ulp of each parameter: <= 4e-9 (4e-5 of a step) for
+    # matrices, 1.2e-7 for norm weights ~1.
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2.5e-7, atol=4e-9), host(state.policy),
+                 expected)
+    np.testing.assert_allclose(metrics["actor/grad_norm"], float(jnp.sqrt(sum(
+        jnp.sum(g * g) for g in jax.tree.leaves(grads)))), rtol=1e-5)
+    before, after = mean_logprob(params, data, 0.7), mean_logprob(host(state.policy), data, 0.7)
+    assert sign * (after - before) > 1e-3
+
+
+def test_zero_advantages_leave_the_policy_unchanged():
+    config = one_step_config()
+    data = make_data(3)
+    data["advantages"] = np.zeros((B, S), np.float32)
+    batch = make_batch(config, data, logprob_shift=0.0)
+    state, metrics = update.ppo_update(new_state(config, ONE), batch, config, ONE)
+    assert float(metrics["actor/grad_norm"]) == 0.0
+    assert max_abs_diff(host(state.policy), host(new_state(config, ONE).policy)) == 0.0
+
+
+def test_clipped_ratios_give_zero_policy_gradient():
+    """old_logprobs 5 nats below the current ones: ratio e^5 > 1 + clip with A > 0: every token clipped."""
+    config = one_step_config()
+    data = make_data(4)
+    data["advantages"] = data["loss_mask"].copy()
+    data["noise"] = -np.ones((B, S), np.float32)
+    batch = make_batch(config, data, logprob_shift=5.0)
+    state, metrics = update.ppo_update(new_state(config, ONE), batch, config, ONE)
+    assert float(metrics["actor/pg_clipfrac"]) == 1.0
+    assert float(metrics["actor/grad_norm"]) == 0.0
+    assert max_abs_diff(host(state.policy), host(new_state(config, ONE).policy)) == 0.0
+
+
+def test_scoring_alignment_and_reference():
+    config = rl_config(use_reference=True)
+    data = make_data(5)
+    state = new_state(config, ONE)
+    logp, values, ref = update.compute_old_logprobs_and_values(
+        state, data["tokens"], data["attention_mask"], 0.5, config, ONE)
+    params = host(state.policy)
+    np.testing.assert_allclose(logp, reference_logprobs(params, data, 0.5), atol=1e-6)
+    np.testing.assert_array_equal(ref, logp)  # the reference starts as the policy
+    v = models.values(CFG, host(state.critic), jnp.asarray(data["tokens"]),
+                      jnp.broadcast_to(jnp.arange(S), (B, S)), jnp.asarray(data["attention_mask"]))
+    np.testing.assert_allclose(values[:, 1:], v[:, :-1], atol=1e-6)  # value of the state before each token
+    assert np.all(np.asarray(values[:, 0]) == 0) and np.all(np.asarray(logp[:, 0]) == 0)
+
+
+def test_bfloat16_compute_keeps_float32_master_weights():
+    config32 = one_step_config()
+    config16 = one_step_config(compute_dtype="bfloat16")
+    batch = make_batch(config32, make_data(6))
+    state16, metrics16 = update.ppo_update(new_state(config16, ONE), batch, config16, ONE)
+    _, metrics32 = update.ppo_update(new_state(config32, ONE), batch, config32, ONE)
+    assert {x.dtype for x in jax.tree.leaves(state16.policy)} == {jnp.dtype(jnp.float32)}
+    assert max_abs_diff(host(state16.policy), host(new_state(config16, ONE).policy)) > 5e-5  # it trained
+    for name in ("actor/pg_loss", "actor/entropy", "actor/ppo_kl"):
+        np.testing.assert_allclose(metrics16[name], metrics32[name], rtol=3e-2, atol=3e-3, err_msg=name)
+
+
+def test_update_compiles_once():
+    # The accumulation test may have compiled this config already: then there is still one program.
+    config = rl_config(micro_batch_size=2, use_critic=False, loss_agg_mode="seq-mean-token-sum",
+                       entropy_coef=0.01)
+    state = new_state(config, ONE)
+    for seed in range(3):
+        batch = make_batch(config, make_data(seed))
+        state, _ = update.ppo_update(state, batch, config, ONE)
+    assert update.update_fn(config, ONE, batch)._cache_size() == 1
+    assert int(state.step) == 3
+
+
+def test_bad_batches_are_rejected_with_the_field_name():
+    config = rl_config()
+    data = make_data(0)
+    base = dict(tokens=data["tokens"], attention_mask=data["attention_mask"], loss_mask=data["loss_mask"],
+                old_logprobs=data["noise"], advantages=data["advantages"])
+    state = new_state(config, ONE)
+    with pytest.raises(ValueError, match="PPOBatch.returns is required"):
+        update.ppo_update(state, update.PPOBatch(**base), config, ONE)
+    with pytest.raises(ValueError, match=r"PPOBatch.advantages has shape \(8, 15\)"):
+        bad = update.PPOBatch(**{**base, "advantages": data["advantages"][:, 1:]})
+        update.ppo_update(state, bad, config, ONE)
+    with pytest.raises(ValueError, match="not a multiple of rl.minibatch_size=4"):
+        short = {k: v[:6] for k, v in base.items()}
+        update.ppo_update(state, update.PPOBatch(**short, returns=short["advantages"],
+                                                 old_values=short["advantages"]), config, ONE)
+    with pytest.raises(ValueError, match="needs a reference model"):
+        rl_config(kl_loss_coef=0.1)
