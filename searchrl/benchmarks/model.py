@@ -1,8 +1,9 @@
 """Training-step throughput of the searchrl decoder against transformers' PyTorch model on the same config.
 
-Both sides compute the gradient of the mean next-token NLL of the same batch in float32 on the CPU, after
-warm-up (compilation for JAX). Run:
-`python -m searchrl.benchmarks.model [--json] [--preset bench_small] [--batch 4] [--seq 256] [--steps 5]`.
+Both sides compute the gradient of the mean next-token NLL of the same batch, in the same dtype, on the same
+kind of device (JAX's default backend; PyTorch on CUDA when JAX runs on a GPU), after warm-up (compilation for
+JAX). Run: `python -m searchrl.benchmarks.model [--json] [--preset bench_small] [--batch 4] [--seq 256]
+[--steps 5] [--dtype float32|bfloat16]`.
 """
 from __future__ import annotations
 
@@ -31,9 +32,14 @@ def _time(step: Callable[[], None], steps: int, warmup: int = 2) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def searchrl_step(cfg: ModelConfig, tokens: np.ndarray) -> Callable[[], None]:
+def torch_device() -> str:
+    """PyTorch's device matching JAX's backend."""
+    return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+
+
+def searchrl_step(cfg: ModelConfig, tokens: np.ndarray, dtype: str) -> Callable[[], None]:
     """A jitted value-and-grad of the mean next-token NLL."""
-    params = init_params(cfg, jax.random.key(0))
+    params = init_params(cfg, jax.random.key(0), jnp.dtype(dtype))
     B, T = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     mask = jnp.ones((B, T), bool)
@@ -46,33 +52,36 @@ def searchrl_step(cfg: ModelConfig, tokens: np.ndarray) -> Callable[[], None]:
     return lambda: jax.block_until_ready(grad(params, tokens))
 
 
-def torch_step(cfg: ModelConfig, tokens: np.ndarray) -> Callable[[], None]:
+def torch_step(cfg: ModelConfig, tokens: np.ndarray, dtype: str) -> Callable[[], None]:
     """transformers' model on the same config: loss(labels=tokens) and backward."""
     hf = to_hf_config(cfg)
     config = transformers.AutoConfig.for_model(hf.pop("model_type"), **hf)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).float().train()
-    ids = torch.from_numpy(tokens).long()
+    device = torch_device()
+    model = transformers.AutoModelForCausalLM.from_config(config).to(device, getattr(torch, dtype)).train()
+    ids = torch.from_numpy(tokens).long().to(device)
 
     def step():
         model.zero_grad(set_to_none=True)
         model(input_ids=ids, labels=ids).loss.backward()
+        if device == "cuda":
+            torch.cuda.synchronize()
 
     return step
 
 
-def run(preset: str, batch: int, seq: int, steps: int) -> dict:
+def run(preset: str, batch: int, seq: int, steps: int, dtype: str = "float32") -> dict:
     cfg = get_preset(preset)
     threads = len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, size=(batch, seq)).astype(np.int32)
-    ours = _time(searchrl_step(cfg, tokens), steps)
-    theirs = _time(torch_step(cfg, tokens), steps)
+    ours = _time(searchrl_step(cfg, tokens, dtype), steps)
+    theirs = _time(torch_step(cfg, tokens, dtype), steps)
     shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
     n_params = sum(x.size for x in jax.tree.leaves(shapes))
     return {
         "preset": preset, "params": n_params, "batch": batch, "seq": seq, "steps": steps, "threads": threads,
-        "device": jax.devices()[0].platform,
+        "device": jax.devices()[0].device_kind, "dtype": dtype,
         "searchrl_step_s": ours, "torch_step_s": theirs,
         "searchrl_tokens_per_s": batch * seq / ours, "torch_tokens_per_s": batch * seq / theirs,
         "ratio": theirs / ours,
@@ -85,14 +94,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
-    r = run(args.preset, args.batch, args.seq, args.steps)
+    r = run(args.preset, args.batch, args.seq, args.steps, args.dtype)
     if args.json:
         print(json.dumps(r))
         return
     print(f"forward+backward, {r['preset']} ({r['params'] / 1e6:.1f}M params), batch {r['batch']} x seq "
-          f"{r['seq']}, fp32, {r['device']}, {r['threads']} threads, {r['steps']} timed steps")
+          f"{r['seq']}, {r['dtype']}, {r['device']}, {r['threads']} threads, {r['steps']} timed steps")
     print(f"{'impl':<22}{'step s':>10}{'tokens/s':>12}")
     print(f"{'searchrl (jax.jit)':<22}{r['searchrl_step_s']:>10.3f}{r['searchrl_tokens_per_s']:>12.0f}")
     print(f"{'transformers (torch)':<22}{r['torch_step_s']:>10.3f}{r['torch_tokens_per_s']:>12.0f}")

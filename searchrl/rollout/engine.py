@@ -7,6 +7,7 @@ tokenised, truncated and appended to the cache with `extend`, which also starts 
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from typing import Any, Callable, Sequence
 
@@ -273,6 +274,7 @@ class RolloutEngine:
         )
 
 
+_CLOSING_TAG = re.compile(r"</[A-Za-z_]+>\s*\Z")
 _ANSWER_PROMPT_ROOM = 64  # tokens reserved for the intermediate answer prompt
 
 
@@ -286,6 +288,6 @@ def _eos_ids(tokenizer: Any, cfg: models.ModelConfig) -> set[int]:
 
 
 def _closing_suffix(text: str) -> str:
-    """The part of an observation kept through truncation: its closing tag and trailing whitespace."""
-    i = text.rfind("</")
-    return text[i:] if i >= 0 else ""
+    """The part of an observation kept through truncation: a closing tag that ends it, with trailing whitespace."""
+    match = _CLOSING_TAG.search(text)
+    return match.group(0) if match else ""

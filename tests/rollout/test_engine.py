@@ -27,7 +27,9 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def model(tokenizer):
-    cfg = dataclasses.replace(models.get_preset("tiny"), vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
+    # Untied embeddings: a random tied model greedily repeats its last input token, which would hide bugs.
+    cfg = dataclasses.replace(models.get_preset("tiny"), vocab_size=len(tokenizer),
+                              eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
     return cfg, models.init_params(cfg, jax.random.key(1))
 
 
@@ -198,3 +200,13 @@ def test_prompt_too_long_is_a_clear_error(model, tokenizer):
     engine = make_engine(model, tokenizer, ScriptedEnv(), max_prompt_tokens=4)
     with pytest.raises(ValueError, match="Example 0: prompt has"):
         engine.run(model[1], EXAMPLES[:1], jax.random.key(0))
+
+
+def test_observation_truncation_keeps_only_a_real_closing_tag(model, tokenizer):
+    engine = make_engine(model, tokenizer, ScriptedEnv())
+    long_info = Observation(" <information> " + "river stone " * 40 + "</information>\n\n")
+    ids = engine._observation_tokens(long_info, room=100)
+    assert len(ids) == 24 and tokenizer.decode(ids).endswith("</information>\n\n")
+    message = Observation("invalid: put the answer between <answer> and </answer>. Let me try again. " * 4)
+    ids = engine._observation_tokens(message, room=100)
+    assert len(ids) == 24 and tokenizer.decode(ids) == tokenizer.decode(tokenizer.encode(message.text)[:24])

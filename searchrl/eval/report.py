@@ -1,0 +1,255 @@
+"""Evaluation results from per-question rows: the papers' tables, accuracy per search budget and the
+distribution of the minimal sufficient search depth, written as Markdown, CSV, JSON and a matplotlib figure.
+
+A question row is a plain dict (one line of `predictions.jsonl`): "dataset", "hops" (int, or None outside
+synthetic worlds), "em", "cover_em", "f1", "searches" and, when the depth analysis ran, "depth" (int, or None
+when no answer along the trajectory was right). Everything here is a pure function of such rows.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+METRICS = ("em", "cover_em", "f1", "searches")
+CURVE_METRICS = ("em", "searches")  # per search budget
+AVERAGE = "average"  # the papers' "Avg.": the unweighted mean over datasets
+ALL = "all"  # every question of every dataset, pooled
+NEVER = "never"
+TABLE_COLUMNS = ("dataset", "hops", "n", *METRICS)
+
+
+def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Question count and the mean of each metric over `rows`."""
+    if not rows:
+        raise ValueError("summarize: no question rows")
+    return {"n": len(rows), **{m: float(np.mean([r[m] for r in rows])) for m in METRICS}}
+
+
+def by_dataset(rows: Sequence[Mapping[str, Any]]) -> dict[str, list]:
+    """Rows grouped by dataset, in first-seen order."""
+    groups: dict[str, list] = {}
+    for row in rows:
+        groups.setdefault(row["dataset"], []).append(row)
+    return groups
+
+
+def by_hops(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], list]:
+    """Rows that carry a hop count, grouped by (dataset, hops), sorted."""
+    groups: dict[tuple[str, int], list] = {}
+    for row in rows:
+        if row.get("hops") is not None:
+            groups.setdefault((row["dataset"], int(row["hops"])), []).append(row)
+    return dict(sorted(groups.items()))
+
+
+def results_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per dataset, then the average over datasets (n: all questions)."""
+    table = [{"dataset": name, "hops": None, **summarize(group)} for name, group in by_dataset(rows).items()]
+    average = {m: float(np.mean([t[m] for t in table])) for m in METRICS}
+    return table + [{"dataset": AVERAGE, "hops": None, "n": sum(t["n"] for t in table), **average}]
+
+
+def hops_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (dataset, hop count); empty when no row carries hops."""
+    return [{"dataset": name, "hops": hops, **summarize(group)}
+            for (name, hops), group in by_hops(rows).items()]
+
+
+def budget_curves(runs: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+    """EM and mean searches per search budget: per dataset, their average, and per (dataset, hops).
+
+    `runs` maps each budget (env.max_turns) to the question rows of the run under that budget.
+    """
+    budgets = sorted(runs)
+    per_budget = [by_dataset(runs[b]) for b in budgets]
+    names = list(per_budget[0])
+
+    def curve(groups: list[dict], key) -> dict[str, list[float]]:
+        return {m: [float(np.mean([r[m] for r in g[key]])) for g in groups] for m in CURVE_METRICS}
+
+    datasets = [{"dataset": name, **curve(per_budget, name)} for name in names]
+    average = {m: np.mean([d[m] for d in datasets], axis=0).tolist() for m in CURVE_METRICS}
+    hops_groups = [by_hops(runs[b]) for b in budgets]
+    hops = [{"dataset": name, "hops": h, **curve(hops_groups, (name, h))} for name, h in hops_groups[0]]
+    return {"budgets": budgets, "datasets": datasets + [{"dataset": AVERAGE, **average}], "hops": hops}
+
+
+def depth_buckets(max_depth: int) -> list[str]:
+    """Bucket names: 0 (right without searching), 1 .. max_depth, then never."""
+    return [str(d) for d in range(max_depth + 1)] + [NEVER]
+
+
+def depth_counts(rows: Sequence[Mapping[str, Any]], max_depth: int) -> dict[str, Any]:
+    """Counts and fractions of the minimal sufficient depth over `rows`."""
+    buckets = depth_buckets(max_depth)
+    counts = dict.fromkeys(buckets, 0)
+    for row in rows:
+        depth = row["depth"]
+        if depth is not None and not 0 <= depth <= max_depth:
+            raise ValueError(f"depth {depth} of question {row.get('id')!r} is outside 0..{max_depth}")
+        counts[NEVER if depth is None else str(depth)] += 1
+    return {"n": len(rows), "counts": counts, "fractions": {k: v / len(rows) for k, v in counts.items()}}
+
+
+def depth_distribution(rows: Sequence[Mapping[str, Any]], max_depth: int) -> dict[str, Any]:
+    """The depth distribution per dataset, over all questions, and per (dataset, hops)."""
+    datasets = [{"dataset": name, **depth_counts(group, max_depth)}
+                for name, group in by_dataset(rows).items()]
+    pooled = {"dataset": ALL, **depth_counts(rows, max_depth)}
+    hops = [{"dataset": name, "hops": h, **depth_counts(group, max_depth)}
+            for (name, h), group in by_hops(rows).items()]
+    return {"buckets": depth_buckets(max_depth), "datasets": datasets + [pooled], "hops": hops}
+
+
+def aggregate(rows: Sequence[Mapping[str, Any]],
+              budget_runs: Mapping[int, Sequence[Mapping[str, Any]]] | None = None,
+              max_depth: int | None = None) -> dict[str, Any]:
+    """Every summary of an evaluation: the main table, per-hop rows, budget curves and depth distribution.
+
+    `max_depth`: the search budget of the rows' run when they carry depths (None: no depth analysis).
+    """
+    return {
+        "table": results_table(rows),
+        "hops": hops_table(rows),
+        "budgets": budget_curves(budget_runs) if budget_runs else None,
+        "depth": depth_distribution(rows, max_depth) if max_depth is not None else None,
+    }
+
+
+# ---- Markdown / CSV / JSON ----
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _label(row: Mapping[str, Any]) -> str:
+    return f"{row['dataset']} ({row['hops']}-hop)" if row.get("hops") is not None else row["dataset"]
+
+
+def main_markdown(results: Mapping[str, Any]) -> str:
+    """The papers' table: EM per dataset and the average, with cover-EM, F1 and searches per question."""
+    header = ("dataset", "n", "EM", "cover-EM", "F1", "searches")
+    return markdown_table(header, [(_label(r), r["n"], *(r[m] for m in METRICS)) for r in results["table"]])
+
+
+def markdown(results: Mapping[str, Any]) -> str:
+    """Every table of `results` as one Markdown document."""
+    meta = results.get("meta", {})
+    facts = "\n".join(f"- {k}: {v}" for k, v in meta.items() if not k.startswith("answer_prompt"))
+    parts = ["# Evaluation", "", facts, "", "## Results", "", main_markdown(results)]
+    if results["hops"]:
+        header = ("dataset", "hops", "n", "EM", "cover-EM", "F1", "searches")
+        rows = [(r["dataset"], r["hops"], r["n"], *(r[m] for m in METRICS)) for r in results["hops"]]
+        parts += ["", "## By hop count", "", markdown_table(header, rows)]
+    curves = results.get("budgets")
+    if curves:
+        header = ("group", *(f"EM @ {b}" for b in curves["budgets"]))
+        rows = [(_label(r), *r["em"]) for r in curves["datasets"] + curves["hops"]]
+        parts += ["", "## Accuracy by search budget", "",
+                  "EM when at most b searches are allowed (env.max_turns = b; the turn after the last search "
+                  "cannot search, and a search there is an invalid action that scores 0).", "",
+                  markdown_table(header, rows)]
+    depth = results.get("depth")
+    if depth:
+        rows = [(_label(r), r["n"], *(f"{r['counts'][k]} ({r['fractions'][k]:.2f})"
+                                      for k in depth["buckets"]))
+                for r in depth["datasets"] + depth["hops"]]
+        prompt = json.dumps(meta.get("answer_prompt"))
+        if meta.get("answer_prompt_is_default"):
+            prompt += ", searchrl's default: env.answer_prompt is unset"
+        parts += ["", "## Minimal sufficient search depth", "",
+                  "d = the first search step after which the policy's answer is right: its intermediate "
+                  f"answer (elicited with the answer prompt {prompt}), or its final answer after its last "
+                  "search; 0 = right without searching; never = no answer along the trajectory was right. "
+                  "Counts (fractions).", "",
+                  markdown_table(("group", "n", *depth["buckets"]), rows)]
+    return "\n".join(parts) + "\n"
+
+
+def write_csv(results: Mapping[str, Any], path: str | os.PathLike) -> None:
+    """The main table and the per-hop rows, one CSV (hops empty on whole-dataset rows)."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=TABLE_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for row in list(results["table"]) + list(results["hops"]):
+            writer.writerow({k: "" if row.get(k) is None else row[k] for k in TABLE_COLUMNS})
+
+
+def write_report(results: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str, Path]:
+    """Writes results.md, results.csv, results.json, predictions.jsonl (when `results` has "predictions") and
+    depth_analysis.png (when there are budget curves or a depth distribution); returns the paths by name."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {name: out / name for name in ("results.md", "results.csv", "results.json")}
+    summary = {k: v for k, v in results.items() if k != "predictions"}
+    paths["results.md"].write_text(markdown(summary))
+    write_csv(summary, paths["results.csv"])
+    paths["results.json"].write_text(json.dumps(summary, indent=2) + "\n")
+    if results.get("predictions"):
+        paths["predictions.jsonl"] = out / "predictions.jsonl"
+        with open(paths["predictions.jsonl"], "w") as f:
+            f.writelines(json.dumps(row) + "\n" for row in results["predictions"])
+    if results.get("budgets") or results.get("depth"):
+        paths["depth_analysis.png"] = out / "depth_analysis.png"
+        plot_depth_analysis(summary, paths["depth_analysis.png"])
+    return paths
+
+
+# ---- Plot ----
+
+def plot_depth_analysis(results: Mapping[str, Any], path: str | os.PathLike) -> None:
+    """Accuracy vs search budget (per dataset, and per hop count when known) and the depth histogram."""
+    import matplotlib  # local: only plotting needs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves, depth = results.get("budgets"), results.get("depth")
+    panels = ([("datasets", curves["datasets"])] if curves else [])
+    panels += [("hops", curves["hops"])] if curves and curves["hops"] else []
+    panels += [("depth", depth)] if depth else []
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, (kind, content) in zip(axes[0], panels):
+        if kind == "depth":
+            _depth_bars(ax, content)
+            continue
+        for row in content:
+            style = "--" if row["dataset"] == AVERAGE else "-"
+            ax.plot(curves["budgets"], row["em"], style, marker="o", label=_label(row))
+        ax.set(xlabel="searches allowed (env.max_turns)", ylabel="EM", xticks=curves["budgets"],
+               title="EM by search budget" + (" and hop count" if kind == "hops" else ""))
+        ax.set_ylim(0, 1.05)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _depth_bars(ax, depth: Mapping[str, Any]) -> None:
+    """Grouped bars: the fraction of questions at each minimal sufficient depth, one colour per dataset."""
+    buckets, groups = depth["buckets"], depth["datasets"]
+    if len(groups) == 2:  # one dataset: its bars are the pooled ones
+        groups = groups[:1]
+    width = 0.8 / len(groups)
+    x = np.arange(len(buckets))
+    for i, row in enumerate(groups):
+        ax.bar(x + (i - (len(groups) - 1) / 2) * width, [row["fractions"][k] for k in buckets], width,
+               label=_label(row))
+    ax.set(xticks=x, xticklabels=buckets, xlabel="minimal sufficient depth", ylabel="fraction of questions",
+           title="Minimal sufficient search depth")
+    ax.legend(fontsize="small")

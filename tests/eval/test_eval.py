@@ -1,0 +1,353 @@
+"""The evaluation harness: metric aggregation and depth arithmetic checked by hand, report files, and greedy
+runs end to end (library and CLI) of a tiny random policy over a tiny BM25 world made here."""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from searchrl import checkpoint, configlib, experiment, models
+from searchrl.envs.base import Action
+from searchrl.envs.search_qa import SearchQAEnv
+from searchrl.eval import harness, report
+from searchrl.retrieval.bm25 import BM25Retriever
+from searchrl.rl import optim, train_state
+from searchrl.rl import trainer as trainer_lib
+from searchrl.rollout.trajectory import Trajectory, Turn
+from searchrl.text.tokenizer import train_bpe_tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+PASSAGES = [
+    ("Paris", "Paris is the capital of France."),
+    ("France", "France is a country in Europe whose capital is Paris."),
+    ("Seine", "The Seine is the river that flows through Paris."),
+    ("Berlin", "Berlin is the capital of Germany."),
+    ("Spree", "The Spree is the river that flows through Berlin."),
+    ("Rome", "Rome is the capital of Italy."),
+]
+QUESTIONS = {
+    "world": [("What is the capital of France?", ["Paris"], 1),
+              ("Which river flows through the capital of France?", ["Seine"], 2),
+              ("What is the capital of Germany?", ["Berlin"], 1),
+              ("Which river flows through the capital of Germany?", ["Spree"], 2),
+              ("What is the capital of Italy?", ["Rome"], 1)],
+    "trivia": [("Which city is the capital of Italy?", ["Rome"], None),
+               ("Which country has Paris as its capital?", ["France"], None),
+               ("Which river flows through Berlin?", ["Spree"], None)],
+}
+
+
+# ---- Hand-checked arithmetic ----
+
+def test_minimal_sufficient_depth_by_hand():
+    depth = harness.minimal_sufficient_depth
+    assert depth(["Paris"], [], "Paris", 0) == 0  # right without searching
+    assert depth(["Paris"], [], "Lyon", 0) is None
+    assert depth(["Paris"], ["Lyon", "the Paris", "Paris"], "Paris", 3) == 2  # the first right one counts
+    assert depth(["Paris"], ["Lyon", "Nice"], "Paris", 2) == 2  # only the final answer (after search 2)
+    assert depth(["Paris"], ["Lyon", "Nice"], "", 2) is None
+    assert depth(["Paris", "City of Light"], ["city of light"], "Lyon", 1) == 1  # any gold, normalised
+
+
+def row(dataset, em, f1, searches, depth=None, hops=None, cover_em=None):
+    return {"dataset": dataset, "hops": hops, "em": em, "f1": f1, "searches": searches, "depth": depth,
+            "cover_em": em if cover_em is None else cover_em}
+
+
+ROWS = [row("a", 1.0, 1.0, 2, depth=1, hops=1), row("a", 0.0, 0.5, 1, hops=2, cover_em=1.0),
+        row("a", 1.0, 1.0, 3, depth=3, hops=2), row("a", 0.0, 0.0, 0, hops=2),
+        row("b", 1.0, 1.0, 0, depth=0), row("b", 0.0, 0.25, 4)]
+
+
+def test_results_table_by_hand():
+    table = report.results_table(ROWS)
+    assert [t["dataset"] for t in table] == ["a", "b", report.AVERAGE]
+    a, b, avg = table
+    assert a["n"] == 4 and a["em"] == pytest.approx(0.5) and a["f1"] == pytest.approx(2.5 / 4)
+    assert a["cover_em"] == pytest.approx(0.75) and a["searches"] == pytest.approx(1.5)
+    assert b["n"] == 2 and b["em"] == pytest.approx(0.5) and b["f1"] == pytest.approx(0.625)
+    assert b["searches"] == pytest.approx(2.0)
+    # the papers' average: unweighted over datasets, not pooled over questions
+    assert avg["n"] == 6 and avg["f1"] == pytest.approx((0.625 + 0.625) / 2)
+    assert avg["searches"] == pytest.approx((1.5 + 2.0) / 2)
+    hops = report.hops_table(ROWS)
+    assert [(h["dataset"], h["hops"], h["n"]) for h in hops] == [("a", 1, 1), ("a", 2, 3)]
+    assert hops[1]["em"] == pytest.approx(1 / 3) and hops[1]["f1"] == pytest.approx(1.5 / 3)
+    assert hops[1]["searches"] == pytest.approx(4 / 3)
+
+
+def test_depth_distribution_by_hand():
+    depth = report.depth_distribution(ROWS, max_depth=4)
+    assert depth["buckets"] == ["0", "1", "2", "3", "4", "never"]
+    a, b, pooled = depth["datasets"]
+    assert a["counts"] == {"0": 0, "1": 1, "2": 0, "3": 1, "4": 0, "never": 2}
+    assert b["counts"] == {"0": 1, "1": 0, "2": 0, "3": 0, "4": 0, "never": 1}
+    assert pooled["dataset"] == report.ALL and pooled["n"] == 6 and sum(pooled["counts"].values()) == 6
+    assert pooled["fractions"]["never"] == pytest.approx(0.5)
+    hops = [(h["hops"], h["counts"]["never"], h["counts"]["3"]) for h in depth["hops"]]
+    assert hops == [(1, 0, 0), (2, 2, 1)]
+    with pytest.raises(ValueError, match="outside 0..2"):
+        report.depth_distribution(ROWS, max_depth=2)
+
+
+def test_budget_curves_by_hand():
+    runs = {0: [row("a", 0.0, 0, 0, hops=1), row("a", 0.0, 0, 0, hops=2), row("b", 1.0, 1, 0)],
+            2: [row("a", 1.0, 1, 1, hops=1), row("a", 0.0, 0, 2, hops=2), row("b", 1.0, 1, 0)]}
+    curves = report.budget_curves(runs)
+    assert curves["budgets"] == [0, 2]
+    by_name = {c["dataset"]: c for c in curves["datasets"]}
+    assert by_name["a"]["em"] == [0.0, 0.5] and by_name["b"]["em"] == [1.0, 1.0]
+    assert by_name[report.AVERAGE]["em"] == [0.5, 0.75]
+    assert by_name["a"]["searches"] == [0.0, 1.5]
+    assert [(h["hops"], h["em"]) for h in curves["hops"]] == [(1, [0.0, 1.0]), (2, [0.0, 0.0])]
+
+
+def test_question_rows_from_a_crafted_trajectory():
+    turns = [[Turn(0, 1, "<search>capital of France</search>", Action("search", "capital of France"), "obs"),
+              Turn(1, 2, "<answer>Paris</answer>", Action("answer", "Paris"))],
+             [Turn(0, 1, "<search>x</search>", Action("search", "x"), "obs"),
+              Turn(1, 2, "<search>y</search>", Action("invalid", "search is disabled in the final turn"))]]
+    zeros = np.zeros((2, 4), np.float32)
+    traj = Trajectory(tokens=zeros.astype(np.int32), attention_mask=zeros > 0, loss_mask=zeros,
+                      logprobs=zeros, prompt_lengths=np.zeros(2, np.int32), lengths=np.zeros(2, np.int32),
+                      turns=turns, finish_reasons=["answer", "max_turns"],
+                      intermediate_answers=[["Paris"], ["Berlin"]])
+    examples = [{"id": "q1", "question": "Capital of France?", "golden_answers": ["Paris"], "dataset": "w",
+                 "metadata": {"hops": 1}},
+                {"id": "q2", "question": "Capital of Germany?", "golden_answers": ["Berlin"], "dataset": "w"}]
+    first, second = harness.question_rows(traj, examples, depth=True)
+    assert (first["answer"], first["em"], first["f1"], first["searches"], first["depth"], first["hops"]) == \
+        ("Paris", 1.0, 1.0, 1, 1, 1)
+    # no final answer, but the intermediate answer after search 1 was right
+    assert (second["answer"], second["em"], second["searches"], second["depth"], second["hops"]) == \
+        ("", 0.0, 1, 1, None)
+    assert second["finish_reason"] == "max_turns"
+    assert second["response"] == "<search>x</search>obs<search>y</search>"
+    assert "depth" not in harness.question_rows(traj, examples, depth=False)[0]
+
+
+def test_write_report_files(tmp_path):
+    meta = {"checkpoint": "ckpt", "answer_prompt": "\n<answer>", "answer_prompt_is_default": True}
+    results = {"meta": meta, **report.aggregate(ROWS, {0: ROWS, 3: ROWS}, max_depth=4), "predictions": ROWS}
+    paths = report.write_report(results, tmp_path / "out")
+    assert sorted(paths) == ["depth_analysis.png", "predictions.jsonl", "results.csv", "results.json",
+                             "results.md"]
+    with open(paths["results.csv"]) as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == list(report.TABLE_COLUMNS)
+    assert [(r["dataset"], r["hops"]) for r in rows] == [("a", ""), ("b", ""), ("average", ""), ("a", "1"),
+                                                          ("a", "2")]
+    assert float(rows[0]["f1"]) == pytest.approx(0.625) and rows[2]["n"] == "6"
+    saved = json.loads(paths["results.json"].read_text())
+    assert "predictions" not in saved and saved["depth"]["datasets"][-1]["counts"]["never"] == 3
+    assert len(paths["predictions.jsonl"].read_text().splitlines()) == len(ROWS)
+    md = paths["results.md"].read_text()
+    assert "| average | 6 | 0.500 | 0.625 | 0.625 | 1.750 |" in md
+    assert "| EM @ 0 | EM @ 3 |" in md and "default" in md and "| a (2-hop) | 3 |" in md
+    assert paths["depth_analysis.png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---- A tiny world: corpus, BM25 index, datasets, tokenizer, random policy ----
+
+def write_jsonl(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("world")
+    write_jsonl(root / "corpus.jsonl",
+                [{"id": f"d{i}", "contents": f'"{t}"\n{text}'} for i, (t, text) in enumerate(PASSAGES)])
+    BM25Retriever.build(root / "corpus.jsonl", root / "index", show_progress=False)
+    for name, questions in QUESTIONS.items():
+        write_jsonl(root / "data" / name / "test.jsonl",
+                    [{"id": f"{name}{i}", "question": q, "golden_answers": golds,
+                      "metadata": {} if hops is None else {"hops": hops}}
+                     for i, (q, golds, hops) in enumerate(questions)])
+    texts = [text for _, text in PASSAGES] + [q for qs in QUESTIONS.values() for q, _, _ in qs]
+    tokenizer = train_bpe_tokenizer(texts * 20, vocab_size=320, out_dir=str(root / "tokenizer"))
+    return root, tokenizer
+
+
+def make_config(root):
+    config = configlib.experiment_config()
+    config.workdir = str(root / "run")
+    config.tokenizer = str(root / "tokenizer")
+    config.data.dir = str(root / "data")
+    config.data.eval = "world,trivia"
+    config.retrieval.index_dir = str(root / "index")
+    config.env.max_turns = 2
+    config.env.prompt_template = "Question: {question}\n"
+    config.train.batch_size = 4
+    config.rollout.update(dict(max_prompt_tokens=32, max_len=160, max_turn_tokens=8, max_obs_tokens=32,
+                               obs_buckets=(32,), chunk_steps=8, intermediate_answer_tokens=4))
+    return config
+
+
+def tiny_policy(tokenizer, seed=0):
+    """A random tiny model. Untied embeddings: with tied ones, greedy decoding of a random model repeats the
+    last prompt token whatever the weights, and comparisons of outputs would prove nothing."""
+    cfg = dataclasses.replace(models.get_preset("tiny"), vocab_size=len(tokenizer),
+                              eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
+    return cfg, models.init_params(cfg, jax.random.key(seed))
+
+
+@dataclasses.dataclass
+class AlwaysSearchEnv(SearchQAEnv):
+    """The search-QA env (real BM25 observations) with a policy stand-in's choice: every turn that may search
+    searches, the final turn answers with its text. A random policy rarely writes a well-formed action; this
+    makes searches, intermediate answers and budgets exercise the whole path with known counts."""
+
+    def parse_action(self, turn_text, tools_allowed):
+        return Action("search", "capital river") if tools_allowed else Action("answer", turn_text)
+
+
+def test_evaluate_policy_budgets_and_depth(world):
+    root, tokenizer = world
+    config = make_config(root)
+    cfg, params = tiny_policy(tokenizer)
+    env = AlwaysSearchEnv(BM25Retriever(root / "index"), max_turns=2,
+                          prompt_template=config.env.prompt_template)
+    data = experiment.load_examples(config.data, config.data.eval, "test")
+    results = harness.evaluate_policy(cfg, params, tokenizer, env, data,
+                                      trainer_lib.rollout_config(config.rollout), batch_size=4,
+                                      budgets=[2, 0, 1])
+    sizes = {name: len(qs) for name, qs in QUESTIONS.items()}
+    predictions = results["predictions"]
+    assert [p["dataset"] for p in predictions] == ["world"] * 5 + ["trivia"] * 3  # padded rows dropped
+    table = {t["dataset"]: t for t in results["table"]}
+    for name, n in sizes.items():
+        mine = [p for p in predictions if p["dataset"] == name]
+        assert table[name]["n"] == n
+        assert table[name]["em"] == pytest.approx(np.mean([p["em"] for p in mine]))
+        assert table[name]["f1"] == pytest.approx(np.mean([p["f1"] for p in mine]))
+    for p in predictions:  # every allowed search was made, each followed by an intermediate answer
+        assert p["searches"] == 2 and len(p["intermediate_answers"]) == 2 and p["finish_reason"] == "answer"
+        assert p["em"] == 0.0 or p["depth"] is not None  # a right final answer always has a depth
+        assert p["depth"] is None or p["depth"] <= p["searches"]
+    assert [(h["hops"], h["n"]) for h in results["hops"]] == [(1, 3), (2, 2)]
+    curves = results["budgets"]
+    assert curves["budgets"] == [0, 1, 2]
+    for curve in curves["datasets"] + curves["hops"]:
+        assert curve["searches"] == [0.0, 1.0, 2.0]
+        assert len(curve["em"]) == 3 and all(0.0 <= em <= 1.0 for em in curve["em"])
+    by_name = {c["dataset"]: c for c in curves["datasets"]}
+    assert by_name["world"]["em"][2] == pytest.approx(table["world"]["em"])  # budget 2 is the main run
+    depth = results["depth"]
+    assert depth["buckets"] == ["0", "1", "2", "never"]
+    for group in depth["datasets"] + depth["hops"]:
+        assert sum(group["counts"].values()) == group["n"]
+        assert sum(group["fractions"].values()) == pytest.approx(1.0)
+    assert {g["dataset"]: g["n"] for g in depth["datasets"]} == {**sizes, report.ALL: 8}
+    assert results["meta"]["answer_prompt"] == harness.DEFAULT_ANSWER_PROMPT
+    assert results["meta"]["answer_prompt_is_default"] is True
+    # intermediate answers run on a side branch: without them the trajectories and answers are the same
+    plain = harness.evaluate_policy(cfg, params, tokenizer, env, data,
+                                    trainer_lib.rollout_config(config.rollout), batch_size=4, depth=False,
+                                    warmup=False)
+    for field in ("response", "answer"):
+        assert [p[field] for p in plain["predictions"]] == [p[field] for p in predictions]
+    assert plain["depth"] is None and "depth" not in plain["predictions"][0]
+
+
+def saved_checkpoint(directory, cfg, params):
+    """A trainer-format checkpoint (whole TrainState + model config) at step 3."""
+    layout = train_state.StateLayout(cfg, optim.OptimConfig(1e-3))
+    state = train_state.init_train_state(layout, models.make_mesh(), params, jax.random.key(0))
+    with checkpoint.Checkpointer(directory, async_save=False) as ckpt:
+        ckpt.save(3, state, model=cfg)
+
+
+def assert_same_rollouts(got, want):
+    assert all(p["response"] for p in want)  # the policy wrote something to compare
+    for field in ("response", "answer", "searches", "finish_reason"):
+        assert [p[field] for p in got] == [p[field] for p in want], field
+
+
+@pytest.fixture(scope="module")
+def reference(world):
+    """The policy the checkpoint tests save, its config (max_turns 1), its rows on the first 3 questions."""
+    root, tokenizer = world
+    cfg, params = tiny_policy(tokenizer, seed=1)
+    config = make_config(root)
+    config.env.max_turns = 1
+    env = experiment.make_env(config, BM25Retriever(root / "index"))
+    data = experiment.load_examples(config.data, "world", "test")
+    direct = harness.evaluate_policy(cfg, params, tokenizer, env, {"world": data["world"][:3]},
+                                     trainer_lib.rollout_config(config.rollout), batch_size=4, depth=False)
+    return cfg, params, config, direct["predictions"]
+
+
+def test_cli_end_to_end_on_a_trainer_checkpoint(world, reference, tmp_path):
+    root, _ = world
+    cfg, params, _, want = reference
+    saved_checkpoint(tmp_path / "run" / "checkpoints", cfg, params)
+    config_file = tmp_path / "eval_config.py"
+    config_file.write_text(textwrap.dedent(f"""
+        import pathlib
+        from tests.eval.test_eval import make_config
+
+        def get_config():
+            return make_config(pathlib.Path({str(root)!r}))
+    """))
+    out = subprocess.run([sys.executable, "-m", "searchrl.eval", f"--config={config_file}",
+                          f"--checkpoint={tmp_path / 'run'}", "--datasets=world", "--limit=3",
+                          "--budgets=0,1", "--config.env.max_turns=1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "| dataset | n | EM | cover-EM | F1 | searches |" in out.stdout and "| world | 3 |" in out.stdout
+    out_dir = tmp_path / "run" / "checkpoints" / "eval" / "step_3"
+    for name in ("results.md", "results.csv", "results.json", "predictions.jsonl", "depth_analysis.png"):
+        assert (out_dir / name).is_file(), name
+    results = json.loads((out_dir / "results.json").read_text())
+    assert results["meta"]["step"] == 3 and results["meta"]["max_turns"] == 1
+    assert results["budgets"]["budgets"] == [0, 1] and results["depth"]["buckets"] == ["0", "1", "never"]
+    got = [json.loads(line) for line in (out_dir / "predictions.jsonl").read_text().splitlines()]
+    assert_same_rollouts(got, want)  # the checkpoint's params, the config's env and rollout budgets
+    with checkpoint.Checkpointer(out_dir.parent.parent, read_only=True) as ckpt:  # eval/ does not upset orbax
+        assert ckpt.all_steps() == [3]
+
+
+def test_evaluate_checkpoint_on_a_hugging_face_dir(reference, tmp_path):
+    cfg, params, config, want = reference
+    models.save_hf(cfg, params, tmp_path / "hf")
+    results, info = harness.evaluate_checkpoint(config, str(tmp_path / "hf"), datasets="world", limit=3,
+                                                depth=False)
+    assert info["kind"] == "hf" and results["depth"] is None and results["budgets"] is None
+    assert_same_rollouts(results["predictions"], want)
+    assert harness.default_out_dir(config, info) == tmp_path / "hf" / "eval"
+
+
+def test_bad_inputs_are_named(world, tmp_path):
+    root, tokenizer = world
+    config = make_config(root)
+    with pytest.raises(FileNotFoundError, match="'nosuchset'"):
+        harness.evaluate_checkpoint(config, str(tmp_path / "missing"), datasets="world,nosuchset")
+    with pytest.raises(FileNotFoundError, match="Checkpoint not found: .*missing"):
+        harness.evaluate_checkpoint(config, str(tmp_path / "missing"), datasets="world")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="neither a Hugging Face model directory"):
+        harness.load_checkpoint(tmp_path / "empty")
+    bare = configlib.base_config()
+    with pytest.raises(ValueError, match="data"):
+        harness.evaluate_checkpoint(bare, "")
+    cfg, params = tiny_policy(tokenizer)
+    env = experiment.make_env(config, BM25Retriever(root / "index"))
+    rollout = trainer_lib.rollout_config(config.rollout)
+    with pytest.raises(ValueError, match="'world' has no questions"):
+        harness.evaluate_policy(cfg, params, tokenizer, env, {"world": []}, rollout, 4)
+    with pytest.raises(ValueError, match="budgets must be integers >= 0"):
+        harness.evaluate_policy(cfg, params, tokenizer, env, {"w": [{}]}, rollout, 4, budgets=[-1])
+    out = subprocess.run([sys.executable, "-m", "searchrl.eval", "--config=configs/search_r1.py:tiny",
+                          "--budgets=1,two"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "'two' is not a non-negative integer" in out.stderr
