@@ -1,10 +1,12 @@
 """Rollout throughput: searchrl's jitted chunked generation against transformers' `generate`, and a search rollout.
 
-(a) plain greedy generation, batch 16 x 128 new tokens, same random weights on both sides (fp32, CPU);
+(a) plain greedy generation, batch 16 x 128 new tokens, same random weights and dtype on both sides, on the same
+    kind of device (PyTorch on CUDA when JAX runs on a GPU);
 (b) a 4-turn search rollout against BM25 over a generated corpus: the share of wall time spent outside jitted
-    compute (host: parsing, retrieval, tokenising, Python);
+    compute (host: parsing, retrieval, tokenising, Python), and the largest gap between the sampler's
+    log-probabilities and the trainer's recomputation of them;
 (c) programs compiled after `RolloutEngine.warmup` (should be 0).
-Run: `python -m searchrl.benchmarks.rollout [--json] [--preset bench_small] [--passages 20000]`.
+Run: `python -m searchrl.benchmarks.rollout [--json] [--preset bench_small] [--passages 20000] [--dtype bfloat16]`.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import torch
 import transformers
 
 from searchrl import models
+from searchrl.benchmarks.model import torch_device
 from searchrl.benchmarks.retrieval import make_queries, synthetic_corpus
 from searchrl.envs.base import Action
 from searchrl.envs.search_qa import SearchQAEnv
@@ -48,19 +51,22 @@ def searchrl_generate(cfg: models.ModelConfig, params, prompts: np.ndarray, new_
     return np.asarray(state.tokens[:, prompt_len:prompt_len + new_tokens])
 
 
-def bench_generate(preset: str, batch: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
+def bench_generate(preset: str, batch: int, prompt_len: int, new_tokens: int, repeats: int, dtype: str) -> dict:
     cfg = dataclasses.replace(models.get_preset(preset), eos_token_id=None)
-    params = models.init_params(cfg, jax.random.key(0))
+    params = models.init_params(cfg, jax.random.key(0), jnp.dtype(dtype))
     prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, prompt_len)).astype(np.int32)
     with tempfile.TemporaryDirectory() as tmp:
         models.save_hf(cfg, params, tmp)  # the same weights on both sides
-        torch_model = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
-    ids = torch.from_numpy(prompts).long()
+        torch_model = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=getattr(torch, dtype))
+    device = torch_device()
+    torch_model = torch_model.to(device).eval()
+    ids = torch.from_numpy(prompts).long().to(device)
 
     def run_torch():
         with torch.no_grad():
-            return torch_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                                        min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+            out = torch_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                       min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        return out.cpu()
 
     ours = searchrl_generate(cfg, params, prompts, new_tokens)  # warm-up (compilation)
     theirs = run_torch()[:, prompt_len:].numpy()
@@ -82,7 +88,7 @@ class SearchEveryTurnEnv(SearchQAEnv):
         return Action("answer", turn_text)
 
 
-def bench_search_rollout(preset: str, batch: int, passages: int, turns: int, rollouts: int) -> dict:
+def bench_search_rollout(preset: str, batch: int, passages: int, turns: int, rollouts: int, dtype: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.jsonl"
         docs = synthetic_corpus(corpus, passages, seed=0)
@@ -91,7 +97,7 @@ def bench_search_rollout(preset: str, batch: int, passages: int, turns: int, rol
         tokenizer = train_bpe_tokenizer((" ".join(d) for d in docs[:5000]), vocab_size=4000)
         cfg = dataclasses.replace(models.get_preset(preset), vocab_size=len(tokenizer),
                                   eos_token_id=tokenizer.eos_token_id)
-        params = models.init_params(cfg, jax.random.key(0))
+        params = models.init_params(cfg, jax.random.key(0), jnp.dtype(dtype))
         env = SearchEveryTurnEnv(retriever, topk=3, max_turns=turns, prompt_template="Question: {question}\n")
         config = RolloutConfig(max_prompt_tokens=64, max_len=64 + (turns + 1) * (48 + 160), max_turn_tokens=48,
                                max_obs_tokens=160, obs_buckets=(64, 160), chunk_steps=16)
@@ -103,10 +109,21 @@ def bench_search_rollout(preset: str, batch: int, passages: int, turns: int, rol
         engine.stats = type(engine.stats)()
         searches = 0
         for i, examples in enumerate(batches[1:]):
-            searches += int(engine.run(params, examples, jax.random.key(i + 1)).num_searches.sum())
+            traj = engine.run(params, examples, jax.random.key(i + 1))
+            searches += int(traj.num_searches.sum())
     return {"host_fraction": engine.stats.host_fraction, "rollout_wall_s": engine.stats.wall_s,
+            "logprob_gap_max": logprob_gap(cfg, params, traj),
             "rollout_device_s": engine.stats.device_s, "searches": searches,
             "compiles_after_warmup": generate.compiled_programs() - compiled, "compiled_programs": compiled}
+
+
+def logprob_gap(cfg: models.ModelConfig, params, traj) -> float:
+    """Largest |sampler log-prob - trainer recomputation| over the policy tokens of a trajectory."""
+    tokens = jnp.asarray(traj.tokens)
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    recomputed = models.token_logprobs(cfg, params, tokens, positions, jnp.asarray(traj.attention_mask))
+    policy = traj.loss_mask > 0
+    return float(np.abs(np.asarray(recomputed)[policy] - traj.logprobs[policy]).max())
 
 
 def _seconds(fn) -> float:
@@ -125,17 +142,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--passages", type=int, default=20_000)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--rollouts", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
-    r = {"preset": args.preset, "device": jax.devices()[0].platform, "batch": args.batch}
-    r |= bench_generate(args.preset, args.batch, args.prompt_len, args.new_tokens, args.repeats)
-    r |= bench_search_rollout(args.preset, args.batch, args.passages, args.turns, args.rollouts)
+    r = {"preset": args.preset, "device": jax.devices()[0].device_kind, "batch": args.batch, "dtype": args.dtype}
+    r |= bench_generate(args.preset, args.batch, args.prompt_len, args.new_tokens, args.repeats, args.dtype)
+    r |= bench_search_rollout(args.preset, args.batch, args.passages, args.turns, args.rollouts, args.dtype)
     if args.json:
         print(json.dumps(r))
         return
     print(f"(a) greedy generation, {args.preset}, batch {args.batch}, prompt {args.prompt_len}, "
-          f"{args.new_tokens} new tokens, fp32, {r['device']}")
+          f"{args.new_tokens} new tokens, {args.dtype}, {r['device']}")
     print(f"    {'searchrl (jitted chunks)':<28}{r['generate_searchrl_tokens_per_s']:>10.0f} tokens/s")
     print(f"    {'transformers generate':<28}{r['generate_torch_tokens_per_s']:>10.0f} tokens/s")
     print(f"    ratio searchrl / torch: {r['generate_ratio_vs_torch']:.2f}x "
@@ -143,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"(b) {args.turns}-turn search rollout, BM25 over {args.passages} passages, batch {args.batch}, "
           f"{r['searches']} searches")
     print(f"    wall {r['rollout_wall_s']:.2f}s, jitted {r['rollout_device_s']:.2f}s, "
-          f"host fraction {r['host_fraction']:.1%}")
+          f"host fraction {r['host_fraction']:.1%}, sampler vs trainer log-prob gap {r['logprob_gap_max']:.2e}")
     print(f"(c) compiled programs {r['compiled_programs']}, after warm-up {r['compiles_after_warmup']}")
 
 
