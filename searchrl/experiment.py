@@ -87,10 +87,10 @@ def load_policy(config: ml_collections.ConfigDict, tokenizer: Any) -> tuple[mode
     cfg = models.config_from_dict(config.model)
     if config.model.path:
         return cfg, models.load_hf(config.model.path, dtype=dtype)[1]
-    if config.model.vocab_size is None:
-        cfg = dataclasses.replace(cfg, vocab_size=len(tokenizer))
-    if cfg.eos_token_id is None:
-        cfg = dataclasses.replace(cfg, eos_token_id=tokenizer.eos_token_id)
+    # A new model speaks its tokenizer's language: vocabulary size (unless set) and special ids come from it.
+    vocab = len(tokenizer) if config.model.vocab_size is None else cfg.vocab_size
+    cfg = dataclasses.replace(cfg, vocab_size=vocab, eos_token_id=tokenizer.eos_token_id,
+                              bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id)
     return cfg, models.init_params(cfg, jax.random.key(config.seed), dtype)
 
 

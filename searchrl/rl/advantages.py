@@ -169,6 +169,16 @@ def _check_group_ids(group_ids: jax.Array, rewards: jax.Array) -> None:
         raise ValueError(f"group_ids must be an integer array of prompt ids, got dtype {group_ids.dtype}")
 
 
+def _grouped_scores(rewards: jax.Array, mask: jax.Array, group_ids: jax.Array):
+    """(outcome score per row, its dense group segment, the size of its group), after validating inputs."""
+    rewards = jnp.asarray(rewards, jnp.float32)
+    check_shapes(rewards.shape, mask=mask)
+    _check_group_ids(group_ids, rewards)
+    scores = outcome_scores(rewards, mask)
+    segment = _segments(group_ids)
+    return scores, segment, _group_sum(jnp.ones_like(scores), segment)
+
+
 @register_advantage("grpo")
 def grpo(
     rewards: jax.Array,
@@ -183,12 +193,7 @@ def grpo(
     eps = 1e-6, `norm_by_std=False` is Dr.GRPO's unnormalised variant (score - group mean). Difference:
     a group with a single member gets advantage 0 (verl leaves that member's raw score).
     """
-    rewards = jnp.asarray(rewards, jnp.float32)
-    check_shapes(rewards.shape, mask=mask)
-    _check_group_ids(group_ids, rewards)
-    scores = outcome_scores(rewards, mask)
-    segment = _segments(group_ids)
-    count = _group_sum(jnp.ones_like(scores), segment)
+    scores, segment, count = _grouped_scores(rewards, mask, group_ids)
     mean = _group_sum(scores, segment) / count
     adv = scores - mean  # exactly 0 for a single-member group
     if norm_by_std:
@@ -204,12 +209,7 @@ def rloo(rewards: jax.Array, mask: jax.Array, group_ids: jax.Array) -> tuple[jax
     Equal to verl's compute_rloo_outcome_advantage (n/(n-1) * (score - group mean)); a single-member group
     gets advantage 0 (verl leaves the raw score).
     """
-    rewards = jnp.asarray(rewards, jnp.float32)
-    check_shapes(rewards.shape, mask=mask)
-    _check_group_ids(group_ids, rewards)
-    scores = outcome_scores(rewards, mask)
-    segment = _segments(group_ids)
-    count = _group_sum(jnp.ones_like(scores), segment)
+    scores, segment, count = _grouped_scores(rewards, mask, group_ids)
     others = (_group_sum(scores, segment) - scores) / jnp.maximum(count - 1.0, 1.0)
     return _broadcast_outcome(jnp.where(count > 1, scores - others, 0.0), mask)
 
