@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test test-fast clean-venv
+.PHONY: install test test-fast demo clean-venv
 
 install: $(STAMP)
 
@@ -32,6 +32,10 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
+
+# The demo trains on one CPU device (the tests' 8 fake devices would only add overhead on 2 cores).
+demo: install
+	XLA_FLAGS= $(PY) -m searchrl.demo --config configs/autosearch.py:tiny
 
 clean-venv:
 	rm -rf $(VENV)

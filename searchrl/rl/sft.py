@@ -18,6 +18,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from searchrl import models
+from searchrl.shapes import padded_width
 from searchrl.rl.optim import OptimConfig, apply_gradients, learning_rate, make_optimizer
 from searchrl.rl.train_state import StateLayout, state_shardings
 
@@ -90,10 +91,14 @@ def train(cfg: models.ModelConfig, params: dict, tokens: np.ndarray, loss_mask: 
     params = jax.tree.map(lambda p: p.astype(jnp.float32), params)
     opt_state = tx.init(params)
     rng = np.random.default_rng(config.seed)
+    lengths = tokens.shape[1] - np.argmax(loss_mask[:, ::-1] > 0, axis=1)  # through each row's last policy token
     losses = []
     with jax.set_mesh(mesh):
         for i in tqdm(range(config.steps), desc="sft", disable=jax.process_index() != 0):
             rows = rng.choice(len(tokens), config.batch_size, replace=False)
-            params, opt_state, loss, _ = step(params, opt_state, np.int32(i), tokens[rows], loss_mask[rows])
+            width = padded_width(int(lengths[rows].max()), tokens.shape[1], buckets=8)
+            params, opt_state, loss, _ = step(params, opt_state, np.int32(i), tokens[rows, :width],
+                                              loss_mask[rows, :width])
             losses.append(float(loss))
     return params, losses
+

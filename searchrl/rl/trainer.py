@@ -29,6 +29,7 @@ from searchrl.rl.train_state import abstract_train_state, init_train_state
 from searchrl.rollout.engine import RolloutConfig, RolloutEngine
 from searchrl.rollout.sampling import SamplingParams
 from searchrl.rollout.trajectory import Trajectory
+from searchrl.shapes import padded_width
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -152,6 +153,8 @@ class Trainer:
         examples, group_ids = self._next_batch()
         self.engine.stats = type(self.engine.stats)()
         traj = self.engine.run(self.state.policy, examples, jax.random.fold_in(self.key, step + 1))
+        # Train on the slots the batch uses, padded to one of a few widths (a bounded number of compiled updates).
+        traj = traj.cropped(padded_width(int(traj.lengths.max()), traj.tokens.shape[1]))
         turn_rewards = self.env.rewards(traj, examples)
         token_rewards = jnp.asarray(traj.turn_rewards_to_tokens(turn_rewards))
         tokens, attention = jnp.asarray(traj.tokens), jnp.asarray(traj.attention_mask)

@@ -56,6 +56,14 @@ class Trajectory:
     def final_actions(self) -> list[Action | None]:
         return [row[-1].action if row else None for row in self.turns]
 
+    def cropped(self, width: int) -> Trajectory:
+        """The same rows with their [B, S] arrays cut to the first `width` slots (all rows must fit)."""
+        if width < int(self.lengths.max()):
+            raise ValueError(f"Cannot crop to {width} slots: a row holds {int(self.lengths.max())} tokens.")
+        arrays = {name: getattr(self, name)[:, :width]
+                  for name in ("tokens", "attention_mask", "loss_mask", "logprobs")}
+        return dataclasses.replace(self, **arrays)
+
     def response_text(self, row: int) -> str:
         """Everything after the prompt of one row: its turns and the observations between them."""
         return "".join(t.text + t.observation for t in self.turns[row])

@@ -210,3 +210,14 @@ def test_observation_truncation_keeps_only_a_real_closing_tag(model, tokenizer):
     message = Observation("invalid: put the answer between <answer> and </answer>. Let me try again. " * 4)
     ids = engine._observation_tokens(message, room=100)
     assert len(ids) == 24 and tokenizer.decode(ids) == tokenizer.decode(tokenizer.encode(message.text)[:24])
+
+
+def test_cropped_trajectory_keeps_every_token(model, tokenizer):
+    traj = make_engine(model, tokenizer, ScriptedEnv()).run(model[1], EXAMPLES, jax.random.key(2))
+    width = int(traj.lengths.max())
+    cropped = traj.cropped(width)
+    assert cropped.tokens.shape == (len(EXAMPLES), width)
+    np.testing.assert_array_equal(cropped.loss_mask, traj.loss_mask[:, :width])
+    assert traj.loss_mask[:, width:].sum() == 0 and cropped.turns is traj.turns
+    with pytest.raises(ValueError, match="Cannot crop"):
+        traj.cropped(width - 1)

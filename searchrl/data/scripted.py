@@ -1,0 +1,51 @@
+"""Scripted search trajectories for the supervised cold start: search each hop of a question's plan — sometimes
+once more than needed — then answer.
+
+The extra search looks up the final answer itself (a "verification" search that never changes the answer), so the
+cold-started policy over-searches on some questions: the behaviour AutoSearch's efficiency reward is there to
+remove. Observations come from the real environment (its retriever and its formatting), batched in one call.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from searchrl.envs.base import Action
+from searchrl.envs.search_qa import SearchQAEnv
+
+SEARCH_THOUGHT = "<think> I need to search. </think>"
+ANSWER_THOUGHT = "<think> I can answer. </think>"
+ANSWER_PROMPT = ANSWER_THOUGHT + "<answer>"  # elicits an intermediate answer in the policy's own format
+
+Segments = list[tuple[str, bool]]  # (text, is_policy)
+
+
+def search_turn(query: str) -> str:
+    return f"{SEARCH_THOUGHT}<search> {query} </search>"
+
+
+def answer_turn(answer: str) -> str:
+    return f"{ANSWER_THOUGHT}<answer> {answer} </answer>"
+
+
+def plan_queries(example: dict[str, Any], extra_search: bool) -> list[str]:
+    """The plan's queries, plus a verification search for the answer when `extra_search`."""
+    meta = example["metadata"]
+    return list(meta["plan"]) + ([meta["hop_answers"][-1]] if extra_search else [])
+
+
+def scripted_trajectories(examples: Sequence[dict[str, Any]], env: SearchQAEnv, extra_search_fraction: float,
+                          seed: int) -> list[Segments]:
+    """One segment list per example: prompt, then (search turn, observation) per query, then the answer turn."""
+    rng = np.random.default_rng(seed)
+    queries = [plan_queries(ex, bool(rng.random() < extra_search_fraction)) for ex in examples]
+    observations = iter(env.observe([Action("search", q) for qs in queries for q in qs]))
+    out = []
+    for example, qs in zip(examples, queries):
+        segments: Segments = [(env.prompt(example), False)]
+        for query in qs:
+            segments += [(search_turn(query), True), (next(observations).text, False)]
+        segments.append((answer_turn(example["golden_answers"][0]), True))
+        out.append(segments)
+    return out
