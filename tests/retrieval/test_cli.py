@@ -97,13 +97,6 @@ def test_lucene_index_cli(data, tmp_path, capsys):
     search.main(["--index", str(tmp_path / "lucene"), "--queries", str(data / "beir.jsonl"), "-k", "1"])
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["hits"][0]["id"] for line in lines] == ["curie", "darwin", "turing"]
-    # e5-style settings travel through the manifest to the loaded retriever.
-    index.main(["--kind", "dense", "--corpus", str(data / "corpus.jsonl"), "--out", str(tmp_path / "e5"),
-                "--encoder", str(minilm), "--pooling", "cls", "--no-normalize", "--query-prefix", "query: ",
-                "--passage-prefix", "passage: ", "--max-length", "128"])
-    encoder = read_manifest(tmp_path / "e5")["encoder"]
-    assert (encoder["pooling"], encoder["normalize"], encoder["query_prefix"], encoder["passage_prefix"],
-            encoder["max_length"]) == ("cls", False, "query: ", "passage: ", 128)
 
 
 def test_serve_cli(data):
@@ -133,3 +126,10 @@ def test_dense_index_cli_and_generic_loading(data, tmp_path, capsys):
     search.main(["--index", str(tmp_path / "dense"), "--queries", str(data / "beir.jsonl"), "-k", "1"])
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["hits"][0]["id"] for line in lines] == ["curie", "darwin", "turing"]
+    # e5-style settings travel through the manifest to the loaded retriever.
+    index.main(["--kind", "dense", "--corpus", str(data / "corpus.jsonl"), "--out", str(tmp_path / "e5"),
+                "--encoder", str(minilm), "--pooling", "cls", "--no-normalize", "--query-prefix", "query: ",
+                "--passage-prefix", "passage: ", "--max-length", "128"])
+    encoder = read_manifest(tmp_path / "e5")["encoder"]
+    assert (encoder["pooling"], encoder["normalize"], encoder["query_prefix"], encoder["passage_prefix"],
+            encoder["max_length"]) == ("cls", False, "query: ", "passage: ", 128)
