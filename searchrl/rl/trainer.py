@@ -199,7 +199,7 @@ class Trainer:
             chunk = examples[start:start + self.rows]
             padded = chunk + [chunk[-1]] * (self.rows - len(chunk))  # static batch shape
             traj = self.eval_engine.run(self.state.policy, padded, jax.random.key(0))
-            keep = Trajectory(**{**traj.__dict__, **_first_rows(traj, len(chunk))})
+            keep = dataclasses.replace(traj, **_first_rows(traj, len(chunk)))
             for name, value in self.env.metrics(keep, chunk).items():
                 totals[name] = totals.get(name, 0.0) + value * len(chunk)
         return {name: value / len(examples) for name, value in totals.items()}

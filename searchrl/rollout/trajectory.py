@@ -49,10 +49,6 @@ class Trajectory:
         return np.array([sum(t.action.kind == "search" for t in row) for row in self.turns], np.int32)
 
     @property
-    def queries(self) -> list[list[str]]:
-        return [[t.action.content for t in row if t.action.kind == "search"] for row in self.turns]
-
-    @property
     def final_actions(self) -> list[Action | None]:
         return [row[-1].action if row else None for row in self.turns]
 
