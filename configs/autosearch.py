@@ -19,6 +19,7 @@ import search_r1  # noqa: E402
 
 from searchrl import configlib  # noqa: E402
 from searchrl.data.scripted import ANSWER_PROMPT  # noqa: E402
+from searchrl.rl import sft  # noqa: E402
 
 DEMO_PROMPT = "Question: {question}\n"
 
@@ -54,14 +55,14 @@ def tiny(config):
     config = _autosearch(config)
     config.workdir = "runs/demo"
     config.demo = dict(
-        entities=1200, questions_per_entity=1.0, hop_fractions=(0.5, 0.3, 0.2), vocab_size=1200,
+        entities=4000, questions_per_entity=2.0, hop_fractions=(0.5, 0.3, 0.2), vocab_size=1200,
         extra_search_fraction=0.5,
         eval_questions=96, budgets=(0, 1, 2, 3),
     )
     model = config.model
     model.preset = "tiny"
     model.update(dict(hidden_size=128, intermediate_size=384, num_layers=3, num_heads=4, num_kv_heads=2,
-                      head_dim=32, tie_word_embeddings=False))
+                      head_dim=32, tie_word_embeddings=True))
     config.tokenizer = os.path.join(config.workdir, "tokenizer")
     config.data.dir = config.workdir
     config.data.train, config.data.eval = "world", "world"
@@ -72,8 +73,15 @@ def tiny(config):
     config.rollout.update(dict(max_prompt_tokens=40, max_turn_tokens=32, max_obs_tokens=64, obs_buckets=(32, 64),
                                max_len=40 + 5 * 32 + 4 * 64, chunk_steps=32, intermediate_answer_tokens=12,
                                temperature=1.0))
-    config.sft.update(dict(steps=300, batch_size=32, max_len=config.rollout.max_len))
-    config.sft.optim.update(dict(lr=3e-3, warmup_steps=20, decay="cosine", decay_steps=300, min_lr_ratio=0.1))
+    # The cold start trains first on two-turn prefixes (scripted.turn_prefixes): a third of a trajectory's
+    # tokens, yet both copies a search agent makes (question -> query, passage -> answer or next query). Without
+    # that stage the tiny model memorises the training subjects instead of learning to copy unseen ones.
+    config.demo.prefix_sft = sft.default_config()
+    config.demo.prefix_sft.update(dict(steps=300, batch_size=64, max_len=160))
+    config.demo.prefix_sft.optim.update(dict(lr=3e-3, warmup_steps=20, decay="cosine", decay_steps=300,
+                                             min_lr_ratio=0.1))
+    config.sft.update(dict(steps=250, batch_size=32, max_len=config.rollout.max_len))
+    config.sft.optim.update(dict(lr=3e-3, warmup_steps=20, decay="cosine", decay_steps=250, min_lr_ratio=0.1))
     config.train.update(dict(steps=40, batch_size=32, checkpoint_every=20, eval_every=0))
     # A 40-step run sees each decision a few hundred times, not a thousand steps' worth: the overshoot penalty
     # is raised from 0.05 so that one unneeded search costs clearly more than the noise of a turn's reward.

@@ -1,7 +1,8 @@
 """`make demo`: AutoSearch end to end on a CPU, from an empty directory to a trained search agent.
 
 Builds a synthetic world (questions no model can know), its BM25 index and a tokenizer; cold-starts a tiny
-policy with SFT on scripted trajectories that sometimes search once more than needed; trains it with PPO on the
+policy with SFT on scripted trajectories that sometimes search once more than needed (first on their two-turn
+prefixes, where a model trained from scratch learns to copy names cheaply, then on whole trajectories); trains it with PPO on the
 AutoSearch rewards (intermediate answers, minimal sufficient depth); evaluates both policies greedily on
 questions about unseen entities, per hop count and per search budget; writes `results.json`, `results.md`,
 `demo.png` and TensorBoard logs under the config's workdir.
@@ -104,10 +105,16 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
     segments = scripted.scripted_trajectories(built.train_examples, built.env, config.demo.extra_search_fraction,
                                               config.seed)
-    tokens, loss_mask = sft.encode(built.tokenizer, segments, config.sft.max_len)
     mesh = models.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-    policy, losses = sft.train(built.model_cfg, built.policy, tokens, loss_mask, config.sft, mesh)
-    print(f"SFT loss {losses[0]:.3f} -> {losses[-1]:.3f} ({time.perf_counter() - start:.0f}s)")
+    policy = built.policy
+    losses = {}
+    for stage, examples, sft_config in (("prefixes", scripted.turn_prefixes(segments, 2), config.demo.prefix_sft),
+                                        ("trajectories", segments, config.sft)):
+        tokens, loss_mask = sft.encode(built.tokenizer, examples, sft_config.max_len)
+        policy, stage_losses = sft.train(built.model_cfg, policy, tokens, loss_mask, sft_config, mesh)
+        losses[stage] = [stage_losses[0], stage_losses[-1]]
+        print(f"SFT on {stage}: loss {stage_losses[0]:.3f} -> {stage_losses[-1]:.3f} "
+              f"({time.perf_counter() - start:.0f}s)")
 
     rollout = rollout_config(config.rollout)
     evaluate = lambda params: harness.evaluate_policy(  # noqa: E731
@@ -128,7 +135,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     with open(os.path.join(config.workdir, "results.md"), "w") as f:
         f.write(table + "\n")
     with open(os.path.join(config.workdir, "results.json"), "w") as f:
-        json.dump({**summaries, "sft_loss": [losses[0], losses[-1]],
+        json.dump({**summaries, "sft_loss": losses,
                    "seconds": time.perf_counter() - start}, f, indent=1)
     plot(summaries, os.path.join(config.workdir, "demo.png"))
     print(f"results: {config.workdir}/results.json, plot: {config.workdir}/demo.png, "

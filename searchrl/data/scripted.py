@@ -49,3 +49,19 @@ def scripted_trajectories(examples: Sequence[dict[str, Any]], env: SearchQAEnv, 
         segments.append((answer_turn(example["golden_answers"][0]), True))
         out.append(segments)
     return out
+
+
+def turn_prefixes(trajectories: Sequence[Segments], policy_turns: int) -> list[Segments]:
+    """Each trajectory cut after its first `policy_turns` policy turns (and the observations between them).
+
+    Two-turn prefixes hold both copies a search agent makes (the question's subject into the first query, a
+    name or value from the retrieved passage into the answer or the next query) in a third of a trajectory's
+    tokens: a cheap first SFT stage for a model that has to learn copying from scratch.
+    """
+    if policy_turns < 1:
+        raise ValueError(f"policy_turns must be at least 1, got {policy_turns}")
+    out = []
+    for segments in trajectories:
+        ends = [i for i, (_, is_policy) in enumerate(segments) if is_policy]
+        out.append(list(segments[: ends[min(policy_turns, len(ends)) - 1] + 1]))
+    return out

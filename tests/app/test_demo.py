@@ -17,6 +17,7 @@ def test_demo_pipeline_writes_its_results(tmp_path):
     config.retrieval.index_dir = os.path.join(workdir, "index")
     config.demo.update(dict(entities=60, eval_questions=8, budgets=(0, 1)))
     config.sft.update(dict(steps=3, batch_size=8))
+    config.demo.prefix_sft.update(dict(steps=3, batch_size=8))
     config.train.update(dict(steps=1, batch_size=8, checkpoint_every=1))
     config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
 
