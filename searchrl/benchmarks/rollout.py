@@ -6,7 +6,8 @@
     compute (host: parsing, retrieval, tokenising, Python), and the largest gap between the sampler's
     log-probabilities and the trainer's recomputation of them;
 (c) programs compiled after `RolloutEngine.warmup` (should be 0).
-Run: `python -m searchrl.benchmarks.rollout [--json] [--preset bench_small] [--passages 20000] [--dtype bfloat16]`.
+Run: `python -m searchrl.benchmarks.rollout [--json] [--parts ab] [--preset bench_small] [--passages 20000]
+[--dtype bfloat16]` (`--parts a` measures generation only; b and c share one run).
 """
 from __future__ import annotations
 
@@ -143,21 +144,35 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--rollouts", type=int, default=2)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--parts", default="ab", choices=("a", "b", "ab"),
+                        help="a: generation against transformers; b: search rollout (with c)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = parser.parse_args(argv)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     r = {"preset": args.preset, "device": jax.devices()[0].device_kind, "batch": args.batch, "dtype": args.dtype}
-    r |= bench_generate(args.preset, args.batch, args.prompt_len, args.new_tokens, args.repeats, args.dtype)
-    r |= bench_search_rollout(args.preset, args.batch, args.passages, args.turns, args.rollouts, args.dtype)
+    if "a" in args.parts:
+        r |= bench_generate(args.preset, args.batch, args.prompt_len, args.new_tokens, args.repeats, args.dtype)
+    if "b" in args.parts:
+        r |= bench_search_rollout(args.preset, args.batch, args.passages, args.turns, args.rollouts, args.dtype)
     if args.json:
         print(json.dumps(r))
         return
+    if "a" in args.parts:
+        _print_generate(args, r)
+    if "b" in args.parts:
+        _print_search_rollout(args, r)
+
+
+def _print_generate(args: argparse.Namespace, r: dict) -> None:
     print(f"(a) greedy generation, {args.preset}, batch {args.batch}, prompt {args.prompt_len}, "
           f"{args.new_tokens} new tokens, {args.dtype}, {r['device']}")
     print(f"    {'searchrl (jitted chunks)':<28}{r['generate_searchrl_tokens_per_s']:>10.0f} tokens/s")
     print(f"    {'transformers generate':<28}{r['generate_torch_tokens_per_s']:>10.0f} tokens/s")
     print(f"    ratio searchrl / torch: {r['generate_ratio_vs_torch']:.2f}x "
           f"(greedy tokens identical: {r['generate_greedy_token_agreement']:.1%})")
+
+
+def _print_search_rollout(args: argparse.Namespace, r: dict) -> None:
     print(f"(b) {args.turns}-turn search rollout, BM25 over {args.passages} passages, batch {args.batch}, "
           f"{r['searches']} searches")
     print(f"    wall {r['rollout_wall_s']:.2f}s, jitted {r['rollout_device_s']:.2f}s, "

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from searchrl.models.config import ModelConfig
-from searchrl.models.kv_cache import KVCache, write_rows
+from searchrl.models.kv_cache import KVCache, write_layer, write_rows
 from searchrl.models.layout import ParamSpec, param_layout
 from searchrl.models.sharding import TRAIN_RULES, ShardingRules, constrain
 
@@ -82,8 +82,9 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.
 
 
 def _attention(cfg: ModelConfig, lp: dict, x: jax.Array, positions: jax.Array, attend: jax.Array,
-               kv: tuple[jax.Array, jax.Array] | None, start: jax.Array | None, rules: ShardingRules):
-    """Grouped-query attention block; with a cache layer `kv`, writes the new keys/values at `start`."""
+               kv: tuple[jax.Array, jax.Array] | None, layer: jax.Array, start: jax.Array | None,
+               rules: ShardingRules):
+    """Grouped-query attention; with the stacked cache `kv`, writes this layer's keys/values at `start`."""
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
     q = jnp.einsum("btd,dnh->btnh", h, lp["q"])
     k = jnp.einsum("btd,dnh->btnh", h, lp["k"])
@@ -97,18 +98,22 @@ def _attention(cfg: ModelConfig, lp: dict, x: jax.Array, positions: jax.Array, a
     q = constrain(apply_rope(q, positions, inv_freq), ("batch", "length", "heads", "head_dim"), rules)
     k = constrain(apply_rope(k, positions, inv_freq), ("batch", "length", "kv_heads", "head_dim"), rules)
     v = constrain(v, ("batch", "length", "kv_heads", "head_dim"), rules)
-    if kv is not None:
-        kv = tuple(constrain(write_rows(c, new, start), ("batch", "length", "kv_heads", "head_dim"), rules)
+    if kv is None:
+        keys, values = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+    else:
+        kv = tuple(constrain(write_layer(c, layer, new, start), KVCache.logical_axes().k, rules)
                    for c, new in zip(kv, (k, v)))
-        k, v = kv[0].astype(x.dtype), kv[1].astype(x.dtype)
+        keys, values = (jax.lax.dynamic_index_in_dim(c, layer, keepdims=False).astype(x.dtype) for c in kv)
     B, T, H, hd = q.shape
-    groups = H // cfg.num_kv_heads
-    qg = q.reshape(B, T, cfg.num_kv_heads, groups, hd)
-    scores = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32) / math.sqrt(hd)
-    scores = jnp.where(attend[:, None, None], scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(B, T, H, hd)
-    y = jnp.einsum("btnh,nhd->btd", out, lp["o"])
+    # Per kv head, both dots are plain batched matmuls (queries x slots, slots x head_dim) over the cache's
+    # own layout, so no transposed copy of the keys/values is made.
+    qg = jnp.swapaxes(q.reshape(B, T, cfg.num_kv_heads, H // cfg.num_kv_heads, hd), 1, 2)  # [B, KV, T, G, hd]
+    scores = jnp.einsum("bktgh,bksh->bktgs", qg, keys, preferred_element_type=jnp.float32) / math.sqrt(hd)
+    scores = jnp.where(attend[:, None, :, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+    out = jnp.swapaxes(jnp.einsum("bktgs,bksh->bktgh", probs, values), 1, 2).reshape(B, T, H * hd)
+    # One flat contraction: the weight reshape is free, the heads keep their order (no per-call weight copy).
+    y = jnp.einsum("btf,fd->btd", out, lp["o"].reshape(H * hd, -1))
     if cfg.o_bias:
         y = y + lp["o_bias"]
     return y, kv
@@ -130,23 +135,26 @@ def backbone(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.A
     if cache is None:
         idx = jnp.arange(T)
         attend = (idx[None, :] <= idx[:, None])[None] & mask[:, None, :]  # [B, T(query), T(key)]
-        start, kv_xs = None, None
+        start, kv = None, None
     else:
         start = cache.length
         valid = write_rows(cache.valid, mask, start)
         slot = start[:, None] + jnp.arange(T)  # [B, T] slot of each query
         attend = valid[:, None, :] & (jnp.arange(valid.shape[1])[None, None, :] <= slot[:, :, None])
-        kv_xs = (cache.k, cache.v)
+        kv = (cache.k, cache.v)
 
-    def layer(x, xs):
-        lp, kv = xs
-        y, kv = _attention(cfg, lp, x, positions, attend, kv, start, rules)
+    def layer(carry, xs):
+        x, kv = carry
+        lp, index = xs
+        y, kv = _attention(cfg, lp, x, positions, attend, kv, index, start, rules)
         x = constrain(x + y, _ACT, rules)
         x = constrain(x + _mlp(cfg, lp, x, rules), _ACT, rules)
-        return x, kv
+        return (x, kv), None
 
     x = constrain(jnp.take(params["embed"], tokens, axis=0), _ACT, rules)
-    x, kv = jax.lax.scan(jax.checkpoint(layer) if remat else layer, x, (params["layers"], kv_xs))
+    # The stacked cache is carried (not scanned over) so each layer updates its slots in place.
+    (x, kv), _ = jax.lax.scan(jax.checkpoint(layer) if remat else layer, (x, kv),
+                              (params["layers"], jnp.arange(cfg.num_layers)))
     hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
     if cache is not None:
         cache = KVCache(k=kv[0], v=kv[1], valid=valid, length=cache.length + T)

@@ -2,8 +2,13 @@
 
 Row b holds its keys/values in slots 0 .. length[b]-1; `valid` marks the slots that hold real tokens
 (padding is written as holes that are never attended). Rows advance independently, so multi-turn extends of
-different lengths need no re-packing. Writing past `max_len` is the caller's responsibility to avoid: the
-update is clamped by `lax.dynamic_update_slice` and would overwrite the last slots.
+different lengths need no re-packing. Writing past `max_len` is the caller's responsibility to avoid: keys
+and values past the end are dropped, and `valid` (clamped by `lax.dynamic_update_slice`) would mark the last
+slots.
+
+Keys and values are stored [layers, batch, kv_heads, slots, head_dim]: one layer's [B, KV, S, hd] block is the
+operand attention's dots read as is (no per-step transpose), and `write_layer` updates the stacked arrays in
+place, so a decode step touches only the new slots instead of copying the cache.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from searchrl.models.sharding import ShardingRules, logical_to_sharding
 
 
 class KVCache(NamedTuple):
-    """k, v: [L, B, S, KV, hd] (post-RoPE keys); valid: bool [B, S]; length: int32 [B] slots used per row."""
+    """k, v: [L, B, KV, S, hd] (post-RoPE keys); valid: bool [B, S]; length: int32 [B] slots used per row."""
 
     k: jax.Array
     v: jax.Array
@@ -28,14 +33,14 @@ class KVCache(NamedTuple):
     @classmethod
     def init(cls, cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
         """An empty cache of `max_len` slots per row."""
-        shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+        shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
         return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
                    valid=jnp.zeros((batch, max_len), bool), length=jnp.zeros((batch,), jnp.int32))
 
     @staticmethod
     def logical_axes() -> KVCache:
         """Logical axis names of each field, for `cache_shardings`."""
-        kv = ("layers", "batch", "length", "kv_heads", "head_dim")
+        kv = ("layers", "batch", "kv_heads", "length", "head_dim")
         return KVCache(k=kv, v=kv, valid=("batch", "length"), length=("batch",))
 
 
@@ -52,3 +57,14 @@ def write_rows(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
         return jax.lax.dynamic_update_slice_in_dim(row, chunk.astype(row.dtype), offset, axis=0)
 
     return jax.vmap(one)(buf, new, start)
+
+
+def write_layer(buf: jax.Array, layer: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+    """buf[layer, b, :, start[b] + t] = new[b, t] (buf [L, B, KV, S, hd], new [B, T, KV, hd], start [B]).
+
+    One scatter into the stacked array (updated in place under donation); slots past the end are dropped.
+    """
+    B, T = new.shape[:2]
+    slots = start[:, None] + jnp.arange(T)
+    return buf.at[layer, jnp.arange(B)[:, None], :, slots].set(
+        new.astype(buf.dtype), mode="drop", indices_are_sorted=True, unique_indices=True)

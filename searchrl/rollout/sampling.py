@@ -41,15 +41,27 @@ def _restrict(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
     return logits
 
 
+def _argmax(x: jax.Array) -> jax.Array:
+    """jnp.argmax over the last axis (first index of the maximum) as two plain reductions, max then min index.
+
+    XLA:CPU runs these vectorised, several times faster than argmax's fused (value, index) reduction over a
+    vocabulary-wide row. A row holding NaN yields the last index.
+    """
+    iota = jnp.arange(x.shape[-1], dtype=jnp.int32)
+    return jnp.min(jnp.where(x == jnp.max(x, axis=-1, keepdims=True), iota, x.shape[-1] - 1), axis=-1)
+
+
 def sample(logits: jax.Array, key: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
     """Draws one token per row from fp32 `logits` [B, V]; returns (tokens int32 [B], logprobs fp32 [B])."""
     logits = logits.astype(jnp.float32)
     if params.temperature > 0:
         scaled = logits / params.temperature
-        tokens = jax.random.categorical(key, _restrict(scaled, params.top_k, params.top_p), axis=-1)
+        # Gumbel-max, the draw `jax.random.categorical` makes, with the faster argmax.
+        restricted = _restrict(scaled, params.top_k, params.top_p)
+        tokens = _argmax(jax.random.gumbel(key, restricted.shape, restricted.dtype) + restricted)
     else:
         scaled = logits
-        tokens = jnp.argmax(logits, axis=-1)
+        tokens = _argmax(logits)
     logprobs = jax.nn.log_softmax(scaled, axis=-1)
     chosen = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
     return tokens.astype(jnp.int32), chosen
