@@ -56,8 +56,8 @@ def tiny(config):
     config.workdir = "runs/demo"
     config.demo = dict(
         entities=4000, questions_per_entity=2.0, hop_fractions=(0.5, 0.3, 0.2), vocab_size=1200,
-        extra_search_fraction=0.5,
-        eval_questions=96, budgets=(0, 1, 2, 3),
+        extra_search_fraction=0.7,  # the scripted SFT data over-searches on 70% of questions
+        eval_questions=192, budgets=(0, 1, 2, 3),
     )
     model = config.model
     model.preset = "tiny"

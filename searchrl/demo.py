@@ -96,7 +96,10 @@ def plot(summaries: dict[str, dict[str, Any]], path: str) -> None:
 def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     start = time.perf_counter()
     os.makedirs(config.workdir, exist_ok=True)
-    shutil.rmtree(os.path.join(config.workdir, "checkpoints"), ignore_errors=True)  # the demo always starts over
+    for stale in ("checkpoints", "tensorboard"):  # the demo always starts over
+        shutil.rmtree(os.path.join(config.workdir, stale), ignore_errors=True)
+    if os.path.exists(metrics := os.path.join(config.workdir, "metrics.jsonl")):
+        os.remove(metrics)
     build_world(config)
     built = experiment.build(config)
     test = experiment.load_examples(config.data, config.data.eval, config.data.eval_split)
