@@ -3,9 +3,9 @@
 Builds a synthetic world (questions no model can know), its BM25 index and a tokenizer; cold-starts a tiny
 policy with SFT on scripted trajectories that often search once more than needed (first on their two-turn
 prefixes, where a model trained from scratch learns to copy names cheaply, then on whole trajectories); trains
-it with PPO on the AutoSearch rewards (intermediate answers, minimal sufficient depth); evaluates both policies greedily on
-questions about unseen entities, per hop count and per search budget; writes `results.json`, `results.md`,
-`demo.png` and TensorBoard logs under the config's workdir.
+it with PPO on the AutoSearch rewards (intermediate answers, minimal sufficient depth); evaluates both policies
+greedily on questions about unseen entities, per hop count and per search budget; writes `results.json`,
+`results.md`, `demo.png` and TensorBoard logs under the config's workdir.
 
     python -m searchrl.demo [--config configs/autosearch.py:tiny] [--config.train.steps=...]
 """
