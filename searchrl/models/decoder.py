@@ -152,13 +152,28 @@ def backbone(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.A
         return (x, kv), None
 
     x = constrain(jnp.take(params["embed"], tokens, axis=0), _ACT, rules)
-    # The stacked cache is carried (not scanned over) so each layer updates its slots in place.
-    (x, kv), _ = jax.lax.scan(jax.checkpoint(layer) if remat else layer, (x, kv),
-                              (params["layers"], jnp.arange(cfg.num_layers)))
+    layer = jax.checkpoint(layer) if remat else layer
+    if isinstance(params["layers"], tuple):  # per-layer weights (`unstack_layers`): an unrolled loop
+        for index, lp in enumerate(params["layers"]):
+            (x, kv), _ = layer((x, kv), (lp, index))
+    else:  # The stacked cache is carried (not scanned over) so each layer updates its slots in place.
+        (x, kv), _ = jax.lax.scan(layer, (x, kv), (params["layers"], jnp.arange(cfg.num_layers)))
     hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
     if cache is not None:
         cache = KVCache(k=kv[0], v=kv[1], valid=valid, length=cache.length + T)
     return hidden, cache
+
+
+def unstack_layers(params: dict) -> dict:
+    """The same params with `layers` as a tuple of per-layer dicts (run by `backbone` as an unrolled loop).
+
+    Scanning stacked layers slices every weight out of its stack on each call, and XLA:CPU copies each slice;
+    a decode loop runs many steps of a small batch, each reading all the weights, so it unstacks them once,
+    before the loop.
+    """
+    layers = params["layers"]
+    depth = jax.tree.leaves(layers)[0].shape[0]
+    return dict(params, layers=tuple(jax.tree.map(lambda w, i=i: w[i], layers) for i in range(depth)))
 
 
 def forward(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,

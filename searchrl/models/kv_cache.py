@@ -51,12 +51,18 @@ def cache_shardings(cfg: ModelConfig, mesh: Mesh, rules: ShardingRules, batch: i
                      for axes, s in zip(KVCache.logical_axes(), shapes)))
 
 
-def write_rows(buf: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
-    """buf[b, start[b]:start[b]+T] = new[b] for every row b (buf [B, S, ...], new [B, T, ...], start [B])."""
-    def one(row, chunk, offset):
-        return jax.lax.dynamic_update_slice_in_dim(row, chunk.astype(row.dtype), offset, axis=0)
+def write_rows(buf: jax.Array, new: jax.Array, start: jax.Array, where: jax.Array | None = None) -> jax.Array:
+    """buf[b, start[b] + t] = new[b, t] for every row b (buf [B, S, ...], new [B, T, ...], start [B]).
 
-    return jax.vmap(one)(buf, new, start)
+    With `where` (bool [B, T]), only the slots where it is true are written; the others keep their values.
+    """
+    def one(row, chunk, offset, keep):
+        chunk = chunk.astype(row.dtype)
+        if keep is not None:
+            chunk = jnp.where(keep, chunk, jax.lax.dynamic_slice_in_dim(row, offset, chunk.shape[0]))
+        return jax.lax.dynamic_update_slice_in_dim(row, chunk, offset, axis=0)
+
+    return jax.vmap(one)(buf, new, start, where)
 
 
 def write_layer(buf: jax.Array, layer: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:

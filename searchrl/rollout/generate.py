@@ -71,23 +71,13 @@ def init_state(cfg: models.ModelConfig, batch: int, slots: int, key: jax.Array, 
     )
 
 
-def _write_rows(buffer: jax.Array, start: jax.Array, values: jax.Array, where: jax.Array) -> jax.Array:
-    """buffer[b, start[b] + t] = values[b, t] where where[b, t], per row; other slots unchanged."""
-
-    def row(buf, s, vals, w):
-        window = jax.lax.dynamic_slice_in_dim(buf, s, vals.shape[0])
-        return jax.lax.dynamic_update_slice_in_dim(buf, jnp.where(w, vals, window), s, 0)
-
-    return jax.vmap(row)(buffer, start, values, where)
-
-
 def _record_samples(state: GenState, rows: jax.Array, tokens: jax.Array, logprobs: jax.Array) -> GenState:
     """Puts freshly sampled tokens of `rows` into the buffers at their pending slot."""
     slot = state.cache.length
     return state._replace(
-        tokens=_write_rows(state.tokens, slot, tokens[:, None], rows[:, None]),
-        policy=_write_rows(state.policy, slot, jnp.ones_like(rows)[:, None], rows[:, None]),
-        logprobs=_write_rows(state.logprobs, slot, logprobs[:, None], rows[:, None]),
+        tokens=models.write_rows(state.tokens, tokens[:, None], slot, rows[:, None]),
+        policy=models.write_rows(state.policy, jnp.ones_like(rows)[:, None], slot, rows[:, None]),
+        logprobs=models.write_rows(state.logprobs, logprobs[:, None], slot, rows[:, None]),
         pending=state.pending | rows,
     )
 
@@ -114,9 +104,9 @@ def extend(
     cache = cache._replace(length=start + chunk_len)
     state = state._replace(
         cache=cache,
-        tokens=_write_rows(state.tokens, start, chunk, real),
-        policy=_write_rows(state.policy, start, jnp.zeros_like(real), real),
-        logprobs=_write_rows(state.logprobs, start, jnp.zeros(chunk.shape, jnp.float32), real),
+        tokens=models.write_rows(state.tokens, chunk, start, real),
+        policy=models.write_rows(state.policy, jnp.zeros_like(real), start, real),
+        logprobs=models.write_rows(state.logprobs, jnp.zeros(chunk.shape, jnp.float32), start, real),
     )
     last = jnp.take_along_axis(hidden, jnp.maximum(chunk_len - 1, 0)[:, None, None], axis=1)[:, 0]
     key, subkey = jax.random.split(state.key)
@@ -154,6 +144,7 @@ def decode_chunk(
     Each step writes every active row's pending token into the cache, ends the row's turn if that token completes a
     stop sequence or EOS or exhausts a budget, and otherwise samples the next pending token.
     """
+    params = models.unstack_layers(params)  # once per chunk, not once per step and layer
 
     def step(carry):
         i, state = carry

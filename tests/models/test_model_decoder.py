@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from searchrl.models import (KVCache, apply, forward, get_preset, lm_logits, token_logprobs,
-                             value_params_from_policy, values)
+                             unstack_layers, value_params_from_policy, values)
 from tests.models.model_helpers import random_params, random_tokens
 
 CFG = get_preset("tiny")
@@ -61,6 +61,19 @@ def test_prefill_then_decode_equals_full_forward():
         ref = _alone(np.concatenate([prompt, new[b]]))
         np.testing.assert_allclose(np.asarray(prefill)[b, mask[b]], ref[:len(prompt)], atol=1e-4, rtol=0)
         np.testing.assert_allclose(np.stack(steps, 1)[b], ref[len(prompt):], atol=1e-4, rtol=0)
+
+
+def test_unstacked_layers_compute_the_same_logits_and_cache():
+    layers = unstack_layers(PARAMS)["layers"]
+    assert len(layers) == CFG.num_layers
+    np.testing.assert_array_equal(layers[1]["q"], PARAMS["layers"]["q"][1])
+    tokens, positions, mask = _left_pad([random_tokens(CFG, (n,), seed=30 + n) for n in (5, 8)], 8)
+    cache = KVCache.init(CFG, batch=2, max_len=12)
+    stacked = fwd(PARAMS, tokens, positions, mask, cache)
+    unstacked = fwd(unstack_layers(PARAMS), tokens, positions, mask, cache)
+    np.testing.assert_allclose(unstacked[0], stacked[0], atol=1e-5, rtol=0)
+    for field in ("k", "v", "valid", "length"):
+        np.testing.assert_allclose(getattr(unstacked[2], field), getattr(stacked[2], field), atol=1e-5, rtol=0)
 
 
 def test_extend_with_right_padded_holes_then_decode():
