@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -82,38 +82,20 @@ def _train_step(cfg: models.ModelConfig, optim: OptimConfig, mesh: Mesh):
                    donate_argnums=(0, 1)), tx
 
 
-def length_grouped_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator,
-                           group: int = 16) -> Iterator[np.ndarray]:
-    """Endless minibatches of row indices, each of rows of similar length (little of a batch is padding).
-
-    Per epoch: a random permutation is cut into groups of `group` batches; each group is sorted by length
-    and cut into batches; the epoch's batches come in random order. Every row appears once per epoch,
-    except a remainder of fewer than `batch_size` rows in the last group.
-    """
-    while True:
-        order = rng.permutation(len(lengths))
-        batches = []
-        for start in range(0, len(order), group * batch_size):
-            rows = order[start:start + group * batch_size]
-            rows = rows[np.argsort(lengths[rows], kind="stable")]
-            batches += [rows[i:i + batch_size] for i in range(0, len(rows) - batch_size + 1, batch_size)]
-        yield from (batches[i] for i in rng.permutation(len(batches)))
-
-
 def train(cfg: models.ModelConfig, params: dict, tokens: np.ndarray, loss_mask: np.ndarray,
           config: ml_collections.ConfigDict, mesh: Mesh) -> tuple[dict, list[float]]:
-    """`config.steps` AdamW steps on seeded, length-grouped minibatches; returns the params and each step's loss."""
+    """`config.steps` AdamW steps on seeded random minibatches; returns the params and the loss per step."""
     if len(tokens) < config.batch_size:
         raise ValueError(f"SFT needs at least batch_size={config.batch_size} examples, got {len(tokens)}.")
     step, tx = _train_step(cfg, OptimConfig.from_config(config.optim, "sft.optim"), mesh)
     params = jax.tree.map(lambda p: p.astype(jnp.float32), params)
     opt_state = tx.init(params)
+    rng = np.random.default_rng(config.seed)
     lengths = tokens.shape[1] - np.argmax(loss_mask[:, ::-1] > 0, axis=1)  # through each row's last policy token
-    batches = length_grouped_batches(lengths, config.batch_size, np.random.default_rng(config.seed))
     losses = []
     with jax.set_mesh(mesh):
         for i in tqdm(range(config.steps), desc="sft", disable=jax.process_index() != 0):
-            rows = next(batches)
+            rows = rng.choice(len(tokens), config.batch_size, replace=False)
             width = padded_width(int(lengths[rows].max()), tokens.shape[1], buckets=8)
             params, opt_state, loss, _ = step(params, opt_state, np.int32(i), tokens[rows, :width],
                                               loss_mask[rows, :width])

@@ -54,18 +54,6 @@ def test_nll_matches_an_independent_log_softmax(tokenizer):
     np.testing.assert_allclose(got, total / count, rtol=1e-5)
 
 
-def test_length_grouped_batches_cover_each_epoch_with_less_padding():
-    lengths = np.random.default_rng(1).integers(10, 300, 1000)
-    batches = sft.length_grouped_batches(lengths, 32, np.random.default_rng(0), group=8)
-    epoch = [next(batches) for _ in range(1000 // 32)]  # 4 groups of 8 batches, then a group of 7 (8 rows left)
-    rows = np.concatenate(epoch)
-    assert all(len(b) == 32 for b in epoch) and len(np.unique(rows)) == len(rows) == 31 * 32
-    grouped_width = np.mean([lengths[b].max() for b in epoch])
-    random_rows = np.random.default_rng(0).permutation(1000)[:992].reshape(31, 32)
-    random_width = np.mean([lengths[b].max() for b in random_rows])
-    assert grouped_width < 0.8 * random_width, (grouped_width, random_width)
-
-
 def test_sft_learns_the_scripted_answers(tokenizer):
     cfg = dataclasses.replace(models.get_preset("tiny"), vocab_size=len(tokenizer))
     params = models.init_params(cfg, jax.random.key(0))
