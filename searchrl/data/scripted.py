@@ -1,10 +1,9 @@
 """Scripted search trajectories for the supervised cold start: search each hop of a question's plan — sometimes
 once more than needed — then answer.
 
-The extra search looks up the last hop's subject by name alone: it finds another passage about that subject,
-which the answer does not need, so the cold-started policy over-searches on some questions (the behaviour
-AutoSearch's efficiency reward is there to remove) and answers from a passage one search back. Observations
-come from the real environment (its retriever and its formatting), batched in one call.
+The extra search looks up the final answer itself (a "verification" search that never changes the answer), so the
+cold-started policy over-searches on some questions: the behaviour AutoSearch's efficiency reward is there to
+remove. Observations come from the real environment (its retriever and its formatting), batched in one call.
 """
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from searchrl.data import synthetic
 from searchrl.envs.base import Action
 from searchrl.envs.search_qa import SearchQAEnv
 
@@ -32,16 +30,9 @@ def answer_turn(answer: str) -> str:
 
 
 def plan_queries(example: dict[str, Any], extra_search: bool) -> list[str]:
-    """The plan's queries ("<name> <keyword>"), plus the last one's name alone when `extra_search`."""
+    """The plan's queries, plus a verification search for the answer when `extra_search`."""
     meta = example["metadata"]
-    plan = list(meta["plan"])
-    if extra_search:
-        keyword = synthetic.RELATIONS[meta["relations"][-1]].keyword
-        if not plan[-1].endswith(f" {keyword}"):
-            raise ValueError(f"example {example.get('id')!r}: the last plan query {plan[-1]!r} does not end "
-                             f"with its relation's keyword {keyword!r}")
-        plan.append(plan[-1].removesuffix(f" {keyword}"))
-    return plan
+    return list(meta["plan"]) + ([meta["hop_answers"][-1]] if extra_search else [])
 
 
 def scripted_trajectories(examples: Sequence[dict[str, Any]], env: SearchQAEnv, extra_search_fraction: float,

@@ -1,4 +1,4 @@
-"""Scripted cold-start trajectories: plan searches, the extra search, and two-turn prefixes."""
+"""Scripted cold-start trajectories: plan searches, the extra verification search, and two-turn prefixes."""
 import types
 
 import pytest
@@ -16,26 +16,20 @@ class _EchoEnv:
         return [types.SimpleNamespace(text=f"<information>{a.content}</information>") for a in actions]
 
 
-def _example(plan, relations, answer):
-    meta = {"plan": plan, "relations": relations, "hop_answers": [answer]}
-    return {"question": "q?", "golden_answers": [answer], "metadata": meta}
+def _example(plan, answer):
+    return {"question": "q?", "golden_answers": [answer], "metadata": {"plan": plan, "hop_answers": [answer]}}
 
 
 def test_trajectories_search_the_plan_then_answer():
-    examples = [_example(["a birthplace", "b employer"], ["birthplace", "employer"], "c"),
-                _example(["Mingo Guild founding year"], ["founding_year"], "e")]
+    examples = [_example(["a x", "b y"], "c"), _example(["d z"], "e")]
     never, always = (scripted.scripted_trajectories(examples, _EchoEnv(), fraction, seed=0) for fraction in (0, 1))
-    assert never[1] == [("Q: q?\n", False), (scripted.search_turn("Mingo Guild founding year"), True),
-                        ("<information>Mingo Guild founding year</information>", False),
-                        (scripted.answer_turn("e"), True)]
-    turns = [scripted.search_turn("a birthplace"), scripted.search_turn("b employer"), scripted.answer_turn("c")]
-    assert [text for text, _ in never[0][1::2]] == turns
-    # The extra search looks up the last hop's subject by name alone (its relation keyword dropped).
-    assert always[1][-3:] == [(scripted.search_turn("Mingo Guild"), True),
-                              ("<information>Mingo Guild</information>", False),
+    assert never[1] == [("Q: q?\n", False), (scripted.search_turn("d z"), True),
+                        ("<information>d z</information>", False), (scripted.answer_turn("e"), True)]
+    assert [text for text, _ in never[0][1::2]] == [scripted.search_turn("a x"), scripted.search_turn("b y"),
+                                                   scripted.answer_turn("c")]
+    # The extra search looks up the answer itself, just before answering.
+    assert always[1][-3:] == [(scripted.search_turn("e"), True), ("<information>e</information>", False),
                               (scripted.answer_turn("e"), True)]
-    with pytest.raises(ValueError, match="does not end with its relation's keyword 'employer'"):
-        scripted.plan_queries(_example(["a birthplace", "b y"], ["birthplace", "employer"], "c"), True)
 
 
 def test_turn_prefixes_cut_after_the_policy_turn():
