@@ -82,7 +82,7 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.
 
 
 def _attention(cfg: ModelConfig, lp: dict, x: jax.Array, positions: jax.Array, attend: jax.Array,
-               kv: tuple[jax.Array, jax.Array] | None, layer: jax.Array, start: jax.Array | None,
+               kv: tuple[jax.Array, jax.Array] | None, layer: int | jax.Array, start: jax.Array | None,
                rules: ShardingRules):
     """Grouped-query attention; with the stacked cache `kv`, writes this layer's keys/values at `start`."""
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)

@@ -65,7 +65,7 @@ def write_rows(buf: jax.Array, new: jax.Array, start: jax.Array, where: jax.Arra
     return jax.vmap(one)(buf, new, start, where)
 
 
-def write_layer(buf: jax.Array, layer: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+def write_layer(buf: jax.Array, layer: int | jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
     """buf[layer, b, :, start[b] + t] = new[b, t] (buf [L, B, KV, S, hd], new [B, T, KV, hd], start [B]).
 
     One scatter into the stacked array (updated in place under donation); slots past the end are dropped.
