@@ -2,7 +2,8 @@
 
 Builds a synthetic world (questions no model can know), its BM25 index and a tokenizer; cold-starts a tiny
 policy with SFT on scripted trajectories that often search once more than needed (first on their two-turn
-prefixes, where a model trained from scratch learns to copy names cheaply, then on whole trajectories); trains
+prefixes, where a model trained from scratch learns to copy names cheaply, then on whole trajectories and the
+intermediate answers before each extra search, so that answering without it is practised as much); trains
 it with PPO on the AutoSearch rewards (intermediate answers, minimal sufficient depth); evaluates both policies
 greedily on questions about unseen entities, per hop count and per search budget; writes `results.json`,
 `results.md`, `demo.png` and TensorBoard logs under the config's workdir.
@@ -108,11 +109,12 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
     segments = scripted.scripted_trajectories(built.train_examples, built.env, config.demo.extra_search_fraction,
                                               config.seed)
+    stages = (("prefixes", scripted.turn_prefixes(segments, 2), config.demo.prefix_sft),
+              ("trajectories", segments + scripted.early_answers(built.train_examples, segments), config.sft))
     mesh = models.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
     policy = built.policy
     losses = {}
-    for stage, examples, sft_config in (("prefixes", scripted.turn_prefixes(segments, 2), config.demo.prefix_sft),
-                                        ("trajectories", segments, config.sft)):
+    for stage, examples, sft_config in stages:
         tokens, loss_mask = sft.encode(built.tokenizer, examples, sft_config.max_len)
         policy, stage_losses = sft.train(built.model_cfg, policy, tokens, loss_mask, sft_config, mesh)
         losses[stage] = [stage_losses[0], stage_losses[-1]]

@@ -32,6 +32,17 @@ def test_trajectories_search_the_plan_then_answer():
                               (scripted.answer_turn("e"), True)]
 
 
+def test_early_answers_branch_off_before_the_extra_search():
+    examples = [_example(["a x", "b y"], "c"), _example(["d z"], "e")]
+    never, always = (scripted.scripted_trajectories(examples, _EchoEnv(), fraction, seed=0) for fraction in (0, 1))
+    assert scripted.early_answers(examples, never) == []
+    branches = scripted.early_answers(examples, always)
+    assert branches == [always[0][:5] + [(scripted.ANSWER_PROMPT, False), (" c </answer>", True)],
+                        always[1][:3] + [(scripted.ANSWER_PROMPT, False), (" e </answer>", True)]]
+    # The elicited answer reads exactly like the answer turn the policy writes itself.
+    assert "".join(text for text, _ in branches[1][-2:]) == scripted.answer_turn("e")
+
+
 def test_turn_prefixes_cut_after_the_policy_turn():
     long = [("p", False), ("t1", True), ("o1", False), ("t2", True), ("o2", False), ("t3", True)]
     short = [("p", False), ("t1", True)]
