@@ -52,15 +52,17 @@ def scripted_trajectories(examples: Sequence[dict[str, Any]], env: SearchQAEnv, 
 
 
 def early_answers(examples: Sequence[dict[str, Any]], trajectories: Sequence[Segments]) -> list[Segments]:
-    """For each trajectory that searched once more than its plan, the intermediate answer the environment elicits
-    just before that extra search: the answer straight from the last hop's passage, after `ANSWER_PROMPT`.
+    """For each trajectory that searched once more than its plan, the intermediate answer the environment
+    elicits just before that extra search: the answer straight from the last hop's passage, after
+    `ANSWER_PROMPT`.
 
-    Without these, answering from the last hop's passage is practised only on the trajectories that stop there,
-    while copying the answer into the verification query is practised on every other one.
+    Without these, answering from the last hop's passage is practised only on the trajectories that stop
+    there, while copying the answer into the verification query is practised on every other one.
     """
     out = []
     for example, segments in zip(examples, trajectories):
-        if len(segments) > 2 * len(example["metadata"]["plan"]) + 2:  # prompt, (search, obs) per query, answer
+        # A trajectory holds the prompt, a (search, observation) pair per query, and the answer.
+        if len(segments) > 2 * len(example["metadata"]["plan"]) + 2:
             answer = answer_turn(example["golden_answers"][0]).removeprefix(ANSWER_PROMPT)
             out.append(list(segments[:-3]) + [(ANSWER_PROMPT, False), (answer, True)])
     return out
