@@ -51,18 +51,22 @@ def scripted_trajectories(examples: Sequence[dict[str, Any]], env: SearchQAEnv, 
     return out
 
 
-def early_answers(examples: Sequence[dict[str, Any]], trajectories: Sequence[Segments]) -> list[Segments]:
-    """For each trajectory that searched once more than its plan, the intermediate answer the environment
-    elicits just before that extra search: the answer straight from the last hop's passage, after
-    `ANSWER_PROMPT`.
+def early_answers(examples: Sequence[dict[str, Any]], trajectories: Sequence[Segments], fraction: float,
+                  seed: int) -> list[Segments]:
+    """For a random `fraction` of the trajectories that searched once more than their plan, the intermediate
+    answer the environment elicits just before that extra search: the answer straight from the last hop's
+    passage, after `ANSWER_PROMPT`.
 
     Without these, answering from the last hop's passage is practised only on the trajectories that stop
-    there, while copying the answer into the verification query is practised on every other one.
+    there, while copying the answer into the verification query is practised on every other one, so stopping
+    early costs the cold-started policy accuracy. With all of them, the direct answer becomes the better one and RL
+    stops early whatever the efficiency reward says.
     """
+    rng = np.random.default_rng(seed)
     out = []
     for example, segments in zip(examples, trajectories):
         # A trajectory holds the prompt, a (search, observation) pair per query, and the answer.
-        if len(segments) > 2 * len(example["metadata"]["plan"]) + 2:
+        if len(segments) > 2 * len(example["metadata"]["plan"]) + 2 and rng.random() < fraction:
             answer = answer_turn(example["golden_answers"][0]).removeprefix(ANSWER_PROMPT)
             out.append(list(segments[:-3]) + [(ANSWER_PROMPT, False), (answer, True)])
     return out

@@ -35,8 +35,9 @@ def test_trajectories_search_the_plan_then_answer():
 def test_early_answers_branch_off_before_the_extra_search():
     examples = [_example(["a x", "b y"], "c"), _example(["d z"], "e")]
     never, always = (scripted.scripted_trajectories(examples, _EchoEnv(), f, seed=0) for f in (0, 1))
-    assert scripted.early_answers(examples, never) == []
-    branches = scripted.early_answers(examples, always)
+    assert scripted.early_answers(examples, never, 1.0, seed=0) == []
+    assert scripted.early_answers(examples, always, 0.0, seed=0) == []
+    branches = scripted.early_answers(examples, always, 1.0, seed=0)
     assert branches == [always[0][:5] + [(scripted.ANSWER_PROMPT, False), (" c </answer>", True)],
                         always[1][:3] + [(scripted.ANSWER_PROMPT, False), (" e </answer>", True)]]
     # The elicited answer reads exactly like the answer turn the policy writes itself.
