@@ -4,10 +4,9 @@ Builds a synthetic world (questions no model can know), its BM25 index and a tok
 policy with SFT on scripted trajectories that often search once more than needed (first on their two-turn
 prefixes, where a model trained from scratch learns to copy names cheaply, then on whole trajectories and on
 the intermediate answers before some of the extra searches, so that answering without them is practised too);
-trains
-it with PPO on the AutoSearch rewards (intermediate answers, minimal sufficient depth); evaluates both policies
-greedily on questions about unseen entities, per hop count and per search budget; writes `results.json`,
-`results.md`, `demo.png` and TensorBoard logs under the config's workdir.
+trains it with PPO on the AutoSearch rewards (intermediate answers, minimal sufficient depth); evaluates both
+policies greedily on questions about unseen entities, per hop count and per search budget; writes
+`results.json`, `results.md`, `demo.png` and TensorBoard logs under the config's workdir.
 
     python -m searchrl.demo [--config configs/autosearch.py:tiny] [--config.train.steps=...]
 """
@@ -110,7 +109,8 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
     segments = scripted.scripted_trajectories(built.train_examples, built.env, config.demo.extra_search_fraction,
                                               config.seed)
-    early = scripted.early_answers(built.train_examples, segments, config.demo.early_answer_fraction, config.seed)
+    early = scripted.early_answers(built.train_examples, segments, config.demo.early_answer_fraction,
+                                   config.seed)
     stages = (("prefixes", scripted.turn_prefixes(segments, 2), config.demo.prefix_sft),
               ("trajectories", segments + early, config.sft))
     mesh = models.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)

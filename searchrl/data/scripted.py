@@ -59,8 +59,8 @@ def early_answers(examples: Sequence[dict[str, Any]], trajectories: Sequence[Seg
 
     Without these, answering from the last hop's passage is practised only on the trajectories that stop
     there, while copying the answer into the verification query is practised on every other one, so stopping
-    early costs the cold-started policy accuracy. With all of them, the direct answer becomes the better one and RL
-    stops early whatever the efficiency reward says.
+    early costs the cold-started policy accuracy. With all of them, the direct answer becomes the better one
+    and RL stops early whatever the efficiency reward says.
     """
     rng = np.random.default_rng(seed)
     out = []
