@@ -42,6 +42,10 @@ def test_early_answers_branch_off_before_the_extra_search():
                         always[1][:3] + [(scripted.ANSWER_PROMPT, False), (" e </answer>", True)]]
     # The elicited answer reads exactly like the answer turn the policy writes itself.
     assert "".join(text for text, _ in branches[1][-2:]) == scripted.answer_turn("e")
+    many = examples * 200
+    some = scripted.early_answers(many, always * 200, 0.3, seed=0)
+    assert 0.25 < len(some) / len(many) < 0.35
+    assert some == scripted.early_answers(many, always * 200, 0.3, seed=0)  # deterministic for a seed
 
 
 def test_turn_prefixes_cut_after_the_policy_turn():
