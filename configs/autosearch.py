@@ -17,16 +17,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # config files i
 
 import search_r1  # noqa: E402
 
-from searchrl import configlib  # noqa: E402
-from searchrl.data.scripted import ANSWER_PROMPT  # noqa: E402
-from searchrl.rl import sft  # noqa: E402
+from searchrl import run_config  # noqa: E402
+from searchrl.configlib import to_config  # noqa: E402
+from searchrl.demo.config import DemoConfig  # noqa: E402
 
 DEMO_PROMPT = "Question: {question}\n"
+# The demo's intermediate answers open the way its scripted answer turns do (searchrl.demo.scripted.answer_turn;
+# the demo checks that they agree).
+DEMO_ANSWER_PROMPT = "<think> I can answer. </think><answer>"
 
 
 def _autosearch(config):
     config.env.reward = "autosearch"
-    config.env.answer_prompt = ANSWER_PROMPT  # an intermediate answer after every search step [AS]
+    config.env.intermediate_answers = True  # an intermediate answer after every search step [AS]
     return config
 
 
@@ -54,15 +57,12 @@ def tiny(config):
     2 CPU cores."""
     config = _autosearch(config)
     config.workdir = "runs/demo"
-    config.demo = dict(
-        entities=4000, questions_per_entity=2.0, hop_fractions=(0.5, 0.3, 0.2), vocab_size=1200,
-        extra_search_fraction=0.7,  # the scripted SFT data over-searches on 70% of questions
-        # ... and practises the answer before that extra search on 30% of those (scripted.early_answers):
-        # at 0 a policy stopping early answered worse (EM -2 to -5 points); at 1 the direct answer was the
-        # better one and PPO stopped early even without the efficiency reward (the ablation lost its effect).
-        early_answer_fraction=0.3,
-        eval_questions=384, budgets=(0, 1, 2, 3),
-    )
+    config.demo = to_config(DemoConfig())
+    config.demo.extra_search_fraction = 0.7  # the scripted SFT data over-searches on 70% of questions
+    # ... and practises the answer before that extra search on 30% of those (scripted.early_answers): at 0 a
+    # policy stopping early answered worse (EM -2 to -5 points); at 1 the direct answer was the better one and
+    # PPO stopped early even without the efficiency reward (the ablation lost its effect).
+    config.demo.early_answer_fraction = 0.3
     model = config.model
     model.preset = "tiny"
     model.update(dict(hidden_size=128, intermediate_size=384, num_layers=3, num_heads=4, num_kv_heads=2,
@@ -73,14 +73,14 @@ def tiny(config):
     config.data.eval_split = "test"
     config.retrieval.index_dir = os.path.join(config.workdir, "index")
     # The world's plan queries find their passage at BM25 rank 1, so one passage per search is enough.
-    config.env.update(dict(prompt_template=DEMO_PROMPT, topk=1, max_turns=4))
+    config.env.update(dict(prompt_template=DEMO_PROMPT, topk=1, max_turns=4, answer_prompt=DEMO_ANSWER_PROMPT,
+                           intermediate_answer_tokens=12))
     config.rollout.update(dict(max_prompt_tokens=40, max_turn_tokens=32, max_obs_tokens=64, obs_buckets=(32, 64),
-                               max_len=40 + 5 * 32 + 4 * 64, chunk_steps=32, intermediate_answer_tokens=12,
-                               temperature=1.0))
+                               max_len=40 + 5 * 32 + 4 * 64, chunk_steps=32))
+    config.rollout.sampling.temperature = 1.0
     # The cold start trains first on two-turn prefixes (scripted.turn_prefixes): a third of a trajectory's
     # tokens, yet both copies a search agent makes (question -> query, passage -> answer or next query). Without
     # that stage the tiny model memorises the training subjects instead of learning to copy unseen ones.
-    config.demo.prefix_sft = sft.default_config()
     config.demo.prefix_sft.update(dict(steps=300, batch_size=64, max_len=160))
     config.demo.prefix_sft.optim.update(dict(lr=3e-3, warmup_steps=20, decay="cosine", decay_steps=300,
                                              min_lr_ratio=0.1))
@@ -119,4 +119,4 @@ PRESETS = {"tiny": tiny, "tiny_no_efficiency": tiny_no_efficiency, "paper": pape
 def get_config(arg: str = "tiny"):
     if arg not in PRESETS:
         raise ValueError(f"Unknown preset {arg!r} for configs/autosearch.py; expected one of {sorted(PRESETS)}")
-    return PRESETS[arg](configlib.experiment_config())
+    return PRESETS[arg](run_config.experiment_config())

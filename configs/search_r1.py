@@ -7,7 +7,7 @@ Presets:
 Sources cited below: [R1] Search-R1's train_ppo.sh, [P] the Search-R1 paper (arXiv 2503.09516),
 [A] the AutoSearch paper's reproduction of this baseline (its §4.1 setup).
 """
-from searchrl import configlib
+from searchrl import run_config
 
 
 def paper(config):
@@ -27,8 +27,8 @@ def paper(config):
         max_obs_tokens=500,  # data.max_obs_length=500 [R1]
         obs_buckets=(128, 256, 500),
         max_len=4096 + 5 * 500 + 4 * 500,
-        temperature=1.0,  # actor_rollout_ref.rollout.temperature=1 [R1]
     ))
+    config.rollout.sampling.temperature = 1.0  # actor_rollout_ref.rollout.temperature=1 [R1]
     config.train.update(dict(steps=1005, batch_size=512, checkpoint_every=100, eval_every=50))  # [R1]
     rl = config.rl
     rl.advantage, rl.gamma, rl.lam = "gae", 1.0, 1.0  # algorithm.adv_estimator=gae, gamma=lam=1 [R1]
@@ -77,4 +77,4 @@ PRESETS = {"tiny": tiny, "paper": paper, "paper_grpo": paper_grpo}
 def get_config(arg: str = "tiny"):
     if arg not in PRESETS:
         raise ValueError(f"Unknown preset {arg!r} for configs/search_r1.py; expected one of {sorted(PRESETS)}")
-    return PRESETS[arg](configlib.experiment_config())
+    return PRESETS[arg](run_config.experiment_config())

@@ -1,7 +1,8 @@
-"""Training checkpoints: the whole `TrainState` plus a JSON record, written by orbax; export to Hugging Face.
+"""Training checkpoints: a whole training state (any pytree of arrays) plus a JSON record, written by orbax;
+export of the policy to Hugging Face.
 
-Each step is a directory `<dir>/<step>/` with two items: `state` (every array of the TrainState: policy,
-critic, reference, optimizer states, RNG, KL coefficient, step) and `meta` (JSON: the `ModelConfig`, plus
+Each step is a directory `<dir>/<step>/` with two items: `state` (every array of the state; for RL, the
+`TrainState`: policy, critic, reference, optimizer states, RNG, KL coefficient, step) and `meta` (JSON: the `ModelConfig`, plus
 whatever the trainer records: data position, config snapshot, metrics). orbax writes a step into a
 temporary directory and renames it into place only when complete, so a crash mid-save leaves the previous
 checkpoints intact and the partial one is never listed (and is removed by the next writable `Checkpointer`
@@ -12,21 +13,20 @@ call `wait_until_finished` (or `close`) before exiting.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from absl import flags
 import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from searchrl import models
-from searchrl.rl.train_state import TrainState
+from searchrl import cli, models
 
 STATE, META = "state", "meta"
 MODEL_CONFIG = "model_config"  # key of the ModelConfig in the JSON record
@@ -58,7 +58,7 @@ def _jsonable(x):
 
 
 class Checkpointer:
-    """Saves and restores TrainStates under `directory`, keeping the newest `max_to_keep` steps.
+    """Saves and restores training states under `directory`, keeping the newest `max_to_keep` steps.
 
     Opening a writable Checkpointer removes partial saves left by a crash; open read-only to watch a directory
     that a running trainer writes to.
@@ -73,14 +73,14 @@ class Checkpointer:
         self.directory = Path(directory).absolute()
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=(STATE, META))
 
-    def save(self, step: int, state: TrainState, *, model: models.ModelConfig,
+    def save(self, step: int, state: Any, *, model: models.ModelConfig,
              record: Mapping[str, Any] | None = None) -> None:
         """Starts writing `state` and the JSON `record` (+ the model config) as checkpoint `step`."""
         meta = {**_jsonable(dict(record or {})), MODEL_CONFIG: model_config_to_json(model)}
         self._manager.save(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(state),
                                                             META: ocp.args.JsonSave(meta)}))
 
-    def restore(self, target: TrainState, step: int | None = None) -> tuple[TrainState, dict]:
+    def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict]:
         """(state, record) of `step` (default: the latest), with arrays placed as `target`'s shardings say.
 
         `target` is an abstract state (`train_state.abstract_train_state`): the mesh may differ from the one
@@ -151,17 +151,18 @@ def export_hf(checkpoint_dir: str | os.PathLike, step: int | None, out_dir: str 
     return step
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m searchrl.checkpoint", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    export = commands.add_parser("export", help="write a checkpoint's policy in Hugging Face format")
-    export.add_argument("--checkpoint", required=True, help="checkpoint directory (holds <step>/ dirs)")
-    export.add_argument("--step", type=int, default=None, help="step to export (default: the latest)")
-    export.add_argument("--out", required=True, help="output directory (config.json + model.safetensors)")
-    args = parser.parse_args(argv)
-    step = export_hf(args.checkpoint, args.step, args.out)
-    print(f"exported step {step} of {args.checkpoint} to {args.out}")
+def main(argv: Sequence[str] | None = None) -> None:
+    """The one command, `export`: writes a checkpoint's policy in Hugging Face format."""
+    values = flags.FlagValues()
+    checkpoint = flags.DEFINE_string("checkpoint", None, "checkpoint directory (holds <step>/ dirs)",
+                                     required=True, flag_values=values)
+    step = flags.DEFINE_integer("step", None, "step to export (default: the latest)", flag_values=values)
+    out = flags.DEFINE_string("out", None, "output directory (config.json + model.safetensors)",
+                              required=True, flag_values=values)
+    cli.parse_command(values, argv, __doc__, commands=("export",))
+    exported = export_hf(checkpoint.value, step.value, out.value)
+    print(f"exported step {exported} of {checkpoint.value} to {out.value}")
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

@@ -1,45 +1,65 @@
-"""Defaults shared by every experiment config (`configs/*.py`), so each file only states what differs."""
+"""Config groups as dataclasses: every group of an experiment config is one frozen dataclass, whose defaults are
+the only ones.
+
+`to_config(dataclass)` turns a group's defaults into an `ml_collections.ConfigDict` (what `configs/*.py` edit and
+`--config.x.y=...` overrides), `from_config(cls, group, where)` turns it back, rejecting any key the dataclass
+does not have. `searchrl.run_config` assembles a whole experiment config from the groups.
+"""
 from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Mapping, TypeVar
 
 import ml_collections
 from ml_collections import config_dict
 
-from searchrl.models.config import OVERRIDABLE
+T = TypeVar("T")
 
 
-def base_config() -> ml_collections.ConfigDict:
-    """The fields every run has. Experiment configs override them per preset (`tiny`, `paper`, ...)."""
-    config = ml_collections.ConfigDict()
-    config.seed = 0
-    config.workdir = "runs/default"
-
-    config.model = ml_collections.ConfigDict()
-    config.model.preset = "tiny"  # a name from searchrl.models.PRESETS, used when `path` is empty
-    config.model.path = ""  # a local Hugging Face directory (config.json + *.safetensors); wins over `preset`
-    config.model.param_dtype = "float32"  # bfloat16 on accelerators; master weights stay float32 in the optimizer
-    for name, kind in OVERRIDABLE.items():  # unset: the preset's / checkpoint's value
-        config.model[name] = config_dict.placeholder(kind)
-
-    config.mesh = ml_collections.ConfigDict()
-    config.mesh.data = -1  # -1: all devices not used by the other axes
-    config.mesh.fsdp = 1
-    config.mesh.tensor = 1
-
-    config.distributed = ml_collections.ConfigDict()
-    config.distributed.enabled = False  # jax.distributed.initialize() from the cluster environment
-    config.distributed.coordinator_address = ""  # host:port; empty = auto-detect (SLURM, TPU pod, ...)
-    config.distributed.num_processes = -1
-    config.distributed.process_id = -1
-    return config
+def _optional_type(hint: Any) -> type | None:
+    """X for an `X | None` annotation (None otherwise)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1 and type(None) in typing.get_args(hint):
+            return typing.get_origin(args[0]) or args[0]
+    return None
 
 
-def experiment_config() -> ml_collections.ConfigDict:
-    """Every group a training run reads: base, tokenizer/data/retrieval/env, train/rollout/rl, sft."""
-    from searchrl import experiment  # local: these import the model, rollout and RL stacks
-    from searchrl.rl import sft, trainer
+def to_config(value: Any) -> ml_collections.ConfigDict:
+    """A ConfigDict of a dataclass instance's fields: nested dataclasses become nested groups, and a None whose
+    annotation is `X | None` a placeholder of type X (so that `--config.x=...` can set it)."""
+    hints = typing.get_type_hints(type(value))
+    group = ml_collections.ConfigDict()
+    for field in dataclasses.fields(value):
+        item = getattr(value, field.name)
+        if dataclasses.is_dataclass(item):
+            group[field.name] = to_config(item)
+        elif item is None and _optional_type(hints[field.name]) is not None:
+            group[field.name] = config_dict.placeholder(_optional_type(hints[field.name]))
+        else:
+            group[field.name] = item
+    return group
 
-    config = base_config()
-    config.update(experiment.default_config())
-    config.update(trainer.default_config())
-    config.sft = sft.default_config()
-    return config
+
+def from_config(cls: type[T], group: Mapping[str, Any] | ml_collections.ConfigDict, where: str) -> T:
+    """The `cls` of a config group (missing keys take the dataclass defaults); an unknown key, or a value the
+    dataclass refuses, is an error naming `where` (e.g. "config.rl")."""
+    values = group.to_dict() if isinstance(group, ml_collections.ConfigDict) else dict(group)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; known: {sorted(fields)}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name, value in values.items():
+        if dataclasses.is_dataclass(hints[name]) and not dataclasses.is_dataclass(value):
+            value = from_config(hints[name], value, f"{where}.{name}")
+        elif isinstance(value, list):  # tuples come back as lists from some overrides
+            value = tuple(value)
+        kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {e}") from None

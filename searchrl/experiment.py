@@ -1,114 +1,121 @@
-"""Everything a run is built from, from its config alone: tokenizer, policy, retriever, environment, data.
+"""Everything a run is built from, from its config alone: tokenizer, policy, environment, rollout settings, data.
 
-`searchrl.main train` and `searchrl.eval` both call `build`, so a checkpoint is always evaluated with the
-environment, prompt and retriever it was trained with.
+`searchrl.main train`, `searchrl.eval` and the demos all call `build`, so a checkpoint is always evaluated with
+the environment, prompt, retriever and budgets it was trained with.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
-from ml_collections import config_dict
 
-from searchrl import models
-from searchrl.data import flashrag
-from searchrl.envs.search_qa import SEARCH_R1_PROMPT, SearchQAEnv
-from searchrl.retrieval import make_retriever
-from searchrl.rewards import autosearch
+from searchrl import envs, models
+from searchrl import checkpoint as checkpoint_lib
+from searchrl.configlib import from_config
+from searchrl.data import datasets
+from searchrl.episode import Env
+from searchrl.rollout.config import RolloutConfig
 from searchrl.text.tokenizer import load_tokenizer
-
-
-def default_config() -> ml_collections.ConfigDict:
-    """`config.tokenizer`, `config.data`, `config.retrieval` and `config.env` with their defaults."""
-    config = ml_collections.ConfigDict()
-    config.tokenizer = ""  # a local HF tokenizer directory; empty: config.model.path
-    config.data = ml_collections.ConfigDict(dict(
-        dir="",  # FlashRAG layout: dir/<dataset>/{train,dev,test}.jsonl (or .parquet from Search-R1)
-        train="nq,hotpotqa",  # datasets mixed for training (Search-R1 trains on NQ + HotpotQA)
-        train_split="train",
-        eval="nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle",
-        eval_split="test",
-        eval_limit=0,  # > 0: the first N questions of each eval set (quick looks)
-    ))
-    config.retrieval = ml_collections.ConfigDict(dict(
-        kind="local", index_dir="", url="", timeout_s=30.0, retries=3, batch_size=256,
-    ))
-    config.env = ml_collections.ConfigDict(dict(
-        name="search_qa",
-        reward="search_r1",  # em | search_r1 | autosearch
-        topk=3,
-        max_turns=4,
-        prompt_template=SEARCH_R1_PROMPT,
-        answer_prompt=config_dict.placeholder(str),  # AutoSearch's intermediate-answer prompt
-        autosearch=autosearch.default_config(),
-    ))
-    return config
 
 
 @dataclasses.dataclass
 class Experiment:
-    """The built pieces of a run."""
+    """The built pieces of a run. `source` says where the policy came from: {"kind": "config" | "orbax" |
+    "hf", "checkpoint": dir or None, "step": int or None}."""
 
     model_cfg: models.ModelConfig
     policy: dict
     tokenizer: Any
-    env: SearchQAEnv
+    env: Env
+    rollout: RolloutConfig
     train_examples: list[dict]
-
-
-def dataset_path(data: ml_collections.ConfigDict, name: str, split: str) -> str:
-    """dir/<name>/<split>.jsonl, or .parquet when that is what exists."""
-    for ext in (".jsonl", ".parquet"):
-        path = os.path.join(data.dir, name, split + ext)
-        if os.path.exists(path):
-            return path
-    raise FileNotFoundError(f"No {split}.jsonl or {split}.parquet for dataset {name!r} under {data.dir!r} "
-                            f"(config.data.dir).")
-
-
-def load_examples(data: ml_collections.ConfigDict, names: str, split: str) -> dict[str, list[dict]]:
-    """Each named dataset's records (FlashRAG JSONL or Search-R1 parquet), tagged with their dataset name."""
-    out = {}
-    for name in [n.strip() for n in names.split(",") if n.strip()]:
-        path = dataset_path(data, name, split)
-        records = (flashrag.read_search_r1_parquet(path) if path.endswith(".parquet")
-                   else flashrag.read_flashrag_jsonl(path))
-        out[name] = [{**r, "dataset": name} for r in records]
-    return out
+    source: dict[str, Any]
 
 
 def load_policy(config: ml_collections.ConfigDict, tokenizer: Any) -> tuple[models.ModelConfig, dict]:
     """The HF checkpoint at config.model.path, or a random-initialised preset sized to the tokenizer."""
-    dtype = jnp.dtype(config.model.param_dtype)
-    cfg = models.config_from_dict(config.model)
-    if config.model.path:
-        return cfg, models.load_hf(config.model.path, dtype=dtype)[1]
+    source = from_config(models.ModelSource, config.model, "config.model")
+    dtype = jnp.dtype(source.param_dtype)
+    cfg = models.config_from_dict(source)
+    if source.path:
+        return cfg, models.load_hf(source.path, dtype=dtype)[1]
     # A new model speaks its tokenizer's language: vocabulary size (unless set) and special ids come from it.
-    vocab = len(tokenizer) if config.model.vocab_size is None else cfg.vocab_size
+    vocab = len(tokenizer) if source.vocab_size is None else cfg.vocab_size
     cfg = dataclasses.replace(cfg, vocab_size=vocab, eos_token_id=tokenizer.eos_token_id,
                               bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id)
     return cfg, models.init_params(cfg, jax.random.key(config.seed), dtype)
 
 
-def make_env(config: ml_collections.ConfigDict, retriever) -> SearchQAEnv:
-    env = config.env
-    if env.name != "search_qa":
-        raise ValueError(f"config.env.name {env.name!r} is not a known environment (known: search_qa)")
-    return SearchQAEnv(retriever, topk=env.topk, max_turns=env.max_turns, prompt_template=env.prompt_template,
-                       answer_prompt=env.answer_prompt, reward=env.reward, autosearch_config=env.autosearch)
+def _is_hf_dir(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
-def build(config: ml_collections.ConfigDict, *, train_data: bool = True) -> Experiment:
-    """Tokenizer, policy, retriever, environment and (optionally) the training examples of `config`."""
-    tokenizer = load_tokenizer(config.tokenizer or config.model.path)
-    model_cfg, policy = load_policy(config, tokenizer)
-    env = make_env(config, make_retriever(config.retrieval.to_dict()))
+def resolve_checkpoint(path: str | os.PathLike) -> tuple[str, Path]:
+    """("hf", dir) for a Hugging Face model dir, ("orbax", dir) for a trainer's checkpoint dir (or the run
+    workdir holding `checkpoints/`)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"Checkpoint not found: {str(path)!r}")
+    if _is_hf_dir(path):
+        return "hf", path
+    for candidate in (path, path / "checkpoints"):
+        if candidate.is_dir() and any(p.is_dir() and p.name.isdigit() for p in candidate.iterdir()):
+            return "orbax", candidate
+    raise FileNotFoundError(f"{str(path)!r} is neither a Hugging Face model directory (config.json + "
+                            "*.safetensors) nor a searchrl checkpoint directory (<step>/ subdirectories, "
+                            "or a run dir with checkpoints/).")
+
+
+def load_checkpoint(path: str | os.PathLike, step: int | None = None, dtype: str = "float32"
+                    ) -> tuple[models.ModelConfig, dict, dict[str, Any]]:
+    """(model config, policy params, source) of a trainer checkpoint (default: its latest step) or a Hugging
+    Face model dir; source: {"kind": "orbax" | "hf", "checkpoint": dir, "step": int | None}."""
+    kind, directory = resolve_checkpoint(path)
+    if kind == "hf":
+        if step is not None:
+            raise ValueError(f"A step ({step}) was given, but {str(directory)!r} is a Hugging Face model "
+                             "(no steps).")
+        cfg, params = models.load_hf(directory, dtype=jnp.dtype(dtype))
+        return cfg, params, {"kind": kind, "checkpoint": str(directory), "step": None}
+    with checkpoint_lib.Checkpointer(directory, max_to_keep=None, read_only=True) as ckpt:
+        step = ckpt.latest_step() if step is None else step
+        cfg = checkpoint_lib.model_config_from_json(ckpt.record(step)[checkpoint_lib.MODEL_CONFIG])
+        params = ckpt.restore_policy(step, cfg)
+    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.dtype(dtype)), params)
+    return cfg, params, {"kind": kind, "checkpoint": str(directory), "step": step}
+
+
+def build(config: ml_collections.ConfigDict, *, train_data: bool = True, checkpoint: str = "",
+          step: int | None = None) -> Experiment:
+    """Tokenizer, policy, environment, rollout settings and (optionally) the training examples of `config`.
+
+    `checkpoint` (a trainer checkpoint dir, run workdir or Hugging Face model dir; `step` picks a trainer
+    checkpoint's step) replaces the config's own policy.
+    """
+    source: dict[str, Any] = {"kind": "config", "checkpoint": config.model.path or None, "step": None}
+    if checkpoint:
+        model_cfg, policy, source = load_checkpoint(checkpoint, step, config.model.param_dtype)
+    hf_dir = source["checkpoint"] if source["kind"] == "hf" else ""
+    tokenizer_dir = config.tokenizer or config.model.path or hf_dir
+    if not tokenizer_dir:
+        raise ValueError("No tokenizer: set config.tokenizer (or config.model.path) to a local tokenizer "
+                         "directory.")
+    tokenizer = load_tokenizer(tokenizer_dir)
+    if not checkpoint:
+        model_cfg, policy = load_policy(config, tokenizer)
+    if model_cfg.vocab_size < len(tokenizer):
+        raise ValueError(f"The model's vocab_size {model_cfg.vocab_size} is smaller than the tokenizer's "
+                         f"{len(tokenizer)} tokens ({tokenizer_dir}).")
+    env = envs.build(config.env, config.retrieval)
+    rollout = from_config(RolloutConfig, config.rollout, "config.rollout")
     train = []
     if train_data:
-        for records in load_examples(config.data, config.data.train, config.data.train_split).values():
+        data = from_config(datasets.DataConfig, config.data, "config.data")
+        for records in datasets.load_examples(data.dir, data.train, data.train_split).values():
             train.extend(records)
-    return Experiment(model_cfg, policy, tokenizer, env, train)
+    return Experiment(model_cfg, policy, tokenizer, env, rollout, train, source)

@@ -20,8 +20,10 @@ def info(config: ml_collections.ConfigDict) -> None:
     """Prints the resolved config, the mesh it asks for, and the model's parameter count."""
     from searchrl import models  # local: keeps `--help` fast
 
+    from searchrl.configlib import from_config
+
     print(config)
-    mesh = models.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+    mesh = models.mesh_from_config(from_config(models.MeshConfig, config.mesh, "config.mesh"))
     print(f"mesh: {dict(mesh.shape)} over {jax.device_count()} {jax.default_backend()} device(s)")
     cfg = models.config_from_dict(config.model)
     shapes = jax.eval_shape(lambda: models.init_params(cfg, jax.random.key(0)))
@@ -32,11 +34,12 @@ def info(config: ml_collections.ConfigDict) -> None:
 def train(config: ml_collections.ConfigDict) -> None:
     """Builds the run from its config and trains until config.train.steps."""
     from searchrl import distributed, experiment
+    from searchrl.data import datasets
     from searchrl.rl.trainer import Trainer
 
     distributed.initialize(config)
     built = experiment.build(config)
-    eval_sets = experiment.load_examples(config.data, config.data.eval, config.data.eval_split)
+    eval_sets = datasets.load_examples(config.data.dir, config.data.eval, config.data.eval_split)
     eval_examples = [r for records in eval_sets.values() for r in records[: config.data.eval_limit or None]]
     trainer = Trainer(config, built.model_cfg, built.policy, built.tokenizer, built.env, built.train_examples,
                       eval_examples)

@@ -7,18 +7,19 @@ JAX). Run: `python -m searchrl.benchmarks.model [--json] [--preset bench_small] 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
 
+from searchrl import cli
 from searchrl.models import ModelConfig, get_preset, init_params, to_hf_config, token_logprobs
 
 
@@ -88,17 +89,20 @@ def run(preset: str, batch: int, seq: int, steps: int, dtype: str = "float32") -
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="bench_small")
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    args = parser.parse_args(argv)
-    r = run(args.preset, args.batch, args.seq, args.steps, args.dtype)
-    if args.json:
+def main(argv: Sequence[str] | None = None) -> None:
+    values = flags.FlagValues()
+    preset = flags.DEFINE_string("preset", "bench_small", "model preset (searchrl.models)",
+                                 flag_values=values)
+    batch = flags.DEFINE_integer("batch", 4, "sequences per step", flag_values=values)
+    seq = flags.DEFINE_integer("seq", 256, "tokens per sequence", flag_values=values)
+    steps = flags.DEFINE_integer("steps", 5, "timed steps, after 2 warm-up steps", flag_values=values)
+    dtype = flags.DEFINE_enum("dtype", "float32", ("float32", "bfloat16"), "parameter and compute dtype",
+                              flag_values=values)
+    as_json = flags.DEFINE_boolean("json", False, "print one JSON object instead of a table",
+                                   flag_values=values)
+    cli.parse(values, argv, __doc__)
+    r = run(preset.value, batch.value, seq.value, steps.value, dtype.value)
+    if as_json.value:
         print(json.dumps(r))
         return
     print(f"forward+backward, {r['preset']} ({r['params'] / 1e6:.1f}M params), batch {r['batch']} x seq "
@@ -110,4 +114,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

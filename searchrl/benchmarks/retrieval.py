@@ -11,7 +11,6 @@ threads send one-query requests through RemoteRetriever.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -20,9 +19,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+from absl import flags
 import numpy as np
+
+from searchrl import cli
 
 K = 10
 
@@ -201,21 +203,25 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--passages", type=int, default=100_000)
-    parser.add_argument("--queries", type=int, default=1000)
-    parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--encoder", help="encoder dir for the dense row (default: the packaged MiniLM)")
-    parser.add_argument("--dense-passages", type=int, default=500, help="passages in the dense index")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    args = parser.parse_args(argv)
+def main(argv: Sequence[str] | None = None) -> None:
+    values = flags.FlagValues()
+    passages = flags.DEFINE_integer("passages", 100_000, "passages in the corpus", flag_values=values)
+    queries = flags.DEFINE_integer("queries", 1000, "queries searched per backend", flag_values=values)
+    clients = flags.DEFINE_integer("clients", 32, "concurrent client threads against the server",
+                                   flag_values=values)
+    seed = flags.DEFINE_integer("seed", 0, "seed of the corpus and the queries", flag_values=values)
+    encoder = flags.DEFINE_string(
+        "encoder", None, "encoder dir for the dense row (default: the packaged MiniLM)", flag_values=values)
+    dense_passages = flags.DEFINE_integer("dense-passages", 500, "passages in the dense index",
+                                          flag_values=values)
+    as_json = flags.DEFINE_boolean("json", False, "print one JSON object instead of a table",
+                                   flag_values=values)
+    cli.parse(values, argv, __doc__)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
-    result = run(args.passages, args.queries, args.seed, args.clients, args.encoder, args.dense_passages, log)
-    print(json.dumps(result) if args.json else table(result))
+    result = run(passages.value, queries.value, seed.value, clients.value, encoder.value,
+                 dense_passages.value, log)
+    print(json.dumps(result) if as_json.value else table(result))
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

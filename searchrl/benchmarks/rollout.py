@@ -11,29 +11,31 @@ Run: `python -m searchrl.benchmarks.rollout [--json] [--parts ab] [--preset benc
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
+from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
 
-from searchrl import models
+from searchrl import cli, models
 from searchrl.benchmarks.model import torch_device
 from searchrl.benchmarks.retrieval import make_queries, synthetic_corpus
-from searchrl.envs.base import Action
+from searchrl.envs import search_qa
 from searchrl.envs.search_qa import SearchQAEnv
+from searchrl.episode import Action
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.rollout import generate
-from searchrl.rollout.engine import RolloutConfig, RolloutEngine
-from searchrl.rollout.sampling import SamplingParams
+from searchrl.rollout.config import RolloutConfig, SamplingParams
+from searchrl.rollout.engine import RolloutEngine
 from searchrl.text.tokenizer import train_bpe_tokenizer
 
 _NEVER = [[-2]]  # a stop/EOS id no token has: generation runs to its budget, as with min_new_tokens
@@ -83,10 +85,10 @@ def bench_generate(preset: str, batch: int, prompt_len: int, new_tokens: int, re
 class SearchEveryTurnEnv(SearchQAEnv):
     """Search-QA where each non-final turn's text is the query (a random policy never writes the tags itself)."""
 
-    def parse_action(self, turn_text: str, tools_allowed: bool) -> Action:
-        if tools_allowed:
-            return Action("search", turn_text)
-        return Action("answer", turn_text)
+    def parse_action(self, turn_text: str, turn_index: int) -> Action:
+        if turn_index < self.max_turns:
+            return Action(search_qa.SEARCH, turn_text)
+        return Action(search_qa.ANSWER, turn_text, done=True)
 
 
 def bench_search_rollout(preset: str, batch: int, passages: int, turns: int, rollouts: int, dtype: str) -> dict:
@@ -99,7 +101,8 @@ def bench_search_rollout(preset: str, batch: int, passages: int, turns: int, rol
         cfg = dataclasses.replace(models.get_preset(preset), vocab_size=len(tokenizer),
                                   eos_token_id=tokenizer.eos_token_id)
         params = models.init_params(cfg, jax.random.key(0), jnp.dtype(dtype))
-        env = SearchEveryTurnEnv(retriever, topk=3, max_turns=turns, prompt_template="Question: {question}\n")
+        env = SearchEveryTurnEnv(retriever, search_qa.Config(topk=3, max_turns=turns,
+                                                             prompt_template="Question: {question}\n"))
         config = RolloutConfig(max_prompt_tokens=64, max_len=64 + (turns + 1) * (48 + 160), max_turn_tokens=48,
                                max_obs_tokens=160, obs_buckets=(64, 160), chunk_steps=16)
         engine = RolloutEngine(cfg, tokenizer, env, config)
@@ -111,7 +114,7 @@ def bench_search_rollout(preset: str, batch: int, passages: int, turns: int, rol
         searches = 0
         for i, examples in enumerate(batches[1:]):
             traj = engine.run(params, examples, jax.random.key(i + 1))
-            searches += int(traj.num_searches.sum())
+            searches += sum(search_qa.searches(turns) for turns in traj.turns)
     return {"host_fraction": engine.stats.host_fraction, "rollout_wall_s": engine.stats.wall_s,
             "logprob_gap_max": logprob_gap(cfg, params, traj),
             "rollout_device_s": engine.stats.device_s, "searches": searches,
@@ -133,47 +136,57 @@ def _seconds(fn) -> float:
     return time.perf_counter() - start
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="bench_small")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--prompt-len", type=int, default=32)
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--passages", type=int, default=20_000)
-    parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--rollouts", type=int, default=2)
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    parser.add_argument("--parts", default="ab", choices=("a", "b", "ab"),
-                        help="a: generation against transformers; b: search rollout (with c)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    args = parser.parse_args(argv)
+def main(argv: Sequence[str] | None = None) -> None:
+    values = flags.FlagValues()
+    preset = flags.DEFINE_string("preset", "bench_small", "model preset (searchrl.models)",
+                                 flag_values=values)
+    batch = flags.DEFINE_integer("batch", 16, "prompts per generation / rollout", flag_values=values)
+    prompt_len = flags.DEFINE_integer("prompt-len", 32, "prompt tokens (a)", flag_values=values)
+    new_tokens = flags.DEFINE_integer("new-tokens", 128, "generated tokens per prompt (a)",
+                                      flag_values=values)
+    repeats = flags.DEFINE_integer("repeats", 2, "timed generations; the fastest counts (a)",
+                                   flag_values=values)
+    passages = flags.DEFINE_integer("passages", 20_000, "passages in the BM25 corpus (b)", flag_values=values)
+    turns = flags.DEFINE_integer("turns", 4, "search turns per rollout (b)", flag_values=values)
+    rollouts = flags.DEFINE_integer("rollouts", 2, "timed rollouts, after one untimed (b)",
+                                    flag_values=values)
+    dtype = flags.DEFINE_enum("dtype", "float32", ("float32", "bfloat16"), "parameter and compute dtype",
+                              flag_values=values)
+    parts = flags.DEFINE_enum("parts", "ab", ("a", "b", "ab"),
+                              "a: generation against transformers; b: search rollout (with c)",
+                              flag_values=values)
+    as_json = flags.DEFINE_boolean("json", False, "print one JSON object instead of a table",
+                                   flag_values=values)
+    cli.parse(values, argv, __doc__)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
-    r = {"preset": args.preset, "device": jax.devices()[0].device_kind, "batch": args.batch, "dtype": args.dtype}
-    if "a" in args.parts:
-        r |= bench_generate(args.preset, args.batch, args.prompt_len, args.new_tokens, args.repeats, args.dtype)
-    if "b" in args.parts:
-        r |= bench_search_rollout(args.preset, args.batch, args.passages, args.turns, args.rollouts, args.dtype)
-    if args.json:
+    r = {"preset": preset.value, "device": jax.devices()[0].device_kind, "batch": batch.value,
+         "dtype": dtype.value}
+    if "a" in parts.value:
+        r |= bench_generate(preset.value, batch.value, prompt_len.value, new_tokens.value, repeats.value,
+                            dtype.value)
+    if "b" in parts.value:
+        r |= bench_search_rollout(preset.value, batch.value, passages.value, turns.value, rollouts.value,
+                                  dtype.value)
+    if as_json.value:
         print(json.dumps(r))
         return
-    if "a" in args.parts:
-        _print_generate(args, r)
-    if "b" in args.parts:
-        _print_search_rollout(args, r)
+    if "a" in parts.value:
+        _print_generate(r, prompt_len.value, new_tokens.value)
+    if "b" in parts.value:
+        _print_search_rollout(r, passages.value, turns.value)
 
 
-def _print_generate(args: argparse.Namespace, r: dict) -> None:
-    print(f"(a) greedy generation, {args.preset}, batch {args.batch}, prompt {args.prompt_len}, "
-          f"{args.new_tokens} new tokens, {args.dtype}, {r['device']}")
+def _print_generate(r: dict, prompt_len: int, new_tokens: int) -> None:
+    print(f"(a) greedy generation, {r['preset']}, batch {r['batch']}, prompt {prompt_len}, "
+          f"{new_tokens} new tokens, {r['dtype']}, {r['device']}")
     print(f"    {'searchrl (jitted chunks)':<28}{r['generate_searchrl_tokens_per_s']:>10.0f} tokens/s")
     print(f"    {'transformers generate':<28}{r['generate_torch_tokens_per_s']:>10.0f} tokens/s")
     print(f"    ratio searchrl / torch: {r['generate_ratio_vs_torch']:.2f}x "
           f"(greedy tokens identical: {r['generate_greedy_token_agreement']:.1%})")
 
 
-def _print_search_rollout(args: argparse.Namespace, r: dict) -> None:
-    print(f"(b) {args.turns}-turn search rollout, BM25 over {args.passages} passages, batch {args.batch}, "
+def _print_search_rollout(r: dict, passages: int, turns: int) -> None:
+    print(f"(b) {turns}-turn search rollout, BM25 over {passages} passages, batch {r['batch']}, "
           f"{r['searches']} searches")
     print(f"    wall {r['rollout_wall_s']:.2f}s, jitted {r['rollout_device_s']:.2f}s, "
           f"host fraction {r['host_fraction']:.1%}, sampler vs trainer log-prob gap {r['logprob_gap_max']:.2e}")
@@ -181,4 +194,4 @@ def _print_search_rollout(args: argparse.Namespace, r: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

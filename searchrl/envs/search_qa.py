@@ -1,23 +1,26 @@
 """Search-R1 / AutoSearch question answering: the policy searches with `<search>` and answers with `<answer>`.
 
 Prompt, action parsing, observation format and the invalid-action message follow Search-R1
-(`search_r1/llm_agent/generation.py`), so checkpoints and numbers carry over.
+(`search_r1/llm_agent/generation.py`), so checkpoints and numbers carry over. With `intermediate_answers` on, the
+env declares a side branch that answers the question after every search (AutoSearch's self-answering): the
+AutoSearch reward and the minimal-sufficient-depth metric read those answers.
 """
 from __future__ import annotations
 
 import dataclasses
-import re
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-import ml_collections
 import numpy as np
 
-from searchrl.envs.base import Action, Observation
+from searchrl.episode import Action, Observation, SideBranch, Trajectory, Turn
+from searchrl.retrieval import make_retriever
 from searchrl.retrieval.types import Hit, Retriever
 from searchrl.rewards import autosearch, protocol, qa, search_r1
-from searchrl.rollout.trajectory import Trajectory, Turn
+from searchrl.text import tags
 
 REWARDS = ("em", "search_r1", "autosearch")
+SEARCH, ANSWER, INVALID = "search", "answer", "invalid"  # the action kinds
+INTERMEDIATE_ANSWER = "intermediate_answer"  # the side branch's name, the key of its text in `Turn.info`
 
 SEARCH_R1_PROMPT = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get "
@@ -31,7 +34,21 @@ INVALID_ACTION = (
     "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. "
     "If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n"
 )
-_ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+ANSWER_PROMPT = "\n" + tags.open_tag(tags.ANSWER)  # elicits an intermediate answer after a search
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """`config.env` of `search_qa` (with `name="search_qa"`)."""
+
+    reward: str = "search_r1"  # one of REWARDS
+    topk: int = 3  # passages per search
+    max_turns: int = 4  # search turns; the turn after the last one must answer
+    prompt_template: str = SEARCH_R1_PROMPT
+    intermediate_answers: bool = False  # answer after every search on a side branch (AutoSearch)
+    answer_prompt: str = ANSWER_PROMPT  # appended after a search's observation to elicit that answer
+    intermediate_answer_tokens: int = 32  # budget of one intermediate answer
+    autosearch: autosearch.RewardConfig = autosearch.RewardConfig()
 
 
 def format_passages(hits: Sequence[Hit]) -> str:
@@ -41,101 +58,149 @@ def format_passages(hits: Sequence[Hit]) -> str:
 
 @dataclasses.dataclass
 class SearchQAEnv:
-    """Multi-turn retrieval-augmented QA over one retriever. Examples are dicts with a "question"."""
+    """Multi-turn retrieval-augmented QA over one retriever. Examples are dicts with a "question" and
+    "golden_answers"."""
 
     retriever: Retriever
-    topk: int = 3
-    max_turns: int = 4
-    prompt_template: str = SEARCH_R1_PROMPT
-    answer_prompt: str | None = None  # e.g. "\n<answer>" to record AutoSearch's intermediate answers
-    reward: str = "search_r1"  # one of REWARDS
-    autosearch_config: ml_collections.ConfigDict = dataclasses.field(default_factory=autosearch.default_config)
-    stop_strings: tuple[str, ...] = ("</search>", "</answer>")
+    config: Config = Config()
+    stop_strings: tuple[str, ...] = (tags.close_tag(tags.SEARCH), tags.close_tag(tags.ANSWER))
 
     def __post_init__(self):
-        if self.reward not in REWARDS:
-            raise ValueError(f"SearchQAEnv.reward {self.reward!r} is not one of {REWARDS}")
-        if self.reward == "autosearch" and self.answer_prompt is None:
-            raise ValueError("The autosearch reward needs intermediate answers: set SearchQAEnv.answer_prompt.")
+        if self.config.reward not in REWARDS:
+            raise ValueError(f"config.env.reward {self.config.reward!r} is not one of {REWARDS}")
+        if self.config.reward == "autosearch" and not self.config.intermediate_answers:
+            raise ValueError("The autosearch reward needs intermediate answers: set "
+                             "config.env.intermediate_answers=True.")
 
-    def prompt(self, example: dict[str, Any]) -> str:
-        return self.prompt_template.format(question=example["question"].strip())
+    @property
+    def max_turns(self) -> int:
+        return self.config.max_turns
 
-    def parse_action(self, turn_text: str, tools_allowed: bool) -> Action:
-        """The first `<search>` or `<answer>` block of the turn, as Search-R1's `postprocess_predictions`."""
-        match = _ACTION.search(turn_text)
-        if match is None:
-            return Action("invalid", "no <search> or <answer> block")
-        kind, content = match.group(1), match.group(2).strip()
-        if kind == "search" and not tools_allowed:
-            return Action("invalid", "search is disabled in the final turn")
-        return Action(kind, content)
+    def with_max_turns(self, max_turns: int) -> SearchQAEnv:
+        """The same env with another search budget (the accuracy-vs-budget curve)."""
+        return dataclasses.replace(self, config=dataclasses.replace(self.config, max_turns=max_turns))
+
+    @property
+    def side_branch(self) -> SideBranch | None:
+        if not self.config.intermediate_answers:
+            return None
+        return SideBranch(INTERMEDIATE_ANSWER, self.config.answer_prompt, (tags.close_tag(tags.ANSWER),),
+                          self.config.intermediate_answer_tokens, after_kinds=(SEARCH,))
+
+    def prompt(self, example: Mapping[str, Any]) -> str:
+        return self.config.prompt_template.format(question=example["question"].strip())
+
+    def parse_action(self, turn_text: str, turn_index: int) -> Action:
+        """The first `<search>` or `<answer>` block of the turn, as Search-R1's `postprocess_predictions`.
+
+        An answer ends the episode, and so does the turn after the last search turn, whatever it holds.
+        """
+        last_turn = turn_index >= self.config.max_turns
+        block = tags.first_block(turn_text, tags.SEARCH, tags.ANSWER)
+        if block is None:
+            return Action(INVALID, "no <search> or <answer> block", done=last_turn)
+        kind, content = block
+        if kind == SEARCH and last_turn:
+            return Action(INVALID, "search is disabled in the final turn", done=True)
+        return Action(kind, content, done=kind == ANSWER or last_turn)
 
     def observe(self, actions: Sequence[Action]) -> list[Observation]:
         """Retrieves for every search action in one batched call; invalid actions get Search-R1's message."""
-        queries = [a.content for a in actions if a.kind == "search"]
-        results = iter(self.retriever.search(queries, self.topk) if queries else [])
+        queries = [a.content for a in actions if a.kind == SEARCH]
+        results = iter(self.retriever.search(queries, self.config.topk) if queries else [])
         observations = []
         for action in actions:
-            if action.kind == "search":
+            if action.kind == SEARCH:
                 hits = next(results)
-                text = f"\n\n<information>{format_passages(hits).strip()}</information>\n\n"
-                observations.append(Observation(text, tuple(h.id for h in hits)))
+                text = f"\n\n{tags.block(tags.INFORMATION, format_passages(hits).strip())}\n\n"
+                observations.append(Observation(text, {"doc_ids": tuple(h.id for h in hits)}))
             else:
                 observations.append(Observation(INVALID_ACTION))
         return observations
 
-    def intermediate_answer_prompt(self) -> str | None:
-        return self.answer_prompt
-
-    def rewards(self, trajectory: Trajectory, examples: Sequence[dict[str, Any]]) -> list[list[float]]:
+    def rewards(self, trajectory: Trajectory, examples: Sequence[Mapping[str, Any]]) -> list[list[float]]:
         """Outcome rewards (`em`, `search_r1`) on the last turn, or AutoSearch's turn-level rewards."""
         out = []
         for b, example in enumerate(examples):
             turns, golds = trajectory.turns[b], example["golden_answers"]
-            if self.reward == "autosearch":
-                record = autosearch_record(turns, trajectory.intermediate_answers[b], golds)
-                out.append(autosearch.autosearch_rewards(record, self.autosearch_config).total)
+            if self.config.reward == "autosearch":
+                record = autosearch_record(turns, golds)
+                out.append(autosearch.autosearch_rewards(record, self.config.autosearch).total)
                 continue
-            if self.reward == "em":
-                score = qa.exact_match(_final_answer(turns), golds)
+            if self.config.reward == "em":
+                score = qa.exact_match(final_answer(turns), golds)
             else:
                 score = search_r1.search_r1_reward(trajectory.response_text(b), golds)
             out.append([0.0] * (len(turns) - 1) + [score])
         return out
 
-    def metrics(self, trajectory: Trajectory, examples: Sequence[dict[str, Any]]) -> dict[str, float]:
-        """Final-answer EM / F1 / cover-EM, searches per question and the share of well-formed responses."""
-        answers = [_final_answer(turns) for turns in trajectory.turns]
-        golds = [ex["golden_answers"] for ex in examples]
-        valid = [protocol.check_sequence(trajectory.response_text(b)).ok for b in range(len(examples))]
-        return {
-            "em": float(np.mean([qa.exact_match(a, g) for a, g in zip(answers, golds)])),
-            "f1": float(np.mean([qa.f1(a, g) for a, g in zip(answers, golds)])),
-            "cover_em": float(np.mean([qa.cover_em(a, g) for a, g in zip(answers, golds)])),
-            "searches": float(trajectory.num_searches.mean()),
-            "format_valid": float(np.mean(valid)),
-        }
+    def metrics(self, trajectory: Trajectory, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Per question: the final answer, its EM / F1 / cover-EM, the searches made, whether the response is
+        well-formed and, when the intermediate answers ran, those answers and the minimal sufficient depth."""
+        rows = []
+        for b, example in enumerate(examples):
+            turns, golds = trajectory.turns[b], list(example["golden_answers"])
+            answer = final_answer(turns)
+            row = {
+                "question": example["question"], "golden_answers": golds, "answer": answer,
+                "em": qa.exact_match(answer, golds), "f1": qa.f1(answer, golds),
+                "cover_em": qa.cover_em(answer, golds), "searches": searches(turns),
+                "format_valid": float(protocol.check_sequence(trajectory.response_text(b)).ok),
+            }
+            if trajectory.side_branch == INTERMEDIATE_ANSWER:
+                row["intermediate_answers"] = intermediate_answers(turns)
+                row["depth"] = minimal_sufficient_depth(golds, row["intermediate_answers"], answer,
+                                                        row["searches"])
+            rows.append(row)
+        return rows
 
 
-def _final_answer(turns: Sequence[Turn]) -> str:
+def make(config: Config, retrieval: Mapping[str, Any]) -> SearchQAEnv:
+    """The env of `config.env` over the retriever of `config.retrieval`."""
+    return SearchQAEnv(make_retriever(retrieval), config)
+
+
+def searches(turns: Sequence[Turn]) -> int:
+    return sum(turn.action.kind == SEARCH for turn in turns)
+
+
+def final_answer(turns: Sequence[Turn]) -> str:
     """The answer of a row's last turn ("" when it did not answer)."""
     last = turns[-1].action if turns else None
-    return last.content if last is not None and last.kind == "answer" else ""
+    return last.content if last is not None and last.kind == ANSWER else ""
 
 
-def autosearch_record(turns: Sequence[Turn], intermediate: Sequence[str], golds: Sequence[str]
-                      ) -> autosearch.AutoSearchRecord:
+def intermediate_answers(turns: Sequence[Turn]) -> list[str]:
+    """The answer elicited after each search turn, in order (the side branch's text up to `</answer>`)."""
+    return [tags.until_close(turn.info[INTERMEDIATE_ANSWER], tags.ANSWER)
+            for turn in turns if INTERMEDIATE_ANSWER in turn.info]
+
+
+def minimal_sufficient_depth(golds: Sequence[str], intermediate: Sequence[str], final: str,
+                             num_searches: int) -> int | None:
+    """The first search step after which the policy's answer is an exact match, or None.
+
+    Step j's answer is its intermediate answer; the final answer (given after the last search) also counts, at
+    depth `num_searches`, so a right final answer without any search is depth 0. Unlike the reward's
+    `autosearch.minimal_depth` (which needs d < n: a later search to penalise), every step counts here.
+    """
+    for step, answer in enumerate(intermediate, start=1):
+        if qa.exact_match(answer, golds):
+            return step
+    return num_searches if qa.exact_match(final, golds) else None
+
+
+def autosearch_record(turns: Sequence[Turn], golds: Sequence[str]) -> autosearch.AutoSearchRecord:
     """The AutoSearch view of a row: every non-answer turn is a search step (invalid ones with no query and a
-    failed format check), the answer turn last; one intermediate answer per real search."""
-    answers = iter(intermediate)
+    failed format check), the answer turn last; each real search with its intermediate answer."""
     steps, step_answers, answer_turn = [], [], None
     for turn in turns:
-        if turn.action.kind == "answer":
-            answer_turn = autosearch.AnswerTurn(turn.text, protocol.check_turn(turn.text, "answer").ok)
+        if turn.action.kind == ANSWER:
+            answer_turn = autosearch.AnswerTurn(turn.text, protocol.check_turn(turn.text, ANSWER).ok)
             continue
-        searched = turn.action.kind == "search"
-        ok = searched and protocol.check_turn(turn.text, "search").ok
+        searched = turn.action.kind == SEARCH
+        ok = searched and protocol.check_turn(turn.text, SEARCH).ok
         steps.append(autosearch.SearchTurn(turn.text, turn.action.content if searched else None, ok))
-        step_answers.append(next(answers) if searched else None)
+        branch = turn.info.get(INTERMEDIATE_ANSWER)
+        step_answers.append(tags.until_close(branch, tags.ANSWER) if searched and branch is not None else None)
     return autosearch.AutoSearchRecord(steps, answer_turn, step_answers, list(golds))

@@ -2,7 +2,7 @@
 
     python -m searchrl.eval --config configs/FILE.py:PRESET --checkpoint CKPT [--datasets nq,hotpotqa]
         [--split test] [--out DIR] [--limit N] [--budgets 0,1,2,3,4] [--step N] [--batch_size B]
-        [--nodepth] [--config.x.y=value ...]
+        [--noside_branch] [--config.x.y=value ...]
 
 CKPT: a trainer checkpoint dir (`<workdir>/checkpoints`, or the workdir itself; --step picks a step, default
 the latest) or a Hugging Face model dir; without it, the config's own policy (config.model.path) is evaluated.
@@ -29,8 +29,8 @@ _BUDGETS = flags.DEFINE_list("budgets", [], "Search budgets for the accuracy-vs-
                              "(default: none).")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 0, "Rollout rows per batch (default: "
                                    "config.train.batch_size).")
-_DEPTH = flags.DEFINE_bool("depth", True, "Record intermediate answers for the minimal-sufficient-depth "
-                           "analysis.")
+_SIDE_BRANCH = flags.DEFINE_bool("side_branch", True, "Run the env's side branch (for search QA with "
+                                 "config.env.intermediate_answers: the depth analysis).")
 
 
 def parse_budgets(values: list[str]) -> list[int]:
@@ -51,7 +51,7 @@ def main(argv: list[str]) -> None:
     results, info = harness.evaluate_checkpoint(
         _CONFIG.value, _CHECKPOINT.value, step=_STEP.value, datasets=_DATASETS.value, split=_SPLIT.value,
         limit=_LIMIT.value, budgets=parse_budgets(_BUDGETS.value), batch_size=_BATCH_SIZE.value,
-        depth=_DEPTH.value)
+        side_branch=_SIDE_BRANCH.value)
     out = _OUT.value or harness.default_out_dir(_CONFIG.value, info)
     paths = report.write_report(results, out)
     print(report.main_markdown(results))

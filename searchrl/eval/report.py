@@ -2,8 +2,10 @@
 distribution of the minimal sufficient search depth, written as Markdown, CSV, JSON and a matplotlib figure.
 
 A question row is a plain dict (one line of `predictions.jsonl`): "dataset", "hops" (int, or None outside
-synthetic worlds), "em", "cover_em", "f1", "searches" and, when the depth analysis ran, "depth" (int, or None
-when no answer along the trajectory was right). Everything here is a pure function of such rows.
+synthetic worlds), the env's per-row results — its numbers ("em", "f1", "searches", "recall", ...) are the
+metrics summarised here, whatever the env — and, when the env reports it, "depth" (the minimal sufficient search
+depth: int, or None when no answer along the trajectory was right). Everything here is a pure function of such
+rows.
 """
 from __future__ import annotations
 
@@ -15,19 +17,26 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-METRICS = ("em", "cover_em", "f1", "searches")
-CURVE_METRICS = ("em", "searches")  # per search budget
+NOT_METRICS = frozenset({"id", "hops", "depth"})  # numbers in a row that are not averaged
 AVERAGE = "average"  # the papers' "Avg.": the unweighted mean over datasets
 ALL = "all"  # every question of every dataset, pooled
 NEVER = "never"
-TABLE_COLUMNS = ("dataset", "hops", "n", *METRICS)
+
+
+def metric_names(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The metrics of question rows: the keys whose values are numbers (bools count) in every row, in order."""
+    if not rows:
+        raise ValueError("no question rows")
+
+    def is_number(value: Any) -> bool:
+        return isinstance(value, (int, float, np.number, np.bool_))
+
+    return [k for k in rows[0] if k not in NOT_METRICS and all(is_number(r.get(k)) for r in rows)]
 
 
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Question count and the mean of each metric over `rows`."""
-    if not rows:
-        raise ValueError("summarize: no question rows")
-    return {"n": len(rows), **{m: float(np.mean([r[m] for r in rows])) for m in METRICS}}
+    return {"n": len(rows), **{m: float(np.mean([r[m] for r in rows])) for m in metric_names(rows)}}
 
 
 def by_dataset(rows: Sequence[Mapping[str, Any]]) -> dict[str, list]:
@@ -50,7 +59,7 @@ def by_hops(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], list]:
 def results_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per dataset, then the average over datasets (n: all questions)."""
     table = [{"dataset": name, "hops": None, **summarize(group)} for name, group in by_dataset(rows).items()]
-    average = {m: float(np.mean([t[m] for t in table])) for m in METRICS}
+    average = {m: float(np.mean([t[m] for t in table])) for m in metric_names(rows)}
     return table + [{"dataset": AVERAGE, "hops": None, "n": sum(t["n"] for t in table), **average}]
 
 
@@ -61,22 +70,25 @@ def hops_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def budget_curves(runs: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
-    """EM and mean searches per search budget: per dataset, their average, and per (dataset, hops).
+    """Every metric per search budget: per dataset, their average, and per (dataset, hops).
 
     `runs` maps each budget (env.max_turns) to the question rows of the run under that budget.
     """
     budgets = sorted(runs)
     per_budget = [by_dataset(runs[b]) for b in budgets]
     names = list(per_budget[0])
+    metrics = metric_names(runs[budgets[0]])
 
     def curve(groups: list[dict], key) -> dict[str, list[float]]:
-        return {m: [float(np.mean([r[m] for r in g[key]])) for g in groups] for m in CURVE_METRICS}
+        return {m: [float(np.mean([r[m] for r in g[key]])) for g in groups] for m in metrics}
 
     datasets = [{"dataset": name, **curve(per_budget, name)} for name in names]
-    average = {m: np.mean([d[m] for d in datasets], axis=0).tolist() for m in CURVE_METRICS}
+    average = {m: np.mean([d[m] for d in datasets], axis=0).tolist() for m in metrics}
     hops_groups = [by_hops(runs[b]) for b in budgets]
     hops = [{"dataset": name, "hops": h, **curve(hops_groups, (name, h))} for name, h in hops_groups[0]]
-    return {"budgets": budgets, "datasets": datasets + [{"dataset": AVERAGE, **average}], "hops": hops}
+    # "headline": the metric tables and plots show per budget, the env's first (EM for question answering).
+    return {"budgets": budgets, "headline": metrics[0], "datasets": datasets + [{"dataset": AVERAGE, **average}],
+            "hops": hops}
 
 
 def depth_buckets(max_depth: int) -> list[str]:
@@ -142,26 +154,34 @@ def _label(row: Mapping[str, Any]) -> str:
 
 
 def main_markdown(results: Mapping[str, Any]) -> str:
-    """The papers' table: EM per dataset and the average, with cover-EM, F1 and searches per question."""
-    header = ("dataset", "n", "EM", "cover-EM", "F1", "searches")
-    return markdown_table(header, [(_label(r), r["n"], *(r[m] for m in METRICS)) for r in results["table"]])
+    """The papers' table: each metric per dataset, and their average over datasets."""
+    metrics = table_metrics(results)
+    return markdown_table(("dataset", "n", *metrics),
+                          [(_label(r), r["n"], *(r[m] for m in metrics)) for r in results["table"]])
+
+
+def table_metrics(results: Mapping[str, Any]) -> list[str]:
+    """The metric columns of a results table (every column after dataset, hops and n)."""
+    return [k for k in results["table"][0] if k not in ("dataset", "hops", "n")]
 
 
 def markdown(results: Mapping[str, Any]) -> str:
     """Every table of `results` as one Markdown document."""
     meta = results.get("meta", {})
-    facts = "\n".join(f"- {k}: {v}" for k, v in meta.items() if not k.startswith("answer_prompt"))
+    facts = "\n".join(f"- {k}: {v}" for k, v in meta.items() if k != "side_branch_prompt")
     parts = ["# Evaluation", "", facts, "", "## Results", "", main_markdown(results)]
+    metrics = table_metrics(results)
     if results["hops"]:
-        header = ("dataset", "hops", "n", "EM", "cover-EM", "F1", "searches")
-        rows = [(r["dataset"], r["hops"], r["n"], *(r[m] for m in METRICS)) for r in results["hops"]]
+        header = ("dataset", "hops", "n", *metrics)
+        rows = [(r["dataset"], r["hops"], r["n"], *(r[m] for m in metrics)) for r in results["hops"]]
         parts += ["", "## By hop count", "", markdown_table(header, rows)]
     curves = results.get("budgets")
     if curves:
-        header = ("group", *(f"EM @ {b}" for b in curves["budgets"]))
-        rows = [(_label(r), *r["em"]) for r in curves["datasets"] + curves["hops"]]
+        metric = curves["headline"]
+        header = ("group", *(f"{metric} @ {b}" for b in curves["budgets"]))
+        rows = [(_label(r), *r[metric]) for r in curves["datasets"] + curves["hops"]]
         parts += ["", "## Accuracy by search budget", "",
-                  "EM when at most b searches are allowed (env.max_turns = b; the turn after the last search "
+                  f"{metric} when at most b searches are allowed (env.max_turns = b; the turn after the last search "
                   "cannot search, and a search there is an invalid action that scores 0).", "",
                   markdown_table(header, rows)]
     depth = results.get("depth")
@@ -169,9 +189,7 @@ def markdown(results: Mapping[str, Any]) -> str:
         rows = [(_label(r), r["n"], *(f"{r['counts'][k]} ({r['fractions'][k]:.2f})"
                                       for k in depth["buckets"]))
                 for r in depth["datasets"] + depth["hops"]]
-        prompt = json.dumps(meta.get("answer_prompt"))
-        if meta.get("answer_prompt_is_default"):
-            prompt += ", searchrl's default: env.answer_prompt is unset"
+        prompt = json.dumps(meta.get("side_branch_prompt"))
         parts += ["", "## Minimal sufficient search depth", "",
                   "d = the first search step after which the policy's answer is right: its intermediate "
                   f"answer (elicited with the answer prompt {prompt}), or its final answer after its last "
@@ -183,11 +201,12 @@ def markdown(results: Mapping[str, Any]) -> str:
 
 def write_csv(results: Mapping[str, Any], path: str | os.PathLike) -> None:
     """The main table and the per-hop rows, one CSV (hops empty on whole-dataset rows)."""
+    columns = ["dataset", "hops", "n", *table_metrics(results)]
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=TABLE_COLUMNS, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         for row in list(results["table"]) + list(results["hops"]):
-            writer.writerow({k: "" if row.get(k) is None else row[k] for k in TABLE_COLUMNS})
+            writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
 
 
 def write_report(results: Mapping[str, Any], out_dir: str | os.PathLike) -> dict[str, Path]:
@@ -230,9 +249,10 @@ def plot_depth_analysis(results: Mapping[str, Any], path: str | os.PathLike) -> 
             continue
         for row in content:
             style = "--" if row["dataset"] == AVERAGE else "-"
-            ax.plot(curves["budgets"], row["em"], style, marker="o", label=_label(row))
-        ax.set(xlabel="searches allowed (env.max_turns)", ylabel="EM", xticks=curves["budgets"],
-               title="EM by search budget" + (" and hop count" if kind == "hops" else ""))
+            ax.plot(curves["budgets"], row[curves["headline"]], style, marker="o", label=_label(row))
+        headline = curves["headline"]
+        ax.set(xlabel="searches allowed (env.max_turns)", ylabel=headline, xticks=curves["budgets"],
+               title=f"{headline} by search budget" + (" and hop count" if kind == "hops" else ""))
         ax.set_ylim(0, 1.05)
         ax.legend(fontsize="small")
     fig.tight_layout()

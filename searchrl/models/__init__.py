@@ -1,22 +1,31 @@
-"""searchrl.models: Qwen2/Qwen2.5, Qwen3 and Llama-3 decoders (policy, value), KV cache, HF I/O, sharding."""
-from searchrl.models.config import (PRESETS, ModelConfig, RopeScaling, config_from_dict, from_hf_config,
-                                    get_preset, to_hf_config)
-from searchrl.models.decoder import (apply, backbone, forward, init_params, lm_logits, logprobs_from_logits,
-                                     token_logprobs, unstack_layers, value_params_from_policy, values)
-from searchrl.models.hf import load_hf, save_hf
-from searchrl.models.kv_cache import KVCache, cache_shardings, write_rows
-from searchrl.models.layout import ParamSpec, param_layout
-from searchrl.models.sharding import (SAMPLE_RULES, TRAIN_RULES, ShardingRules, logical_to_sharding,
-                                      logical_to_spec, make_mesh, param_logical_axes, param_shardings)
+"""searchrl.models: Qwen2/Qwen2.5, Qwen3 and Llama-3 decoders (policy, value), KV cache, HF I/O, sharding.
 
-__all__ = [
-    "PRESETS", "ModelConfig", "RopeScaling", "config_from_dict", "from_hf_config", "get_preset",
-    "to_hf_config",
-    "apply", "backbone", "forward", "init_params", "lm_logits", "logprobs_from_logits", "token_logprobs",
-    "unstack_layers", "value_params_from_policy", "values",
-    "load_hf", "save_hf",
-    "KVCache", "cache_shardings", "write_rows",
-    "ParamSpec", "param_layout",
-    "SAMPLE_RULES", "TRAIN_RULES", "ShardingRules", "logical_to_sharding", "logical_to_spec", "make_mesh",
-    "param_logical_axes", "param_shardings",
-]
+Names load on first use (`models.forward` imports the decoder then), so that `searchrl.models.config` — what
+experiment configs read — imports without JAX.
+"""
+import importlib
+
+_EXPORTS = {
+    "config": ("PRESETS", "MeshConfig", "ModelConfig", "ModelSource", "RopeScaling", "config_from_dict",
+               "from_hf_config", "get_preset", "to_hf_config"),
+    "decoder": ("apply", "backbone", "forward", "init_params", "lm_logits", "logprobs_from_logits",
+                "token_logprobs", "unstack_layers", "value_params_from_policy", "values"),
+    "hf": ("load_hf", "save_hf"),
+    "kv_cache": ("KVCache", "cache_shardings", "write_rows"),
+    "layout": ("ParamSpec", "param_layout"),
+    "sharding": ("RULES", "SAMPLE_RULES", "TRAIN_RULES", "ShardingRules", "logical_to_sharding",
+                 "logical_to_spec", "make_mesh", "mesh_from_config", "param_logical_axes", "param_shardings",
+                 "rules_named"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'searchrl.models' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"searchrl.models.{_MODULE_OF[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

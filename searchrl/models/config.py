@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from searchrl.configlib import from_config
+
 FAMILIES = ("qwen2", "qwen3", "llama")
 ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
 _FAMILY_ARCH = {family: arch for arch, family in ARCHITECTURES.items()}
@@ -268,12 +270,30 @@ OVERRIDABLE = {
 }
 
 
-def config_from_dict(model: Any) -> ModelConfig:
-    """`ModelConfig` from an experiment's `config.model` (a ConfigDict or dict).
+# `config.model`: which decoder a run uses. `path` (a local HF directory: its config.json) wins over `preset` (a
+# `PRESETS` name); every OVERRIDABLE field that is set (not None) then replaces the value from there.
+ModelSource = dataclasses.make_dataclass("ModelSource", [
+    ("preset", str, "tiny"),
+    ("path", str, ""),
+    ("param_dtype", str, "float32"),  # bfloat16 on accelerators; master weights stay float32 in the optimizer
+    *((name, kind | None, None) for name, kind in OVERRIDABLE.items()),
+], frozen=True)
 
-    `path` (a local HF directory: its config.json) wins over `preset` (a `PRESETS` name); every `OVERRIDABLE`
-    field that is set (not None) then replaces the value from there.
-    """
-    cfg = read_hf_config(model["path"]) if model.get("path") else get_preset(model.get("preset") or "")
-    overrides = {name: model[name] for name in OVERRIDABLE if model.get(name) is not None}
+
+def config_from_dict(model: Any) -> ModelConfig:
+    """`ModelConfig` from an experiment's `config.model` (a ConfigDict, dict or `ModelSource`)."""
+    model = model if isinstance(model, ModelSource) else from_config(ModelSource, model, "config.model")
+    cfg = read_hf_config(model.path) if model.path else get_preset(model.preset)
+    overrides = {name: getattr(model, name) for name in OVERRIDABLE if getattr(model, name) is not None}
     return dataclasses.replace(cfg, **overrides)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """`config.mesh`: the (data, fsdp, tensor) device mesh (one size may be -1: the devices left over) and the
+    sharding rules of training (a name in `sharding.RULES`)."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+    train_rules: str = "train"

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 import jax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from searchrl.models.config import ModelConfig
+from searchrl.models.config import MeshConfig, ModelConfig
 from searchrl.models.layout import ParamSpec, param_layout
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -54,6 +54,20 @@ SAMPLE_RULES = ShardingRules((
     ("batch", ("data", "fsdp")), ("length", None), ("embed", None), ("heads", "tensor"),
     ("kv_heads", "tensor"), ("head_dim", None), ("mlp", "tensor"), ("vocab", "tensor"), ("layers", None),
 ))
+
+
+RULES = {"train": TRAIN_RULES, "sample": SAMPLE_RULES}  # named in `MeshConfig`
+
+
+def rules_named(name: str) -> ShardingRules:
+    if name not in RULES:
+        raise ValueError(f"Unknown sharding rules {name!r}; known: {sorted(RULES)}")
+    return RULES[name]
+
+
+def mesh_from_config(config: MeshConfig) -> Mesh:
+    """The mesh `config.mesh` asks for, over every device."""
+    return make_mesh(config.data, config.fsdp, config.tensor)
 
 
 def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1,

@@ -3,19 +3,33 @@ a Search-R1-compatible server and client, metrics and CLIs. Backends import lazi
 the dense stack load only when an index of their kind is opened."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from searchrl.configlib import from_config
 from searchrl.retrieval.corpus import MANIFEST, read_manifest, write_manifest
 from searchrl.retrieval.types import Hit, Retriever
 
-__all__ = ["Hit", "Retriever", "MANIFEST", "read_manifest", "write_manifest", "index_kind", "load_retriever",
-           "make_retriever", "KINDS", "BM25_K1", "BM25_B"]
+__all__ = ["Hit", "Retriever", "RetrievalConfig", "MANIFEST", "read_manifest", "write_manifest", "index_kind",
+           "load_retriever", "make_retriever", "KINDS", "BM25_K1", "BM25_B"]
 
 KINDS = ("bm25", "lucene", "dense")
 BM25_K1, BM25_B = 0.9, 0.4  # pyserini / Anserini defaults, shared by both BM25 backends
 
+
+@dataclasses.dataclass(frozen=True)
+class RetrievalConfig:
+    """`config.retrieval`: a local index dir, or a Search-R1 `/retrieve` server."""
+
+    kind: str = "local"  # local | remote
+    index_dir: str = ""  # local: any searchrl index dir (its manifest names the backend)
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)  # local: the backend's options
+    url: str = ""  # remote: http://HOST:PORT/retrieve
+    timeout_s: float = 30.0
+    retries: int = 3
+    batch_size: int = 256  # remote: queries per request
 
 
 def index_kind(index_dir: str | os.PathLike) -> str:
@@ -44,20 +58,18 @@ def load_retriever(index_dir: str | os.PathLike, **options: Any) -> Retriever:
     return DenseRetriever.load(index_dir, **options)
 
 
-def make_retriever(config: Mapping[str, Any]) -> Retriever:
-    """A retriever from a config (ml_collections ConfigDict or dict):
-    {"kind": "local", "index_dir": str, "options": {...}} or
-    {"kind": "remote", "url": str, "timeout_s": 30.0, "retries": 3, "batch_size": 256}."""
-    kind = config.get("kind", "local")
-    if kind == "local":
-        if not config.get("index_dir"):
+def make_retriever(config: RetrievalConfig | Mapping[str, Any]) -> Retriever:
+    """The retriever a `config.retrieval` group (a `RetrievalConfig`, ConfigDict or dict) describes."""
+    if not isinstance(config, RetrievalConfig):
+        config = from_config(RetrievalConfig, config, "config.retrieval")
+    if config.kind == "local":
+        if not config.index_dir:
             raise ValueError('retrieval config: kind "local" needs "index_dir"')
-        return load_retriever(config["index_dir"], **dict(config.get("options") or {}))
-    if kind == "remote":
-        if not config.get("url"):
+        return load_retriever(config.index_dir, **config.options)
+    if config.kind == "remote":
+        if not config.url:
             raise ValueError('retrieval config: kind "remote" needs "url"')
         from searchrl.retrieval.client import RemoteRetriever
-        return RemoteRetriever(config["url"], timeout=float(config.get("timeout_s", 30.0)),
-                               retries=int(config.get("retries", 3)),
-                               batch_size=int(config.get("batch_size", 256)))
-    raise ValueError(f'retrieval config: "kind" must be "local" or "remote", got {kind!r}')
+        return RemoteRetriever(config.url, timeout=config.timeout_s, retries=config.retries,
+                               batch_size=config.batch_size)
+    raise ValueError(f'retrieval config: "kind" must be "local" or "remote", got {config.kind!r}')

@@ -7,37 +7,40 @@ Only queries that have judgements are searched and scored (BEIR's queries.jsonl 
 """
 from __future__ import annotations
 
-import argparse
 import json
 from typing import Sequence
 
+from absl import flags
+
+from searchrl import cli
 from searchrl.retrieval.metrics import evaluate, read_qrels
 from searchrl.retrieval.search import read_queries, search_all
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--index", required=True, help="index dir (any kind)")
-    parser.add_argument("--queries", required=True, help="queries JSONL (BEIR or FlashRAG)")
-    parser.add_argument("--qrels", required=True, help="qrels: BEIR tsv or TREC")
-    parser.add_argument("-k", type=int, default=100, help="depth searched and cut-off of recall")
-    parser.add_argument("--batch-size", type=int, default=256)
-    args = parser.parse_args(argv)
+    values = flags.FlagValues()
+    index = flags.DEFINE_string("index", None, "index dir (any kind)", required=True, flag_values=values)
+    queries_path = flags.DEFINE_string("queries", None, "queries JSONL (BEIR or FlashRAG)", required=True,
+                                       flag_values=values)
+    qrels_path = flags.DEFINE_string("qrels", None, "qrels: BEIR tsv or TREC", required=True,
+                                     flag_values=values)
+    k = flags.DEFINE_integer("k", 100, "depth searched and cut-off of recall", flag_values=values)
+    batch_size = flags.DEFINE_integer("batch-size", 256, "queries per search call", flag_values=values)
+    cli.parse(values, argv, __doc__)
 
     from searchrl.retrieval import load_retriever
-    qrels = read_qrels(args.qrels)
-    queries = [(qid, text) for qid, text in read_queries(args.queries) if qid in qrels]
+    qrels = read_qrels(qrels_path.value)
+    queries = [(qid, text) for qid, text in read_queries(queries_path.value) if qid in qrels]
     if not queries:
-        raise SystemExit(f"no query of {args.queries} has judgements in {args.qrels}")
+        raise SystemExit(f"no query of {queries_path.value} has judgements in {qrels_path.value}")
     qrels = {qid: qrels[qid] for qid, _ in queries}
-    run = search_all(load_retriever(args.index), queries, max(args.k, 10), args.batch_size)
+    run = search_all(load_retriever(index.value), queries, max(k.value, 10), batch_size.value)
     ranked = {qid: [h.id for h in hits] for qid, hits in run.items()}
-    scores = evaluate(ranked, qrels, ["ndcg@10", f"recall@{args.k}", "mrr@10"])
+    scores = evaluate(ranked, qrels, ["ndcg@10", f"recall@{k.value}", "mrr@10"])
     result = {**scores, "queries": len(queries)}
     print(json.dumps(result))
     return result
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

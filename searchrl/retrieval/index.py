@@ -9,56 +9,66 @@ Every index dir gets a searchrl_index.json manifest; `searchrl.retrieval.load_re
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from typing import Sequence
 
+from absl import flags
+
+from searchrl import cli
 from searchrl.retrieval import BM25_B, BM25_K1, KINDS, read_manifest
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kind", required=True, choices=KINDS)
-    parser.add_argument("--corpus", required=True, help="corpus JSONL")
-    parser.add_argument("--out", required=True, help="index dir to write")
-    parser.add_argument("--k1", type=float, default=BM25_K1, help="BM25 k1 (bm25, lucene)")
-    parser.add_argument("--b", type=float, default=BM25_B, help="BM25 b (bm25, lucene)")
-    parser.add_argument("--stemmer", default="english", help="PyStemmer algorithm (bm25)")
-    parser.add_argument("--threads", type=int, default=-1, help="indexing threads, -1: one per CPU (lucene)")
-    parser.add_argument("--skip-malformed", action="store_true", help="skip and count malformed corpus lines")
-    parser.add_argument("--encoder", help="local encoder dir (dense)")
-    parser.add_argument("--factory", default="Flat", help="FAISS index factory string (dense)")
-    parser.add_argument("--pooling", default="mean", choices=("mean", "cls"), help="encoder pooling (dense)")
-    parser.add_argument("--no-normalize", dest="normalize", action="store_false",
-                        help="keep raw embeddings instead of L2-normalising them (dense)")
-    parser.add_argument("--query-prefix", default="", help='prepended to queries, e.g. "query: " for e5 (dense)')
-    parser.add_argument("--passage-prefix", default="", help='prepended to passages, e.g. "passage: " (dense)')
-    parser.add_argument("--max-length", type=int, default=256, help="encoder max tokens (dense)")
-    parser.add_argument("--batch-size", type=int, default=64, help="encoder batch size (dense)")
-    args = parser.parse_args(argv)
+    values = flags.FlagValues()
+    kind = flags.DEFINE_enum("kind", None, KINDS, "index kind", required=True, flag_values=values)
+    corpus = flags.DEFINE_string("corpus", None, "corpus JSONL", required=True, flag_values=values)
+    out = flags.DEFINE_string("out", None, "index dir to write", required=True, flag_values=values)
+    k1 = flags.DEFINE_float("k1", BM25_K1, "BM25 k1 (bm25, lucene)", flag_values=values)
+    b = flags.DEFINE_float("b", BM25_B, "BM25 b (bm25, lucene)", flag_values=values)
+    stemmer = flags.DEFINE_string("stemmer", "english", "PyStemmer algorithm (bm25)", flag_values=values)
+    threads = flags.DEFINE_integer("threads", -1, "indexing threads, -1: one per CPU (lucene)",
+                                   flag_values=values)
+    skip_malformed = flags.DEFINE_boolean("skip-malformed", False, "skip and count malformed corpus lines",
+                                          flag_values=values)
+    encoder = flags.DEFINE_string("encoder", None, "local encoder dir (dense)", flag_values=values)
+    factory = flags.DEFINE_string("factory", "Flat", "FAISS index factory string (dense)",
+                                  flag_values=values)
+    pooling = flags.DEFINE_enum("pooling", "mean", ("mean", "cls"), "encoder pooling (dense)",
+                                flag_values=values)
+    no_normalize = flags.DEFINE_boolean("no-normalize", False,
+                                        "keep raw embeddings instead of L2-normalising them (dense)",
+                                        flag_values=values)
+    query_prefix = flags.DEFINE_string(
+        "query-prefix", "", 'prepended to queries, e.g. "query: " for e5 (dense)', flag_values=values)
+    passage_prefix = flags.DEFINE_string(
+        "passage-prefix", "", 'prepended to passages, e.g. "passage: " (dense)', flag_values=values)
+    max_length = flags.DEFINE_integer("max-length", 256, "encoder max tokens (dense)", flag_values=values)
+    batch_size = flags.DEFINE_integer("batch-size", 64, "encoder batch size (dense)", flag_values=values)
+    flags.register_multi_flags_validator(["kind", "encoder"],
+                                         lambda f: f["kind"] != "dense" or bool(f["encoder"]),
+                                         "--kind dense needs --encoder", flag_values=values)
+    cli.parse(values, argv, __doc__)
 
     start = time.perf_counter()
-    if args.kind == "bm25":
+    if kind.value == "bm25":
         from searchrl.retrieval.bm25 import BM25Retriever
-        BM25Retriever.build(args.corpus, args.out, k1=args.k1, b=args.b, stemmer=args.stemmer,
-                            skip_malformed=args.skip_malformed)
-    elif args.kind == "lucene":
+        BM25Retriever.build(corpus.value, out.value, k1=k1.value, b=b.value, stemmer=stemmer.value,
+                            skip_malformed=skip_malformed.value)
+    elif kind.value == "lucene":
         from searchrl.retrieval.lucene import LuceneRetriever
-        LuceneRetriever.build(args.corpus, args.out, k1=args.k1, b=args.b, n_threads=args.threads,
-                              skip_malformed=args.skip_malformed)
+        LuceneRetriever.build(corpus.value, out.value, k1=k1.value, b=b.value, n_threads=threads.value,
+                              skip_malformed=skip_malformed.value)
     else:
-        if not args.encoder:
-            parser.error("--kind dense needs --encoder")
         from searchrl.retrieval.dense import DenseRetriever
-        DenseRetriever.build(args.corpus, args.out, args.encoder, factory=args.factory, pooling=args.pooling,
-                             normalize=args.normalize, query_prefix=args.query_prefix,
-                             passage_prefix=args.passage_prefix, max_length=args.max_length,
-                             batch_size=args.batch_size, skip_malformed=args.skip_malformed)
-    print(json.dumps({"kind": args.kind, "out": args.out, "passages": read_manifest(args.out).get("count"),
+        DenseRetriever.build(corpus.value, out.value, encoder.value, factory=factory.value,
+                             pooling=pooling.value, normalize=not no_normalize.value,
+                             query_prefix=query_prefix.value, passage_prefix=passage_prefix.value,
+                             max_length=max_length.value, batch_size=batch_size.value,
+                             skip_malformed=skip_malformed.value)
+    print(json.dumps({"kind": kind.value, "out": out.value, "passages": read_manifest(out.value).get("count"),
                       "seconds": round(time.perf_counter() - start, 2)}))
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

@@ -6,14 +6,15 @@ Query lines are BEIR {"_id", "text"} or FlashRAG {"id", "question"}.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from typing import Sequence
 
+from absl import flags
 from tqdm import tqdm
 
+from searchrl import cli
 from searchrl.retrieval.types import Hit, Retriever
 
 
@@ -54,19 +55,18 @@ def search_all(retriever: Retriever, queries: Sequence[tuple[str, str]], k: int,
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--index", required=True, help="index dir (any kind)")
-    parser.add_argument("--queries", required=True, help="queries JSONL")
-    parser.add_argument("-k", type=int, default=10, help="hits per query")
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--out", help="output JSONL (default: stdout)")
-    args = parser.parse_args(argv)
+    values = flags.FlagValues()
+    index = flags.DEFINE_string("index", None, "index dir (any kind)", required=True, flag_values=values)
+    queries_path = flags.DEFINE_string("queries", None, "queries JSONL", required=True, flag_values=values)
+    k = flags.DEFINE_integer("k", 10, "hits per query", flag_values=values)
+    batch_size = flags.DEFINE_integer("batch-size", 256, "queries per search call", flag_values=values)
+    out_path = flags.DEFINE_string("out", None, "output JSONL (default: stdout)", flag_values=values)
+    cli.parse(values, argv, __doc__)
 
     from searchrl.retrieval import load_retriever
-    queries = read_queries(args.queries)
-    run = search_all(load_retriever(args.index), queries, args.k, args.batch_size)
-    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+    queries = read_queries(queries_path.value)
+    run = search_all(load_retriever(index.value), queries, k.value, batch_size.value)
+    out = open(out_path.value, "w", encoding="utf-8") if out_path.value else sys.stdout
     try:
         for qid, _ in queries:
             hits = [{"id": h.id, "score": h.score} for h in run[qid]]
@@ -77,4 +77,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

@@ -4,32 +4,37 @@
 """
 from __future__ import annotations
 
-import argparse
 from typing import Sequence
 
+from absl import flags
+
+from searchrl import cli
 from searchrl.retrieval import index_kind, load_retriever
 from searchrl.retrieval.server import Limits, RetrievalServer
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--index", required=True, help="index dir (any kind)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--max-batch", type=int, default=256, help="queries gathered into one search call")
-    parser.add_argument("--max-wait-ms", type=float, default=2.0,
-                        help="how long a batch waits for more requests")
-    parser.add_argument("--topk", type=int, default=3, help='hits when a request has no "topk"')
-    parser.add_argument("--max-topk", type=int, default=1000)
-    parser.add_argument("--max-queries", type=int, default=1024, help="queries one request may carry")
-    parser.add_argument("--verbose", action="store_true", help="log every request")
-    args = parser.parse_args(argv)
+    values = flags.FlagValues()
+    index = flags.DEFINE_string("index", None, "index dir (any kind)", required=True, flag_values=values)
+    host = flags.DEFINE_string("host", "127.0.0.1", "address to bind (default: loopback only)",
+                               flag_values=values)
+    port = flags.DEFINE_integer("port", 8000, "port to listen on (0: any free port)", flag_values=values)
+    max_batch = flags.DEFINE_integer("max-batch", 256, "queries gathered into one search call",
+                                     flag_values=values)
+    max_wait_ms = flags.DEFINE_float("max-wait-ms", 2.0, "how long a batch waits for more requests",
+                                     flag_values=values)
+    topk = flags.DEFINE_integer("topk", 3, 'hits when a request has no "topk"', flag_values=values)
+    max_topk = flags.DEFINE_integer("max-topk", 1000, 'largest "topk" a request may ask for',
+                                    flag_values=values)
+    max_queries = flags.DEFINE_integer("max-queries", 1024, "queries one request may carry",
+                                       flag_values=values)
+    verbose = flags.DEFINE_boolean("verbose", False, "log every request", flag_values=values)
+    cli.parse(values, argv, __doc__)
 
-    limits = Limits(max_queries=args.max_queries, max_topk=args.max_topk, default_topk=args.topk)
-    server = RetrievalServer(load_retriever(args.index), args.host, args.port, max_batch=args.max_batch,
-                             max_wait_ms=args.max_wait_ms, limits=limits, verbose=args.verbose)
-    print(f"serving {index_kind(args.index)} index {args.index} on {server.url}/retrieve", flush=True)
+    limits = Limits(max_queries=max_queries.value, max_topk=max_topk.value, default_topk=topk.value)
+    server = RetrievalServer(load_retriever(index.value), host.value, port.value, max_batch=max_batch.value,
+                             max_wait_ms=max_wait_ms.value, limits=limits, verbose=verbose.value)
+    print(f"serving {index_kind(index.value)} index {index.value} on {server.url}/retrieve", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -39,4 +44,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

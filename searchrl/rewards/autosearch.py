@@ -38,7 +38,6 @@ import dataclasses
 import re
 from typing import Sequence
 
-import ml_collections
 import numpy as np
 
 from searchrl.rewards import protocol, qa
@@ -47,33 +46,33 @@ from searchrl.rewards import protocol, qa
 _TFIDF_TOKEN = re.compile(r"(?u)\b\w\w+\b")
 
 
-def default_config() -> ml_collections.ConfigDict:
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
     """AutoSearch reward coefficients (values from the public training code)."""
-    c = ml_collections.ConfigDict()
+
     # base: per search turn, +value for exact format and a new query, -value otherwise
     # (structure_format_score / 8 with structure_format_score = 0.2).
-    c.search_format_reward = 0.025
+    search_format_reward: float = 0.025
     # base: TF-IDF cosine above which a query repeats an earlier one.
-    c.redundancy_threshold = 0.8
+    redundancy_threshold: float = 0.8
     # base: answer turn format reward (final_format_score = 0.1) and penalty for a malformed answer turn.
-    c.answer_format_reward = 0.1
-    c.answer_format_penalty = -0.5
+    answer_format_reward: float = 0.1
+    answer_format_penalty: float = -0.5
     # base: answer turn reward for a final answer that exactly matches a gold answer.
-    c.correct_answer_reward = 1.0
+    correct_answer_reward: float = 1.0
     # quality: scale of the per-step F1 gain of the intermediate answers.
-    c.quality_coef = 1.0
+    quality_coef: float = 1.0
     # efficiency: bonus shared by the needed steps; each needed step earns budget / depth - step_cost
     # (the public code's 0.5 * (0.4 / depth - 0.05)); a correct answer with no search earns the budget.
-    c.efficiency_budget = 0.2
-    c.efficiency_step_cost = 0.025
+    efficiency_budget: float = 0.2
+    efficiency_step_cost: float = 0.025
     # efficiency: penalty for each turn after the minimal sufficient depth d.
-    c.efficiency_overshoot_penalty = 0.05
+    efficiency_overshoot_penalty: float = 0.05
     # efficiency: small constant on each valid turn when the final answer is wrong (keeps searching alive).
-    c.efficiency_wrong_answer_reward = 0.0125
+    efficiency_wrong_answer_reward: float = 0.0125
     # efficiency: True reproduces the public code: each turn after d gets exactly -penalty (its base,
     # quality and answer rewards erased), whether or not the final answer is right.
-    c.efficiency_overwrites_answer_reward = False
-    return c
+    efficiency_overwrites_answer_reward: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +153,7 @@ def is_redundant(query: str | None, earlier: Sequence[str | None], threshold: fl
     return float(np.max(vectors[1:] @ vectors[0])) > threshold
 
 
-def _format_rewards(record: AutoSearchRecord, cfg: ml_collections.ConfigDict) -> list[float]:
+def _format_rewards(record: AutoSearchRecord, cfg: RewardConfig) -> list[float]:
     """Format/redundancy reward per search turn, then the answer turn's format reward."""
     queries = [t.query for t in record.search_turns]
     rewards = [cfg.search_format_reward
@@ -165,7 +164,7 @@ def _format_rewards(record: AutoSearchRecord, cfg: ml_collections.ConfigDict) ->
     return rewards + [cfg.answer_format_reward if answer_ok else cfg.answer_format_penalty]
 
 
-def _quality_rewards(record: AutoSearchRecord, cfg: ml_collections.ConfigDict) -> list[float]:
+def _quality_rewards(record: AutoSearchRecord, cfg: RewardConfig) -> list[float]:
     """Per search step, the scaled gain of the intermediate answer's F1 over the best earlier F1."""
     best, gains = 0.0, []
     for answer in record.intermediate_answers:
@@ -185,7 +184,7 @@ def minimal_depth(record: AutoSearchRecord) -> int | None:
 
 
 def _efficiency_rewards(valid: list[bool], depth: int | None, final_correct: bool,
-                        cfg: ml_collections.ConfigDict) -> list[float]:
+                        cfg: RewardConfig) -> list[float]:
     """Efficiency reward per turn (search turns then the answer turn), before any overwrite."""
     n = len(valid) - 1
     if not final_correct:
@@ -207,11 +206,10 @@ def _fold_missing_answer(values: list[float], has_answer_turn: bool) -> list[flo
     return values[:-2] + [values[-2] + values[-1]]
 
 
-def autosearch_rewards(record: AutoSearchRecord, cfg: ml_collections.ConfigDict | None = None
+def autosearch_rewards(record: AutoSearchRecord, cfg: RewardConfig = RewardConfig()
                        ) -> AutoSearchRewards:
     """Per-turn AutoSearch rewards: one entry per search turn, then one for the answer turn (when the
     trajectory has one). The components always sum to `total`."""
-    cfg = cfg or default_config()
     answer = protocol.extract_answer(record.answer_turn.text) if record.answer_turn else None
     final_correct = answer is not None and bool(qa.exact_match(answer, record.golds))
     depth = minimal_depth(record)

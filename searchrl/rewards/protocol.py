@@ -21,7 +21,9 @@ from __future__ import annotations
 import re
 from typing import Literal, NamedTuple
 
-_TAG_SPLIT = re.compile(r"(</?(?:think|search|information|answer)>)")
+from searchrl.text import tags
+
+_TAG_SPLIT = tags.tag_pattern(tags.THINK, tags.SEARCH, tags.INFORMATION, tags.ANSWER)
 _TRANSITIONS: dict[tuple[str, str], str] = {
     ("start", "<think>"): "in_think",
     ("after_information", "<think>"): "in_think",
@@ -40,9 +42,7 @@ _TURN_ACCEPT = {"search": "after_search", "answer": "end"}
 _ASSISTANT_MARKERS = ("<|im_start|>assistant", "<|start_header_id|>assistant<|end_header_id|>")
 # End-of-turn / padding tokens a decoded response may carry at its end.
 _TRAILING_SPECIALS = re.compile(r"(?:\s|<\|im_end\|>|<\|eot_id\|>|<\|endoftext\|>|<\|end_of_text\|>)+\Z")
-_INFORMATION_BLOCK = re.compile(r"<information>(.*?)</information>", re.DOTALL)
-_ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_SEARCH_BLOCK = re.compile(r"<search>(.*?)</search>", re.DOTALL)
+_INFORMATION_BLOCK = tags.block_pattern(tags.INFORMATION)
 
 
 class FormatCheck(NamedTuple):
@@ -109,15 +109,15 @@ def _outside_information(text: str) -> str:
 
 def extract_answer(text: str) -> str | None:
     """The stripped content of the last `<answer>...</answer>` of the response, or None."""
-    answers = _ANSWER_BLOCK.findall(_outside_information(text))
-    return answers[-1].strip() if answers else None
+    answers = tags.blocks(_outside_information(text), tags.ANSWER)
+    return answers[-1] if answers else None
 
 
 def extract_queries(text: str) -> list[str]:
     """The stripped contents of every `<search>...</search>` of the response, in order."""
-    return [q.strip() for q in _SEARCH_BLOCK.findall(_outside_information(text))]
+    return tags.blocks(_outside_information(text), tags.SEARCH)
 
 
 def information_blocks(text: str) -> list[str]:
     """The stripped contents of every `<information>...</information>` of the response, in order."""
-    return [b.strip() for b in _INFORMATION_BLOCK.findall(response_part(text))]
+    return tags.blocks(response_part(text), tags.INFORMATION)

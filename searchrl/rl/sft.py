@@ -6,30 +6,22 @@ learns are the ones it will meet when it samples.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from searchrl import models
 from searchrl.shapes import padded_width
-from searchrl.rl.optim import OptimConfig, apply_gradients, learning_rate, make_optimizer
+from searchrl.rl.config import OptimConfig, SFTConfig
+from searchrl.rl.optim import apply_gradients, learning_rate, make_optimizer
 from searchrl.rl.train_state import StateLayout, state_shardings
 
 Segments = Sequence[tuple[str, bool]]
-
-
-def default_config() -> ml_collections.ConfigDict:
-    """`config.sft`: steps, batch and the optimizer (an `OptimConfig` group)."""
-    config = ml_collections.ConfigDict(dict(steps=200, batch_size=32, max_len=512, seed=0))
-    config.optim = ml_collections.ConfigDict(dataclasses.asdict(OptimConfig(lr=1e-3, warmup_steps=20)))
-    return config
 
 
 def encode(tokenizer: Any, examples: Sequence[Segments], max_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -83,11 +75,11 @@ def _train_step(cfg: models.ModelConfig, optim: OptimConfig, mesh: Mesh):
 
 
 def train(cfg: models.ModelConfig, params: dict, tokens: np.ndarray, loss_mask: np.ndarray,
-          config: ml_collections.ConfigDict, mesh: Mesh) -> tuple[dict, list[float]]:
+          config: SFTConfig, mesh: Mesh) -> tuple[dict, list[float]]:
     """`config.steps` AdamW steps on seeded random minibatches; returns the params and the loss per step."""
     if len(tokens) < config.batch_size:
         raise ValueError(f"SFT needs at least batch_size={config.batch_size} examples, got {len(tokens)}.")
-    step, tx = _train_step(cfg, OptimConfig.from_config(config.optim, "sft.optim"), mesh)
+    step, tx = _train_step(cfg, config.optim, mesh)
     params = jax.tree.map(lambda p: p.astype(jnp.float32), params)
     opt_state = tx.init(params)
     rng = np.random.default_rng(config.seed)

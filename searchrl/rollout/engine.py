@@ -1,8 +1,10 @@
 """The host side of a rollout: turns of jitted generation, with the environment's tool calls in between.
 
 Per turn: decode chunks until every generating row stops -> re-check stops on text and trim -> the env parses each
-row's action -> every row waiting on a tool is served in ONE batched `env.observe` call -> observations are
-tokenised, truncated and appended to the cache with `extend`, which also starts the next turn.
+row's action (and says whether it ends the episode) -> every row waiting on the env is served in ONE batched
+`env.observe` call -> observations are tokenised, truncated and appended to the cache with `extend`, which also
+starts the next turn. The engine knows no task: a row ends when the env says so or when its slots run out, and an
+env's side branch (`episode.SideBranch`) runs on a copy of the state after the turns it names.
 """
 from __future__ import annotations
 
@@ -16,28 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from searchrl import models
-from searchrl.envs.base import Action, Env, Observation
+from searchrl.episode import Env, Observation, SideBranch, Trajectory, Turn
 from searchrl.rollout import generate
-from searchrl.rollout.sampling import SamplingParams
-from searchrl.rollout.trajectory import Trajectory, Turn
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    """Static budgets of a rollout (they fix every compiled shape)."""
-
-    max_prompt_tokens: int = 256
-    max_len: int = 1024  # total slots a row may use: prompt + turns + observations
-    max_turn_tokens: int = 128  # sampled tokens per policy turn
-    max_obs_tokens: int = 256  # tokens per observation, after truncation
-    obs_buckets: tuple[int, ...] = (32, 64, 128, 256)  # observation chunks are right-padded to one of these
-    chunk_steps: int = 32  # decode steps per jitted chunk
-    intermediate_answer_tokens: int = 32  # budget of one intermediate answer
-    sampling: SamplingParams = SamplingParams()
-
-    def __post_init__(self):
-        if max(self.obs_buckets) < self.max_obs_tokens:
-            raise ValueError(f"obs_buckets {self.obs_buckets} must cover max_obs_tokens={self.max_obs_tokens}.")
+from searchrl.rollout.config import RolloutConfig, SamplingParams
 
 
 @dataclasses.dataclass
@@ -69,22 +52,34 @@ def first_stop_end(text: str, stop_strings: Sequence[str]) -> int | None:
 
 
 class RolloutEngine:
-    """Runs batches of multi-turn episodes of one environment with one model."""
+    """Runs batches of multi-turn episodes of one environment with one model.
 
-    def __init__(self, cfg: models.ModelConfig, tokenizer: Any, env: Env, config: RolloutConfig):
+    `side_branch=False` skips the env's side branch (the trajectories are the same; the turns lack its output).
+    """
+
+    def __init__(self, cfg: models.ModelConfig, tokenizer: Any, env: Env, config: RolloutConfig,
+                 side_branch: bool = True):
         self.cfg, self.tokenizer, self.env, self.config = cfg, tokenizer, env, config
         self.eos_set = _eos_ids(tokenizer, cfg)
         self.eos_ids = jnp.asarray(sorted(self.eos_set), jnp.int32)
         self.stops = generate.stop_table([self._encode(s) for s in env.stop_strings])
-        self.answer_stops = generate.stop_table([self._encode("</answer>")])
-        # Chunk widths: observation buckets, plus one that fits an observation followed by the answer prompt.
-        self.chunk_widths = tuple(sorted(config.obs_buckets)) + (max(config.obs_buckets) + _ANSWER_PROMPT_ROOM,)
-        self.slots = config.max_len + max(self.chunk_widths[-1], config.max_prompt_tokens)
         self.spec = generate.DecodeSpec(config.chunk_steps, config.max_turn_tokens, config.max_len, config.sampling)
-        greedy = SamplingParams(temperature=0.0)
-        self.answer_spec = generate.DecodeSpec(
-            config.chunk_steps, config.intermediate_answer_tokens, self.slots - 1, greedy
-        )
+        self.chunk_widths = tuple(sorted(config.obs_buckets))
+        declared = env.side_branch
+        if declared is not None:  # one more width: an observation followed by the branch's prompt
+            self.branch_prompt = self._encode(declared.prompt)
+            if len(self.branch_prompt) > _BRANCH_PROMPT_ROOM:
+                raise ValueError(f"Side branch {declared.name!r}: its prompt has {len(self.branch_prompt)} "
+                                 f"tokens > {_BRANCH_PROMPT_ROOM}.")
+            self.chunk_widths += (self.chunk_widths[-1] + _BRANCH_PROMPT_ROOM,)
+        # The shapes depend on the declared branch only, so a run without it is the same computation.
+        self.slots = config.max_len + max(self.chunk_widths[-1], config.max_prompt_tokens)
+        self.branch: SideBranch | None = declared if side_branch else None
+        if self.branch is not None:
+            sampling = SamplingParams(self.branch.temperature, self.branch.top_k, self.branch.top_p)
+            self.branch_spec = generate.DecodeSpec(config.chunk_steps, self.branch.max_tokens, self.slots - 1,
+                                                   sampling)
+            self.branch_stops = generate.stop_table([self._encode(s) for s in self.branch.stop_strings])
         self.stats = RolloutStats()
 
     def warmup(self, params, batch: int) -> None:
@@ -93,8 +88,8 @@ class RolloutEngine:
         state = generate.init_state(self.cfg, batch, self.slots, jax.random.key(0), dtype)
         idle = np.zeros(batch, bool)
         specs = [(self.spec, self.stops)]
-        if self.env.intermediate_answer_prompt() is not None:
-            specs.append((self.answer_spec, self.answer_stops))
+        if self.branch is not None:
+            specs.append((self.branch_spec, self.branch_stops))
             state = generate.copy_state(state)
         for spec, stops in specs:
             widths = self.chunk_widths + ((self.config.max_prompt_tokens,) if spec is self.spec else ())
@@ -164,34 +159,31 @@ class RolloutEngine:
         closing = self._encode(_closing_suffix(obs.text))
         return ids[: max(limit - len(closing), 0)] + closing[:limit]
 
-    def _intermediate_answers(
+    def _side_branch(
         self, params, state: generate.GenState, rows: list[int], chunks: dict[int, list[int]]
     ) -> dict[int, str]:
-        """Greedy answers of `rows` from their trajectory so far plus the observation and the answer prompt.
+        """The side branch's text for `rows`, sampled after their observation chunk and the branch's prompt.
 
         Runs on a copy of the state, batched over rows; the main state is untouched.
         """
-        prompt = self._encode(self.env.intermediate_answer_prompt())
-        if len(prompt) > _ANSWER_PROMPT_ROOM:
-            raise ValueError(f"The intermediate answer prompt has {len(prompt)} tokens > {_ANSWER_PROMPT_ROOM}.")
         branch = self._device(generate.copy_state, state)
-        sequences = [chunks[b] + prompt if b in chunks else [] for b in range(state.tokens.shape[0])]
-        width = self._bucket(max(len(s) for s in sequences))
-        tokens, lengths = pad_batch(sequences, width)
+        sequences = [chunks[b] + self.branch_prompt if b in rows else [] for b in range(state.tokens.shape[0])]
+        tokens, lengths = pad_batch(sequences, self._bucket(max(len(s) for s in sequences)))
         start = np.isin(np.arange(len(sequences)), rows)
         branch = self._device(
-            generate.extend, self.cfg, params, branch, tokens, lengths, start, self.answer_spec.sampling
+            generate.extend, self.cfg, params, branch, tokens, lengths, start, self.branch_spec.sampling
         )
         while bool(jax.device_get(branch.active).any()):
             branch = self._device(
-                generate.decode_chunk, self.cfg, params, branch, self.answer_stops, self.eos_ids, self.answer_spec
+                generate.decode_chunk, self.cfg, params, branch, self.branch_stops, self.eos_ids, self.branch_spec
             )
         out_tokens, turn_start, length = jax.device_get((branch.tokens, branch.turn_start, branch.cache.length))
-        answers = {}
+        texts = {}
         for b in rows:
             text = self._decode(out_tokens[b, turn_start[b] : length[b]])
-            answers[b] = text.split("</answer>")[0].strip()
-        return answers
+            stop = first_stop_end(text, self.branch.stop_strings)
+            texts[b] = text if stop is None else text[:stop]
+        return texts
 
     def run(self, params, examples: Sequence[dict], key: jax.Array) -> Trajectory:
         """Rolls out one episode per example; returns the finished batch. Adds its timings to `self.stats`."""
@@ -205,46 +197,44 @@ class RolloutEngine:
         state = self._prefill(params, examples, key)
         prompt_lengths = np.asarray(jax.device_get(state.cache.length))
         turns: list[list[Turn]] = [[] for _ in range(batch)]
-        finish: list[str | None] = [None] * batch
-        intermediate: list[list[str]] = [[] for _ in range(batch)]
+        finish = ["length"] * batch
         generating = list(range(batch))
-        for turn_index in range(self.env.max_turns + 1):
+        turn_index = 0
+        while generating:
             while bool(jax.device_get(state.active).any()):
                 state = self._device(
                     generate.decode_chunk, self.cfg, params, state, self.stops, self.eos_ids, self.spec
                 )
             tokens, turn_start, length = jax.device_get((state.tokens, state.turn_start, state.cache.length))
             length = np.array(length)
-            tools_allowed = turn_index < self.env.max_turns
             waiting: list[int] = []
             for b in generating:
                 end, text = self._finish_turn(tokens[b], int(turn_start[b]), int(length[b]))
                 length[b] = end
-                action = self.env.parse_action(text, tools_allowed)
+                action = self.env.parse_action(text, turn_index)
                 turns[b].append(Turn(int(turn_start[b]), end, text, action))
-                if action.ends_episode:
-                    finish[b] = "answer"
-                elif not tools_allowed:
-                    finish[b] = "max_turns"
-                elif self.config.max_len - end < 2:  # no room for an observation and a new turn
-                    finish[b] = "length"
-                else:
+                if action.done:
+                    finish[b] = "done"
+                elif self.config.max_len - end >= 2:  # room for an observation and a new turn
                     waiting.append(b)
             state = self._device(generate.truncate, state, jnp.asarray(length))
             if not waiting:
                 break
             observations = self.env.observe([turns[b][-1].action for b in waiting])
+            if len(observations) != len(waiting):
+                raise ValueError(f"The environment returned {len(observations)} observations for "
+                                 f"{len(waiting)} actions.")
             chunks = {}
             for b, obs in zip(waiting, observations):
                 if not obs.text:
                     raise ValueError(f"Row {b}: the environment returned an empty observation.")
                 chunks[b] = self._observation_tokens(obs, self.config.max_len - int(length[b]) - 1)
                 turns[b][-1].observation = self._decode(chunks[b])
-                turns[b][-1].doc_ids = obs.doc_ids
-            searched = [b for b in waiting if turns[b][-1].action.kind == "search"]
-            if searched and self.env.intermediate_answer_prompt() is not None:
-                for b, answer in self._intermediate_answers(params, state, searched, chunks).items():
-                    intermediate[b].append(answer)
+                turns[b][-1].info.update(obs.info)
+            if self.branch is not None:
+                rows = [b for b in waiting if turns[b][-1].action.kind in self.branch.after_kinds]
+                for b, text in (self._side_branch(params, state, rows, chunks) if rows else {}).items():
+                    turns[b][-1].info[self.branch.name] = text
             sequences = [chunks.get(b, []) for b in range(batch)]
             chunk, chunk_len = pad_batch(sequences, self._bucket(max(len(s) for s in sequences)))
             start = np.isin(np.arange(batch), waiting)
@@ -252,9 +242,10 @@ class RolloutEngine:
                 generate.extend, self.cfg, params, state, chunk, chunk_len, start, self.config.sampling
             )
             generating = waiting
-        return self._trajectory(state, prompt_lengths, turns, finish, intermediate)
+            turn_index += 1
+        return self._trajectory(state, prompt_lengths, turns, finish)
 
-    def _trajectory(self, state, prompt_lengths, turns, finish, intermediate) -> Trajectory:
+    def _trajectory(self, state, prompt_lengths, turns, finish) -> Trajectory:
         tokens, policy, logprobs, length = jax.device_get(
             (state.tokens, state.policy, state.logprobs, state.cache.length)
         )
@@ -268,14 +259,14 @@ class RolloutEngine:
             prompt_lengths=np.asarray(prompt_lengths, np.int32),
             lengths=np.asarray(length, np.int32),
             turns=turns,
-            finish_reasons=[f or "max_turns" for f in finish],
-            intermediate_answers=intermediate,
+            finish_reasons=finish,
             logprob_temperature=self.config.sampling.logprob_temperature,
+            side_branch=None if self.branch is None else self.branch.name,
         )
 
 
 _CLOSING_TAG = re.compile(r"</[A-Za-z_]+>\s*\Z")
-_ANSWER_PROMPT_ROOM = 64  # tokens reserved for the intermediate answer prompt
+_BRANCH_PROMPT_ROOM = 64  # tokens reserved for a side branch's prompt
 
 
 def _eos_ids(tokenizer: Any, cfg: models.ModelConfig) -> set[int]:

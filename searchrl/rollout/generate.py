@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from searchrl import models
-from searchrl.rollout.sampling import SamplingParams, sample
+from searchrl.rollout.config import SamplingParams
+from searchrl.rollout.sampling import sample
 
 
 class GenState(NamedTuple):
@@ -185,7 +186,7 @@ def truncate(state: GenState, length: jax.Array) -> GenState:
 
 @jax.jit
 def copy_state(state: GenState) -> GenState:
-    """An independent copy (for side branches such as intermediate answers; the original stays donatable)."""
+    """An independent copy (for side branches: the original stays donatable)."""
     return jax.tree.map(jnp.copy, state)
 
 

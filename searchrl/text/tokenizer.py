@@ -11,10 +11,11 @@ from typing import Iterable, Sequence
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 import transformers
 
+from searchrl.text import tags
+
 EOS = "<|endoftext|>"
-PROTOCOL_TAGS = (
-    "<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<answer>", "</answer>",
-)
+PROTOCOL_TAGS = tuple(t for tag in (tags.THINK, tags.SEARCH, tags.INFORMATION, tags.ANSWER)
+                      for t in (tags.open_tag(tag), tags.close_tag(tag)))
 
 
 def load_tokenizer(path: str) -> transformers.PreTrainedTokenizerBase:

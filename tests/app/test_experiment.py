@@ -1,13 +1,13 @@
 """Building a run from its config: a new model takes its tokenizer's vocabulary and special ids."""
 from __future__ import annotations
 
-from searchrl import configlib, experiment
+from searchrl import experiment, run_config
 from searchrl.text.tokenizer import PROTOCOL_TAGS, train_bpe_tokenizer
 
 
 def test_a_new_policy_uses_the_tokenizers_special_ids():
     tokenizer = train_bpe_tokenizer(["alpha beta gamma delta"] * 20, vocab_size=280)
-    config = configlib.experiment_config()
+    config = run_config.experiment_config()
     config.model.preset = "tiny"  # the preset's own ids (eos 2) would collide with the protocol tags here
     cfg, params = experiment.load_policy(config, tokenizer)
     assert cfg.vocab_size == len(tokenizer) == params["embed"].shape[0]

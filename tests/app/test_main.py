@@ -7,7 +7,7 @@ import sys
 import jax
 import pytest
 
-from searchrl import configlib, models
+from searchrl import models, run_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -36,7 +36,7 @@ def test_unknown_config_key_and_command_are_clear_errors():
 
 
 def test_config_from_dict_prefers_set_fields_over_the_preset():
-    config = configlib.base_config()
+    config = run_config.base_config()
     config.model.preset = "tiny"
     config.model.hidden_size = 96
     cfg = models.config_from_dict(config.model)
@@ -44,3 +44,28 @@ def test_config_from_dict_prefers_set_fields_over_the_preset():
     config.model.preset = "no_such_model"
     with pytest.raises(ValueError, match="no_such_model"):
         models.config_from_dict(config.model)
+
+
+def test_building_a_config_is_instant_and_imports_no_heavy_library():
+    """configs/*.py import config dataclasses only: no JAX, transformers, orbax or torch."""
+    code = ("import sys; sys.path.insert(0, 'configs'); import autosearch, search_r1\n"
+            "for name in ('tiny', 'tiny_no_efficiency', 'paper', 'paper_grpo'): autosearch.get_config(name)\n"
+            "for name in ('tiny', 'paper', 'paper_grpo'): search_r1.get_config(name)\n"
+            "print(sorted(m for m in ('jax', 'transformers', 'orbax', 'torch', 'tensorflow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_group_rejects_unknown_keys():
+    out = run_main("--config=configs/autosearch.py:tiny", "--config.rl.lamda=0.9", "info")
+    assert out.returncode != 0 and "lamda" in out.stderr
+    from searchrl.configlib import from_config
+    from searchrl.rl.config import RLConfig
+
+    config = run_config.experiment_config()
+    config.rl.lamda = 0.9  # a typo in a config file, not on the command line
+    with pytest.raises(ValueError, match=r"config.rl: unknown key\(s\) \['lamda'\]"):
+        from_config(RLConfig, config.rl, "config.rl")
+    with pytest.raises(ValueError, match=r"config.rl.actor: unknown key\(s\) \['learning_rate'\]"):
+        from_config(RLConfig, {"actor": {"learning_rate": 1e-3}}, "config.rl")

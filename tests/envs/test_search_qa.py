@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from searchrl.envs.base import Action
-from searchrl.envs.search_qa import INVALID_ACTION, SearchQAEnv, autosearch_record
+from searchrl.envs import search_qa
+from searchrl.envs.search_qa import INTERMEDIATE_ANSWER, INVALID_ACTION, Config, SearchQAEnv, autosearch_record
+from searchrl.episode import Action, Trajectory, Turn
 from searchrl.retrieval.types import Hit
 from searchrl.rewards import autosearch
-from searchrl.rollout.trajectory import Trajectory, Turn
 
 
 class CountingRetriever:
@@ -21,33 +21,35 @@ class CountingRetriever:
 
 
 def test_parse_action_takes_the_first_block_and_disables_search_in_the_final_turn():
-    env = SearchQAEnv(CountingRetriever())
-    assert env.parse_action("<think>x</think><search> capital of France </search>", True) == \
+    env = SearchQAEnv(CountingRetriever(), Config(max_turns=2))
+    assert env.parse_action("<think>x</think><search> capital of France </search>", 1) == \
         Action("search", "capital of France")
-    assert env.parse_action("<answer> Paris </answer><search>q</search>", True) == Action("answer", "Paris")
-    assert env.parse_action("<search>q</search>", False).kind == "invalid"
-    assert env.parse_action("I think Paris", True).kind == "invalid"
+    assert env.parse_action("<answer> Paris </answer><search>q</search>", 0) == Action("answer", "Paris", done=True)
+    assert env.parse_action("<search>q</search>", 2) == Action("invalid", "search is disabled in the final turn",
+                                                              done=True)
+    assert env.parse_action("I think Paris", 1) == Action("invalid", "no <search> or <answer> block")
+    assert env.parse_action("I think Paris", 2).done
 
 
 def test_observe_batches_every_search_into_one_call():
     retriever = CountingRetriever()
-    env = SearchQAEnv(retriever, topk=2)
+    env = SearchQAEnv(retriever, Config(topk=2))
     actions = [Action("search", "a"), Action("invalid", "x"), Action("search", "b")]
     obs = env.observe(actions)
     assert retriever.calls == [["a", "b"]]
     assert obs[0].text == ("\n\n<information>Doc 1(Title: T0) text about a\nDoc 2(Title: T1) text about a"
                            "</information>\n\n")
-    assert obs[0].doc_ids == ("a-0", "a-1")
-    assert obs[1].text == INVALID_ACTION and obs[1].doc_ids == ()
-    assert obs[2].doc_ids == ("b-0", "b-1")
+    assert obs[0].info == {"doc_ids": ("a-0", "a-1")}
+    assert obs[1].text == INVALID_ACTION and obs[1].info == {}
+    assert obs[2].info == {"doc_ids": ("b-0", "b-1")}
 
 
-def _trajectory(turns: list[list[Turn]], intermediate: list[list[str]]) -> Trajectory:
+def _trajectory(turns: list[list[Turn]], side_branch: str | None = INTERMEDIATE_ANSWER) -> Trajectory:
     rows = len(turns)
     zeros = np.zeros((rows, 4), np.float32)
     return Trajectory(tokens=zeros.astype(np.int32), attention_mask=zeros > 0, loss_mask=zeros, logprobs=zeros,
                       prompt_lengths=np.zeros(rows, np.int32), lengths=np.zeros(rows, np.int32), turns=turns,
-                      finish_reasons=["answer"] * rows, intermediate_answers=intermediate)
+                      finish_reasons=["done"] * rows, side_branch=side_branch)
 
 
 SEARCH = "<think>need</think><search>capital of France</search>"
@@ -56,30 +58,31 @@ ANSWER = "<think>found</think><answer>Paris</answer>"
 
 
 def _rows():
-    good = [Turn(0, 1, SEARCH, Action("search", "capital of France"), OBS),
-            Turn(1, 2, ANSWER, Action("answer", "Paris"))]
-    wrong = [Turn(0, 1, "<answer>Lyon</answer>", Action("answer", "Lyon"))]
-    return [good, wrong], [["Paris"], []]
+    good = [Turn(0, 1, SEARCH, Action("search", "capital of France"), OBS, {INTERMEDIATE_ANSWER: " Paris </answer>"}),
+            Turn(1, 2, ANSWER, Action("answer", "Paris", done=True))]
+    wrong = [Turn(0, 1, "<answer>Lyon</answer>", Action("answer", "Lyon", done=True))]
+    return [good, wrong]
+
+
+EXAMPLES = [{"question": "Capital of France?", "golden_answers": ["Paris"]},
+            {"question": "Capital of France?", "golden_answers": ["Paris"]}]
 
 
 def test_outcome_rewards_sit_on_the_last_turn():
-    turns, intermediate = _rows()
-    traj = _trajectory(turns, intermediate)
-    examples = [{"golden_answers": ["Paris"]}, {"golden_answers": ["Paris"]}]
-    em = SearchQAEnv(CountingRetriever(), reward="em").rewards(traj, examples)
+    traj = _trajectory(_rows())
+    em = SearchQAEnv(CountingRetriever(), Config(reward="em")).rewards(traj, EXAMPLES)
     assert em == [[0.0, 1.0], [0.0]]
     # Search-R1's table: correct + valid format 1; wrong answer with an invalid format (no <think>) 0.1.
-    r1 = SearchQAEnv(CountingRetriever(), reward="search_r1").rewards(traj, examples)
+    r1 = SearchQAEnv(CountingRetriever(), Config(reward="search_r1")).rewards(traj, EXAMPLES)
     assert r1 == [[0.0, 1.0], [0.1]]
 
 
 def test_autosearch_rewards_follow_the_record():
-    turns, intermediate = _rows()
-    traj = _trajectory(turns, intermediate)
-    examples = [{"golden_answers": ["Paris"]}, {"golden_answers": ["Paris"]}]
-    env = SearchQAEnv(CountingRetriever(), reward="autosearch", answer_prompt="\n<answer>")
-    rewards = env.rewards(traj, examples)
-    expected = autosearch.autosearch_rewards(autosearch_record(turns[0], ["Paris"], ["Paris"])).total
+    turns = _rows()
+    traj = _trajectory(turns)
+    env = SearchQAEnv(CountingRetriever(), Config(reward="autosearch", intermediate_answers=True))
+    rewards = env.rewards(traj, EXAMPLES)
+    expected = autosearch.autosearch_rewards(autosearch_record(turns[0], ["Paris"])).total
     assert rewards[0] == expected and len(rewards[0]) == 2
     assert rewards[0][1] > 1.0  # the correct final answer's +1 survives
     assert len(rewards[1]) == 1
@@ -87,22 +90,40 @@ def test_autosearch_rewards_follow_the_record():
 
 def test_autosearch_record_maps_invalid_turns_to_failed_steps():
     turns = [Turn(0, 1, "blah", Action("invalid", "no block"), "msg"),
-             Turn(1, 2, SEARCH, Action("search", "capital of France"), OBS),
-             Turn(2, 3, ANSWER, Action("answer", "Paris"))]
-    record = autosearch_record(turns, ["Paris"], ["Paris"])
+             Turn(1, 2, SEARCH, Action("search", "capital of France"), OBS, {INTERMEDIATE_ANSWER: "Paris </answer>"}),
+             Turn(2, 3, ANSWER, Action("answer", "Paris", done=True))]
+    record = autosearch_record(turns, ["Paris"])
     assert [s.query for s in record.search_turns] == [None, "capital of France"]
     assert [s.format_ok for s in record.search_turns] == [False, True]
     assert record.intermediate_answers == [None, "Paris"]
     assert record.answer_turn.format_ok
 
 
-def test_metrics_and_config_errors():
-    turns, intermediate = _rows()
-    traj = _trajectory(turns, intermediate)
-    examples = [{"golden_answers": ["Paris"]}, {"golden_answers": ["Paris"]}]
-    metrics = SearchQAEnv(CountingRetriever()).metrics(traj, examples)
-    assert metrics["em"] == 0.5 and metrics["searches"] == 0.5 and metrics["format_valid"] == 0.5
+def test_metrics_per_row_and_config_errors():
+    rows = SearchQAEnv(CountingRetriever()).metrics(_trajectory(_rows(), side_branch=None), EXAMPLES)
+    assert [(r["answer"], r["em"], r["searches"], r["format_valid"]) for r in rows] == [
+        ("Paris", 1.0, 1, 1.0), ("Lyon", 0.0, 0, 0.0)]
+    assert "depth" not in rows[0]
+    rows = SearchQAEnv(CountingRetriever(), Config(intermediate_answers=True)).metrics(_trajectory(_rows()), EXAMPLES)
+    assert rows[0]["intermediate_answers"] == ["Paris"] and rows[0]["depth"] == 1
+    assert rows[1]["intermediate_answers"] == [] and rows[1]["depth"] is None
     with pytest.raises(ValueError, match="reward 'f2'"):
-        SearchQAEnv(CountingRetriever(), reward="f2")
-    with pytest.raises(ValueError, match="answer_prompt"):
-        SearchQAEnv(CountingRetriever(), reward="autosearch")
+        SearchQAEnv(CountingRetriever(), Config(reward="f2"))
+    with pytest.raises(ValueError, match="intermediate_answers"):
+        SearchQAEnv(CountingRetriever(), Config(reward="autosearch"))
+
+
+def test_minimal_sufficient_depth_by_hand():
+    depth = search_qa.minimal_sufficient_depth
+    assert depth(["Paris"], [], "Paris", 0) == 0  # right without searching
+    assert depth(["Paris"], [], "Lyon", 0) is None
+    assert depth(["Paris"], ["Lyon", "the Paris", "Paris"], "Paris", 3) == 2  # the first right one counts
+    assert depth(["Paris"], ["Lyon", "Nice"], "Paris", 2) == 2  # only the final answer (after search 2)
+    assert depth(["Paris"], ["Lyon", "Nice"], "", 2) is None
+    assert depth(["Paris", "City of Light"], ["city of light"], "Lyon", 1) == 1  # any gold, normalised
+
+
+def test_side_branch_is_declared_with_intermediate_answers_only():
+    assert SearchQAEnv(CountingRetriever()).side_branch is None
+    branch = SearchQAEnv(CountingRetriever(), Config(intermediate_answers=True, answer_prompt="\nA:")).side_branch
+    assert branch.prompt == "\nA:" and branch.after_kinds == ("search",) and branch.stop_strings == ("</answer>",)

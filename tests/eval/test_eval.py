@@ -14,14 +14,17 @@ import jax
 import numpy as np
 import pytest
 
-from searchrl import checkpoint, configlib, experiment, models
-from searchrl.envs.base import Action
-from searchrl.envs.search_qa import SearchQAEnv
+from searchrl import checkpoint, envs, experiment, models, run_config
+from searchrl.configlib import from_config
+from searchrl.data import datasets
+from searchrl.envs import search_qa
+from searchrl.envs.search_qa import INTERMEDIATE_ANSWER, SearchQAEnv
+from searchrl.episode import Action, Trajectory, Turn
 from searchrl.eval import harness, report
 from searchrl.retrieval.bm25 import BM25Retriever
-from searchrl.rl import optim, train_state
-from searchrl.rl import trainer as trainer_lib
-from searchrl.rollout.trajectory import Trajectory, Turn
+from searchrl.rl import train_state
+from searchrl.rl.config import OptimConfig
+from searchrl.rollout.config import RolloutConfig
 from searchrl.text.tokenizer import train_bpe_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -47,16 +50,6 @@ QUESTIONS = {
 
 
 # ---- Hand-checked arithmetic ----
-
-def test_minimal_sufficient_depth_by_hand():
-    depth = harness.minimal_sufficient_depth
-    assert depth(["Paris"], [], "Paris", 0) == 0  # right without searching
-    assert depth(["Paris"], [], "Lyon", 0) is None
-    assert depth(["Paris"], ["Lyon", "the Paris", "Paris"], "Paris", 3) == 2  # the first right one counts
-    assert depth(["Paris"], ["Lyon", "Nice"], "Paris", 2) == 2  # only the final answer (after search 2)
-    assert depth(["Paris"], ["Lyon", "Nice"], "", 2) is None
-    assert depth(["Paris", "City of Light"], ["city of light"], "Lyon", 1) == 1  # any gold, normalised
-
 
 def row(dataset, em, f1, searches, depth=None, hops=None, cover_em=None):
     return {"dataset": dataset, "hops": hops, "em": em, "f1": f1, "searches": searches, "depth": depth,
@@ -111,39 +104,63 @@ def test_budget_curves_by_hand():
     assert [(h["hops"], h["em"]) for h in curves["hops"]] == [(1, [0.0, 1.0]), (2, [0.0, 0.0])]
 
 
+class ReplayEngine:
+    """Stands in for a rollout engine: returns a crafted trajectory (with one padding row to drop)."""
+
+    def __init__(self, traj):
+        self.traj = traj
+
+    def run(self, params, examples, key):
+        assert len(examples) == self.traj.batch_size
+        return self.traj
+
+
 def test_question_rows_from_a_crafted_trajectory():
-    turns = [[Turn(0, 1, "<search>capital of France</search>", Action("search", "capital of France"), "obs"),
-              Turn(1, 2, "<answer>Paris</answer>", Action("answer", "Paris"))],
-             [Turn(0, 1, "<search>x</search>", Action("search", "x"), "obs"),
-              Turn(1, 2, "<search>y</search>", Action("invalid", "search is disabled in the final turn"))]]
-    zeros = np.zeros((2, 4), np.float32)
+    answer = {INTERMEDIATE_ANSWER: "Paris </answer>"}
+    turns = [[Turn(0, 1, "<search>capital of France</search>", Action("search", "capital of France"), "obs",
+                   answer),
+              Turn(1, 2, "<answer>Paris</answer>", Action("answer", "Paris", done=True))],
+             [Turn(0, 1, "<search>x</search>", Action("search", "x"), "obs", {INTERMEDIATE_ANSWER: "Berlin"}),
+              Turn(1, 2, "<search>y</search>", Action("invalid", "search is disabled in the final turn", True))],
+             [Turn(0, 1, "<answer>pad</answer>", Action("answer", "pad", done=True))]]
+    zeros = np.zeros((3, 4), np.float32)
     traj = Trajectory(tokens=zeros.astype(np.int32), attention_mask=zeros > 0, loss_mask=zeros,
-                      logprobs=zeros, prompt_lengths=np.zeros(2, np.int32), lengths=np.zeros(2, np.int32),
-                      turns=turns, finish_reasons=["answer", "max_turns"],
-                      intermediate_answers=[["Paris"], ["Berlin"]])
+                      logprobs=zeros, prompt_lengths=np.zeros(3, np.int32), lengths=np.zeros(3, np.int32),
+                      turns=turns, finish_reasons=["done", "done", "length"], side_branch=INTERMEDIATE_ANSWER)
     examples = [{"id": "q1", "question": "Capital of France?", "golden_answers": ["Paris"], "dataset": "w",
                  "metadata": {"hops": 1}},
                 {"id": "q2", "question": "Capital of Germany?", "golden_answers": ["Berlin"], "dataset": "w"}]
-    first, second = harness.question_rows(traj, examples, depth=True)
+    env = SearchQAEnv(None, search_qa.Config(intermediate_answers=True))
+    first, second = harness.question_rows(env, ReplayEngine(traj), None, examples, batch_size=3)
     assert (first["answer"], first["em"], first["f1"], first["searches"], first["depth"], first["hops"]) == \
         ("Paris", 1.0, 1.0, 1, 1, 1)
     # no final answer, but the intermediate answer after search 1 was right
     assert (second["answer"], second["em"], second["searches"], second["depth"], second["hops"]) == \
         ("", 0.0, 1, 1, None)
-    assert second["finish_reason"] == "max_turns"
+    assert second["intermediate_answers"] == ["Berlin"] and second["finish_reason"] == "done"
     assert second["response"] == "<search>x</search>obs<search>y</search>"
-    assert "depth" not in harness.question_rows(traj, examples, depth=False)[0]
+    plain = ReplayEngine(dataclasses.replace(traj, side_branch=None))
+    assert "depth" not in harness.question_rows(env, plain, None, examples, batch_size=3)[0]
+
+
+def test_metrics_are_whatever_numbers_the_env_reports():
+    rows = [{"dataset": "d", "id": 7, "hops": None, "recall": 0.5, "ok": True, "answer": "x", "depth": None},
+            {"dataset": "d", "id": 8, "hops": None, "recall": 1.0, "ok": False, "answer": "y", "depth": 2}]
+    assert report.metric_names(rows) == ["recall", "ok"]
+    table = report.results_table(rows)
+    assert table[0] == {"dataset": "d", "hops": None, "n": 2, "recall": 0.75, "ok": 0.5}
+    assert "| d | 2 | 0.750 | 0.500 |" in report.main_markdown({"table": table})
 
 
 def test_write_report_files(tmp_path):
-    meta = {"checkpoint": "ckpt", "answer_prompt": "\n<answer>", "answer_prompt_is_default": True}
+    meta = {"checkpoint": "ckpt", "side_branch": INTERMEDIATE_ANSWER, "side_branch_prompt": "\n<answer>"}
     results = {"meta": meta, **report.aggregate(ROWS, {0: ROWS, 3: ROWS}, max_depth=4), "predictions": ROWS}
     paths = report.write_report(results, tmp_path / "out")
     assert sorted(paths) == ["depth_analysis.png", "predictions.jsonl", "results.csv", "results.json",
                              "results.md"]
     with open(paths["results.csv"]) as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == list(report.TABLE_COLUMNS)
+    assert list(rows[0]) == ["dataset", "hops", "n", "em", "f1", "searches", "cover_em"]
     assert [(r["dataset"], r["hops"]) for r in rows] == [("a", ""), ("b", ""), ("average", ""), ("a", "1"),
                                                           ("a", "2")]
     assert float(rows[0]["f1"]) == pytest.approx(0.625) and rows[2]["n"] == "6"
@@ -151,8 +168,8 @@ def test_write_report_files(tmp_path):
     assert "predictions" not in saved and saved["depth"]["datasets"][-1]["counts"]["never"] == 3
     assert len(paths["predictions.jsonl"].read_text().splitlines()) == len(ROWS)
     md = paths["results.md"].read_text()
-    assert "| average | 6 | 0.500 | 0.625 | 0.625 | 1.750 |" in md
-    assert "| EM @ 0 | EM @ 3 |" in md and "default" in md and "| a (2-hop) | 3 |" in md
+    assert "| average | 6 | 0.500 | 0.625 | 1.750 | 0.625 |" in md
+    assert "| em @ 0 | em @ 3 |" in md and '"\\n<answer>"' in md and "| a (2-hop) | 3 |" in md
     assert paths["depth_analysis.png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -180,17 +197,16 @@ def world(tmp_path_factory):
 
 
 def make_config(root):
-    config = configlib.experiment_config()
+    config = run_config.experiment_config()
     config.workdir = str(root / "run")
     config.tokenizer = str(root / "tokenizer")
     config.data.dir = str(root / "data")
     config.data.eval = "world,trivia"
     config.retrieval.index_dir = str(root / "index")
-    config.env.max_turns = 2
-    config.env.prompt_template = "Question: {question}\n"
+    config.env.update(dict(max_turns=2, prompt_template="Question: {question}\n", intermediate_answer_tokens=4))
     config.train.batch_size = 4
     config.rollout.update(dict(max_prompt_tokens=32, max_len=160, max_turn_tokens=8, max_obs_tokens=32,
-                               obs_buckets=(32,), chunk_steps=8, intermediate_answer_tokens=4))
+                               obs_buckets=(32,), chunk_steps=8))
     return config
 
 
@@ -208,19 +224,25 @@ class AlwaysSearchEnv(SearchQAEnv):
     searches, the final turn answers with its text. A random policy rarely writes a well-formed action; this
     makes searches, intermediate answers and budgets exercise the whole path with known counts."""
 
-    def parse_action(self, turn_text, tools_allowed):
-        return Action("search", "capital river") if tools_allowed else Action("answer", turn_text)
+    def parse_action(self, turn_text, turn_index):
+        if turn_index < self.max_turns:
+            return Action("search", "capital river")
+        return Action("answer", turn_text, done=True)
+
+
+def rollout_config(config):
+    return from_config(RolloutConfig, config.rollout, "config.rollout")
 
 
 def test_evaluate_policy_budgets_and_depth(world):
     root, tokenizer = world
     config = make_config(root)
     cfg, params = tiny_policy(tokenizer)
-    env = AlwaysSearchEnv(BM25Retriever(root / "index"), max_turns=2,
-                          prompt_template=config.env.prompt_template)
-    data = experiment.load_examples(config.data, config.data.eval, "test")
-    results = harness.evaluate_policy(cfg, params, tokenizer, env, data,
-                                      trainer_lib.rollout_config(config.rollout), batch_size=4,
+    env_config = search_qa.Config(max_turns=2, prompt_template=config.env.prompt_template,
+                                  intermediate_answers=True, intermediate_answer_tokens=4)
+    env = AlwaysSearchEnv(BM25Retriever(root / "index"), env_config)
+    data = datasets.load_examples(config.data.dir, config.data.eval, "test")
+    results = harness.evaluate_policy(cfg, params, tokenizer, env, data, rollout_config(config), batch_size=4,
                                       budgets=[2, 0, 1])
     sizes = {name: len(qs) for name, qs in QUESTIONS.items()}
     predictions = results["predictions"]
@@ -232,7 +254,7 @@ def test_evaluate_policy_budgets_and_depth(world):
         assert table[name]["em"] == pytest.approx(np.mean([p["em"] for p in mine]))
         assert table[name]["f1"] == pytest.approx(np.mean([p["f1"] for p in mine]))
     for p in predictions:  # every allowed search was made, each followed by an intermediate answer
-        assert p["searches"] == 2 and len(p["intermediate_answers"]) == 2 and p["finish_reason"] == "answer"
+        assert p["searches"] == 2 and len(p["intermediate_answers"]) == 2 and p["finish_reason"] == "done"
         assert p["em"] == 0.0 or p["depth"] is not None  # a right final answer always has a depth
         assert p["depth"] is None or p["depth"] <= p["searches"]
     assert [(h["hops"], h["n"]) for h in results["hops"]] == [(1, 3), (2, 2)]
@@ -249,12 +271,11 @@ def test_evaluate_policy_budgets_and_depth(world):
         assert sum(group["counts"].values()) == group["n"]
         assert sum(group["fractions"].values()) == pytest.approx(1.0)
     assert {g["dataset"]: g["n"] for g in depth["datasets"]} == {**sizes, report.ALL: 8}
-    assert results["meta"]["answer_prompt"] == harness.DEFAULT_ANSWER_PROMPT
-    assert results["meta"]["answer_prompt_is_default"] is True
+    assert results["meta"]["side_branch"] == INTERMEDIATE_ANSWER
+    assert results["meta"]["side_branch_prompt"] == search_qa.ANSWER_PROMPT
     # intermediate answers run on a side branch: without them the trajectories and answers are the same
-    plain = harness.evaluate_policy(cfg, params, tokenizer, env, data,
-                                    trainer_lib.rollout_config(config.rollout), batch_size=4, depth=False,
-                                    warmup=False)
+    plain = harness.evaluate_policy(cfg, params, tokenizer, env, data, rollout_config(config), batch_size=4,
+                                    side_branch=False, warmup=False)
     for field in ("response", "answer"):
         assert [p[field] for p in plain["predictions"]] == [p[field] for p in predictions]
     assert plain["depth"] is None and "depth" not in plain["predictions"][0]
@@ -262,7 +283,7 @@ def test_evaluate_policy_budgets_and_depth(world):
 
 def saved_checkpoint(directory, cfg, params):
     """A trainer-format checkpoint (whole TrainState + model config) at step 3."""
-    layout = train_state.StateLayout(cfg, optim.OptimConfig(1e-3))
+    layout = train_state.StateLayout(cfg, OptimConfig(1e-3))
     state = train_state.init_train_state(layout, models.make_mesh(), params, jax.random.key(0))
     with checkpoint.Checkpointer(directory, async_save=False) as ckpt:
         ckpt.save(3, state, model=cfg)
@@ -276,15 +297,17 @@ def assert_same_rollouts(got, want):
 
 @pytest.fixture(scope="module")
 def reference(world):
-    """The policy the checkpoint tests save, its config (max_turns 1), its rows on the first 3 questions."""
+    """The policy the checkpoint tests save, its config (max_turns 1, intermediate answers declared), its rows
+    on the first 3 questions (without the side branch, which leaves them as they are)."""
     root, tokenizer = world
     cfg, params = tiny_policy(tokenizer, seed=1)
     config = make_config(root)
     config.env.max_turns = 1
-    env = experiment.make_env(config, BM25Retriever(root / "index"))
-    data = experiment.load_examples(config.data, "world", "test")
+    config.env.intermediate_answers = True
+    env = envs.build(config.env, config.retrieval)
+    data = datasets.load_examples(config.data.dir, "world", "test")
     direct = harness.evaluate_policy(cfg, params, tokenizer, env, {"world": data["world"][:3]},
-                                     trainer_lib.rollout_config(config.rollout), batch_size=4, depth=False)
+                                     rollout_config(config), batch_size=4, side_branch=False)
     return cfg, params, config, direct["predictions"]
 
 
@@ -302,10 +325,11 @@ def test_cli_end_to_end_on_a_trainer_checkpoint(world, reference, tmp_path):
     """))
     out = subprocess.run([sys.executable, "-m", "searchrl.eval", f"--config={config_file}",
                           f"--checkpoint={tmp_path / 'run'}", "--datasets=world", "--limit=3",
-                          "--budgets=0,1", "--config.env.max_turns=1"],
+                          "--budgets=0,1", "--config.env.max_turns=1", "--config.env.intermediate_answers=True"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "| dataset | n | EM | cover-EM | F1 | searches |" in out.stdout and "| world | 3 |" in out.stdout
+    assert "| dataset | n | em | f1 | cover_em | searches | format_valid |" in out.stdout
+    assert "| world | 3 |" in out.stdout
     out_dir = tmp_path / "run" / "checkpoints" / "eval" / "step_3"
     for name in ("results.md", "results.csv", "results.json", "predictions.jsonl", "depth_analysis.png"):
         assert (out_dir / name).is_file(), name
@@ -322,7 +346,7 @@ def test_evaluate_checkpoint_on_a_hugging_face_dir(reference, tmp_path):
     cfg, params, config, want = reference
     models.save_hf(cfg, params, tmp_path / "hf")
     results, info = harness.evaluate_checkpoint(config, str(tmp_path / "hf"), datasets="world", limit=3,
-                                                depth=False)
+                                                side_branch=False)
     assert info["kind"] == "hf" and results["depth"] is None and results["budgets"] is None
     assert_same_rollouts(results["predictions"], want)
     assert harness.default_out_dir(config, info) == tmp_path / "hf" / "eval"
@@ -337,17 +361,25 @@ def test_bad_inputs_are_named(world, tmp_path):
         harness.evaluate_checkpoint(config, str(tmp_path / "missing"), datasets="world")
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="neither a Hugging Face model directory"):
-        harness.load_checkpoint(tmp_path / "empty")
-    bare = configlib.base_config()
+        experiment.load_checkpoint(tmp_path / "empty")
+    bare = run_config.base_config()
     with pytest.raises(ValueError, match="data"):
         harness.evaluate_checkpoint(bare, "")
     cfg, params = tiny_policy(tokenizer)
-    env = experiment.make_env(config, BM25Retriever(root / "index"))
-    rollout = trainer_lib.rollout_config(config.rollout)
+    env = envs.build(config.env, config.retrieval)
+    rollout = rollout_config(config)
     with pytest.raises(ValueError, match="'world' has no questions"):
         harness.evaluate_policy(cfg, params, tokenizer, env, {"world": []}, rollout, 4)
     with pytest.raises(ValueError, match="budgets must be integers >= 0"):
         harness.evaluate_policy(cfg, params, tokenizer, env, {"w": [{}]}, rollout, 4, budgets=[-1])
+    with pytest.raises(ValueError, match="unknown key.*'topk_'"):
+        bad = make_config(root)
+        bad.env.topk_ = 3
+        envs.build(bad.env, bad.retrieval)
+    with pytest.raises(ValueError, match=r"config.env.name='qa' is not a known environment; known: \["):
+        bad = make_config(root)
+        bad.env.name = "qa"
+        envs.build(bad.env, bad.retrieval)
     out = subprocess.run([sys.executable, "-m", "searchrl.eval", "--config=configs/search_r1.py:tiny",
                           "--budgets=1,two"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "'two' is not a non-negative integer" in out.stderr

@@ -1,4 +1,5 @@
 """AutoSearch turn rewards on hand-worked trajectories."""
+import dataclasses
 import math
 
 import numpy as np
@@ -18,8 +19,7 @@ def answer(text, ok=True):
 
 
 def _rewards(searches, final, intermediate, **overrides):
-    cfg = au.default_config()
-    cfg.update(overrides)
+    cfg = dataclasses.replace(au.RewardConfig(), **overrides)
     out = au.autosearch_rewards(au.AutoSearchRecord(searches, final, intermediate, GOLDS), cfg)
     for t, total in enumerate(out.total):  # the components always add up to the total
         assert total == pytest.approx(out.base[t] + out.quality[t] + out.efficiency[t], abs=1e-12)

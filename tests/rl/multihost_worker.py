@@ -12,19 +12,18 @@ import ml_collections
 import numpy as np
 
 from searchrl import distributed, models
-from searchrl.rl import train_state, update
+from searchrl.rl import ppo, train_state
+from searchrl.rl.config import OptimConfig, RLConfig
 
 CFG = dataclasses.replace(models.get_preset("tiny"), vocab_size=128)
 B, S = 8, 16
 
 
-def ppo_config() -> update.PPOConfig:
-    rl = update.default_config()
-    rl.minibatch_size, rl.micro_batch_size, rl.ppo_epochs = 4, 2, 2
-    rl.use_reference, rl.kl_loss_coef, rl.entropy_coef = True, 0.1, 0.01
-    rl.actor.lr, rl.critic.lr = 1e-3, 1e-3
-    rl.actor.eps, rl.critic.eps = 1e-5, 1e-5  # see tests/rl/test_update.py: Adam eps vs round-off
-    return update.PPOConfig.from_config(rl, CFG)
+def ppo_config() -> ppo.PPOConfig:
+    optim = OptimConfig(lr=1e-3, eps=1e-5)  # see tests/rl/test_ppo.py: Adam eps vs round-off
+    rl = RLConfig(minibatch_size=4, micro_batch_size=2, ppo_epochs=2, use_reference=True, kl_loss_coef=0.1,
+                  entropy_coef=0.01, actor=optim, critic=optim)
+    return ppo.PPOConfig.create(rl, CFG)
 
 
 def host_batch() -> dict:
@@ -44,11 +43,10 @@ def run_update(mesh, rows: dict) -> tuple[train_state.TrainState, dict]:
     init = jax.jit(lambda: models.init_params(CFG, jax.random.key(0)),
                    out_shardings=models.param_shardings(CFG, mesh))
     state = train_state.init_train_state(config.layout, mesh, init(), jax.random.key(1))
-    logp, values, ref = update.compute_old_logprobs_and_values(
-        state, rows["tokens"], rows["attention_mask"], 1.0, config, mesh)
-    batch = update.PPOBatch(rows["tokens"], rows["attention_mask"], rows["loss_mask"], logp + rows["noise"],
+    logp, values, ref = ppo.score(state, rows["tokens"], rows["attention_mask"], 1.0, config, mesh)
+    batch = ppo.PPOBatch(rows["tokens"], rows["attention_mask"], rows["loss_mask"], logp + rows["noise"],
                             rows["advantages"], returns=rows["returns"], old_values=values, ref_logprobs=ref)
-    return update.ppo_update(state, batch, config, mesh)
+    return ppo.ppo_update(state, batch, config, mesh)
 
 
 def main(coordinator: str, num_processes: int, process_id: int, out: str) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from searchrl import models
 from searchrl.rl import sft
+from searchrl.rl.config import SFTConfig
 from searchrl.text.tokenizer import train_bpe_tokenizer
 
 WORDS = "red green blue cyan magenta yellow black white".split()
@@ -58,8 +59,7 @@ def test_sft_learns_the_scripted_answers(tokenizer):
     cfg = dataclasses.replace(models.get_preset("tiny"), vocab_size=len(tokenizer))
     params = models.init_params(cfg, jax.random.key(0))
     tokens, mask = sft.encode(tokenizer, examples(), max_len=24)
-    config = sft.default_config()
-    config.steps, config.batch_size = 120, 8
+    config = SFTConfig(steps=120, batch_size=8)
     mesh = models.make_mesh()
     trained, losses = sft.train(cfg, params, tokens, mask, config, mesh)
     assert losses[-1] < 0.05 * losses[0], losses[::20]

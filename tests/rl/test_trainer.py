@@ -7,8 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from searchrl import configlib, models
-from searchrl.envs.base import Action
+from searchrl import models, run_config
+from searchrl.episode import Action
 from searchrl.metric_writer import read_metrics
 from searchrl.rl import trainer as trainer_lib
 from searchrl.text.tokenizer import train_bpe_tokenizer
@@ -27,19 +27,16 @@ class LowTokensEnv:
 
     vocab_size: int
     stop_strings: tuple[str, ...] = ("</answer>",)
-    max_turns: int = 0
+    side_branch = None
 
     def prompt(self, example):
         return f"say {example['word']}"
 
-    def parse_action(self, text, tools_allowed):
-        return Action("answer", text)
+    def parse_action(self, text, turn_index):
+        return Action("answer", text, done=True)
 
     def observe(self, actions):
         raise AssertionError("a single-turn task never observes")
-
-    def intermediate_answer_prompt(self):
-        return None
 
     def _scores(self, traj):
         turns = [row[0] for row in traj.turns]
@@ -49,12 +46,11 @@ class LowTokensEnv:
         return [[s] for s in self._scores(traj)]
 
     def metrics(self, traj, examples):
-        return {"low_share": float(np.mean(self._scores(traj)))}
+        return [{"low_share": s} for s in self._scores(traj)]
 
 
 def make_config(workdir, **rl):
-    config = configlib.base_config()
-    config.update(trainer_lib.default_config())
+    config = run_config.experiment_config()
     config.workdir = str(workdir)
     config.train.batch_size = 16
     config.train.checkpoint_every = 0

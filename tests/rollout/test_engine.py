@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from searchrl import models
-from searchrl.envs.base import Action, Observation
+from searchrl.episode import Action, Observation, SideBranch
 from searchrl.rollout import generate
-from searchrl.rollout.engine import RolloutConfig, RolloutEngine
-from searchrl.rollout.sampling import SamplingParams
+from searchrl.rollout.config import RolloutConfig, SamplingParams
+from searchrl.rollout.engine import RolloutEngine
 from searchrl.text.tokenizer import train_bpe_tokenizer
 
 WORDS = "alpha beta gamma delta search answer river mountain city house tree stone light water fire".split()
@@ -35,39 +35,45 @@ def model(tokenizer):
 
 @dataclasses.dataclass
 class ScriptedEnv:
-    """Every turn searches, except that a turn answers when its text has an even number of characters.
+    """Every turn looks something up, except that a turn ends the episode when its text has an even number of
+    characters, and the turn after `max_turns` lookups always does.
 
     The rule is arbitrary but deterministic, so rows finish at different turns; observations echo the query length.
+    With `branch_prompt`, a side branch ("note") runs after every lookup.
     """
 
     stop_strings: tuple[str, ...] = ("</search>", "</answer>")
     max_turns: int = 3
-    answer_prompt: str | None = None
+    branch_prompt: str | None = None
     observed: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def side_branch(self):
+        if self.branch_prompt is None:
+            return None
+        return SideBranch("note", self.branch_prompt, ("</answer>",), max_tokens=4, after_kinds=("lookup",))
 
     def prompt(self, example):
         return f"question {example['q']} answer"
 
-    def parse_action(self, text, tools_allowed):
+    def parse_action(self, text, turn_index):
         if len(text) % 2 == 0:
-            return Action("answer", text)
-        return Action("search", text) if tools_allowed else Action("invalid", "no tools in the final turn")
+            return Action("reply", text, done=True)
+        if turn_index < self.max_turns:
+            return Action("lookup", text)
+        return Action("invalid", "no tools in the final turn", done=True)
 
     def observe(self, actions):
         self.observed.append(len(actions))
-        return [Observation(f" <information> river {len(a.content) % 7} stone </information> ", (a.content,))
+        return [Observation(f" <information> river {len(a.content) % 7} stone </information> ", {"q": a.content})
                 for a in actions]
 
-    def intermediate_answer_prompt(self):
-        return self.answer_prompt
 
-
-def make_engine(model, tokenizer, env, **overrides):
+def make_engine(model, tokenizer, env, side_branch=True, **overrides):
     cfg, _ = model
     config = RolloutConfig(max_prompt_tokens=16, max_len=96, max_turn_tokens=6, max_obs_tokens=24,
-                           obs_buckets=(8, 16, 32), chunk_steps=4, intermediate_answer_tokens=4,
-                           sampling=SamplingParams(temperature=1.0))
-    return RolloutEngine(cfg, tokenizer, env, dataclasses.replace(config, **overrides))
+                           obs_buckets=(8, 16, 32), chunk_steps=4, sampling=SamplingParams(temperature=1.0))
+    return RolloutEngine(cfg, tokenizer, env, dataclasses.replace(config, **overrides), side_branch)
 
 
 EXAMPLES = [{"q": w} for w in WORDS[:6]]
@@ -88,13 +94,11 @@ def test_masks_spans_and_observations(model, tokenizer):
         for prev, nxt in zip(turns, turns[1:]):  # the tokens between two turns are exactly the observation
             obs = tokenizer.decode(traj.tokens[b, prev.end:nxt.start])
             assert obs == f" <information> river {len(prev.action.content) % 7} stone </information> "
-            assert prev.action.kind == "search"
+            assert prev.action.kind == "lookup" and prev.info == {"q": prev.action.content}
         last = turns[-1]
         assert traj.lengths[b] == last.end
-        if traj.finish_reasons[b] == "answer":
-            assert last.action.kind == "answer"
-        else:
-            assert traj.finish_reasons[b] == "max_turns" and len(turns) == env.max_turns + 1
+        assert traj.finish_reasons[b] == "done" and last.action.done  # the env ended every episode
+        assert last.action.kind == "reply" or len(turns) == env.max_turns + 1
         assert not traj.attention_mask[b, traj.lengths[b]:].any() and traj.attention_mask[b, :traj.lengths[b]].all()
         assert tokenizer.decode(traj.tokens[b, :traj.prompt_lengths[b]]) == env.prompt(EXAMPLES[b])
 
@@ -158,40 +162,50 @@ def test_text_stop_trims_tokens_past_the_stop(model, tokenizer):
     assert traj.loss_mask[0].sum() == i + 1 and traj.lengths[0] == traj.turns[0][0].end
 
 
-def test_max_turns_and_final_turn_without_tools(model, tokenizer):
+def test_the_env_ends_episodes(model, tokenizer):
     env = ScriptedEnv(max_turns=1)
     traj = make_engine(model, tokenizer, env).run(model[1], EXAMPLES, jax.random.key(5))
     for turns, reason in zip(traj.turns, traj.finish_reasons):
-        assert len(turns) <= 2
-        if len(turns) == 2 and turns[-1].action.kind != "answer":
-            assert reason == "max_turns" and turns[-1].action.kind == "invalid"
+        assert len(turns) <= 2 and reason == "done"
+        if len(turns) == 2 and turns[-1].action.kind != "reply":
+            assert turns[-1].action == Action("invalid", "no tools in the final turn", done=True)
 
 
-def test_intermediate_answers_recorded_per_search(model, tokenizer):
-    env = ScriptedEnv(answer_prompt=" <answer>")
+def test_rows_that_run_out_of_slots_end_with_length(model, tokenizer):
+    env = ScriptedEnv(max_turns=100)
+    traj = make_engine(model, tokenizer, env, max_len=40).run(model[1], EXAMPLES, jax.random.key(5))
+    assert "length" in traj.finish_reasons
+    for turns, reason, length in zip(traj.turns, traj.finish_reasons, traj.lengths):
+        assert (reason == "done") == turns[-1].action.done and length <= 40
+
+
+def test_side_branch_runs_after_the_turns_it_names(model, tokenizer):
+    env = ScriptedEnv(branch_prompt=" <answer>")
     traj = make_engine(model, tokenizer, env).run(model[1], EXAMPLES, jax.random.key(7))
-    assert traj.num_searches.sum() > 0
-    for answers, n in zip(traj.intermediate_answers, traj.num_searches):
-        assert len(answers) == n
+    notes = [turn.info["note"] for turns in traj.turns for turn in turns if "note" in turn.info]
+    lookups = [turn for turns in traj.turns for turn in turns if turn.action.kind == "lookup" and turn.observation]
+    assert len(notes) == len(lookups) > 0 and any(notes)
 
 
-def test_intermediate_answers_leave_the_trajectory_unchanged(model, tokenizer):
-    greedy = SamplingParams(temperature=0.0)
-    plain = make_engine(model, tokenizer, ScriptedEnv(), sampling=greedy).run(model[1], EXAMPLES, jax.random.key(0))
-    env = ScriptedEnv(answer_prompt=" <answer>")
-    branched = make_engine(model, tokenizer, env, sampling=greedy).run(model[1], EXAMPLES, jax.random.key(0))
-    np.testing.assert_array_equal(plain.tokens, branched.tokens)
-    np.testing.assert_array_equal(plain.logprobs, branched.logprobs)
+def test_side_branch_leaves_the_trajectory_unchanged(model, tokenizer):
+    env = ScriptedEnv(branch_prompt=" <answer>")
+    runs = [make_engine(model, tokenizer, env, side_branch=branch).run(model[1], EXAMPLES, jax.random.key(0))
+            for branch in (False, True)]  # sampled at temperature 1: the branch must not touch the key either
+    np.testing.assert_array_equal(runs[0].tokens, runs[1].tokens)
+    np.testing.assert_array_equal(runs[0].logprobs, runs[1].logprobs)
+    assert [[t.text for t in row] for row in runs[0].turns] == [[t.text for t in row] for row in runs[1].turns]
+    assert not any("note" in t.info for row in runs[0].turns for t in row)
+    assert any("note" in t.info for row in runs[1].turns for t in row)
 
 
-@pytest.mark.parametrize("answer_prompt", [None, " <answer>"])
-def test_nothing_compiles_after_warmup(model, tokenizer, answer_prompt):
-    engine = make_engine(model, tokenizer, ScriptedEnv(answer_prompt=answer_prompt))
+@pytest.mark.parametrize("branch_prompt", [None, " <answer>"])
+def test_nothing_compiles_after_warmup(model, tokenizer, branch_prompt):
+    engine = make_engine(model, tokenizer, ScriptedEnv(branch_prompt=branch_prompt))
     before = generate.compiled_programs()
     engine.warmup(model[1], len(EXAMPLES))
     warm = generate.compiled_programs()
     assert warm - before <= 12  # (3 chunk widths + prompt) x 2 samplers + 2 decoders + truncate + copy, at most
-    for seed in range(4):  # multi-turn runs over every observation bucket, intermediate answers included
+    for seed in range(4):  # multi-turn runs over every observation bucket, side branches included
         engine.run(model[1], EXAMPLES, jax.random.key(seed))
     assert generate.compiled_programs() == warm
 

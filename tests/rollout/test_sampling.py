@@ -5,7 +5,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from searchrl.rollout.sampling import SamplingParams, sample
+from searchrl.rollout.config import SamplingParams
+from searchrl.rollout.sampling import sample
 
 LOGITS = jnp.log(jnp.asarray([[0.5, 0.25, 0.15, 0.07, 0.03]]))
 

@@ -1,5 +1,5 @@
-"""The sharded PPO update: mesh invariance, exact gradient accumulation, hand-derived first steps, PPO
-clipping, scoring alignment, one compilation for repeated calls."""
+"""The sharded PPO learn step: mesh invariance, exact gradient accumulation, hand-derived first steps, PPO
+clipping, scoring alignment, one compilation for repeated calls, and `learn` as the composition of its stages."""
 import dataclasses
 
 import jax
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from searchrl import models
-from searchrl.rl import losses, train_state, update
+from searchrl.rl import advantages, kl, losses, ppo, train_state
+from searchrl.rl.config import RLConfig
 
 CFG = dataclasses.replace(models.get_preset("tiny"), vocab_size=128)
 B, S = 8, 16
@@ -20,16 +21,19 @@ def make_mesh_8():
 
 
 def rl_config(**overrides):
-    rl = update.default_config()
-    rl.minibatch_size, rl.micro_batch_size, rl.ppo_epochs = 4, 2, 2
-    rl.actor.lr, rl.critic.lr = 1e-3, 1e-3
+    rl = RLConfig(minibatch_size=4, micro_batch_size=2, ppo_epochs=2)
     # Adam divides by |g| + eps: with the default 1e-8, coordinates whose gradient is ~1e-8 turn float32
     # round-off of the gradient (different reduction orders across meshes) into visible parameter changes.
-    rl.actor.eps, rl.critic.eps = 1e-5, 1e-5
+    optim = {"actor": dict(lr=1e-3, eps=1e-5), "critic": dict(lr=1e-3, eps=1e-5)}
+    fields = {}
     for name, value in overrides.items():
         group, _, field = name.rpartition("__")
-        (rl[group] if group else rl)[field] = value
-    return update.PPOConfig.from_config(rl, CFG)
+        (optim[group] if group else fields)[field] = value
+    if not fields.get("use_critic", True):
+        fields.setdefault("advantage", "grpo")  # critic-free (gae needs values)
+    rl = dataclasses.replace(rl, actor=dataclasses.replace(rl.actor, **optim["actor"]),
+                             critic=dataclasses.replace(rl.critic, **optim["critic"]), **fields)
+    return ppo.PPOConfig.create(rl, CFG)
 
 
 def make_data(seed: int = 0) -> dict:
@@ -50,16 +54,15 @@ def make_data(seed: int = 0) -> dict:
 
 def new_state(config, mesh):
     params = models.init_params(CFG, jax.random.key(0))
-    return train_state.init_train_state(config.layout, mesh, params, jax.random.key(1))
+    return train_state.init_train_state(config.layout, mesh, params, jax.random.key(1), kl_coef=config.rl.kl_coef)
 
 
 def make_batch(config, data, temperature=1.0, logprob_shift=0.1):
     """A PPOBatch whose old logprobs are the initial policy's, shifted by noise so that some ratios clip."""
     state = new_state(config, ONE)
-    logp, values, ref = update.compute_old_logprobs_and_values(
-        state, data["tokens"], data["attention_mask"], temperature, config, ONE)
+    logp, values, ref = ppo.score(state, data["tokens"], data["attention_mask"], temperature, config, ONE)
     old = np.asarray(logp) + logprob_shift * data["noise"] * data["loss_mask"]
-    return update.PPOBatch(
+    return ppo.PPOBatch(
         tokens=data["tokens"], attention_mask=data["attention_mask"], loss_mask=data["loss_mask"],
         old_logprobs=old, advantages=data["advantages"], temperature=temperature,
         returns=data["returns"] if values is not None else None,
@@ -82,8 +85,8 @@ def test_sharded_update_matches_single_device():
     config = rl_config(**FULL)
     batch = make_batch(config, make_data(0), temperature=0.8)
     mesh = make_mesh_8()
-    state8, metrics8 = update.ppo_update(new_state(config, mesh), batch, config, mesh)
-    state1, metrics1 = update.ppo_update(new_state(config, ONE), batch, config, ONE)
+    state8, metrics8 = ppo.ppo_update(new_state(config, mesh), batch, config, mesh)
+    state1, metrics1 = ppo.ppo_update(new_state(config, ONE), batch, config, ONE)
     q_spec = jax.sharding.PartitionSpec(None, "fsdp", "tensor", None)
     assert state8.policy["layers"]["q"].sharding.spec == q_spec
     assert len(state8.actor_opt[1][0].mu["embed"].sharding.device_set) == 8  # moments sharded like params
@@ -105,8 +108,8 @@ def test_gradient_accumulation_equals_full_minibatch(mode, critic):
     # Micro-batches carry different numbers of policy tokens, so per-micro-batch normalisation would differ.
     per_row = data["loss_mask"].sum(1)
     assert len(set(per_row[:2].tolist() + per_row[2:4].tolist())) > 1
-    state_w, metrics_w = update.ppo_update(new_state(whole, ONE), batch, whole, ONE)
-    state_a, metrics_a = update.ppo_update(new_state(accumulated, ONE), batch, accumulated, ONE)
+    state_w, metrics_w = ppo.ppo_update(new_state(whole, ONE), batch, whole, ONE)
+    state_a, metrics_a = ppo.ppo_update(new_state(accumulated, ONE), batch, accumulated, ONE)
     assert max_abs_diff(host(state_w), host(state_a)) < 1e-6
     for name in metrics_w:  # losses and (pre-clipping) gradient norms: magnitudes, not just Adam's signs
         np.testing.assert_allclose(metrics_a[name], metrics_w[name], rtol=1e-5, atol=1e-7, err_msg=name)
@@ -144,7 +147,7 @@ def test_first_step_is_adam_on_the_policy_gradient(sign):
         return -losses.masked_mean(data["advantages"] * reference_logprobs(p, data, 0.7), data["loss_mask"])
 
     grads = jax.jit(jax.grad(reinforce))(params)
-    state, metrics = update.ppo_update(new_state(config, ONE), batch, config, ONE)
+    state, metrics = ppo.ppo_update(new_state(config, ONE), batch, config, ONE)
     eps = config.layout.actor.eps
     expected = jax.tree.map(lambda p, g: p - 1e-4 * g / (np.abs(g) + eps), params, grads)
     # Steps are up to lr = 1e-4; allow about one float32 ulp of each parameter: <= 4e-9 (4e-5 of a step) for
@@ -162,7 +165,7 @@ def test_zero_advantages_leave_the_policy_unchanged():
     data = make_data(3)
     data["advantages"] = np.zeros((B, S), np.float32)
     batch = make_batch(config, data, logprob_shift=0.0)
-    state, metrics = update.ppo_update(new_state(config, ONE), batch, config, ONE)
+    state, metrics = ppo.ppo_update(new_state(config, ONE), batch, config, ONE)
     assert float(metrics["actor/grad_norm"]) == 0.0
     assert max_abs_diff(host(state.policy), host(new_state(config, ONE).policy)) == 0.0
 
@@ -174,7 +177,7 @@ def test_clipped_ratios_give_zero_policy_gradient():
     data["advantages"] = data["loss_mask"].copy()
     data["noise"] = -np.ones((B, S), np.float32)
     batch = make_batch(config, data, logprob_shift=5.0)
-    state, metrics = update.ppo_update(new_state(config, ONE), batch, config, ONE)
+    state, metrics = ppo.ppo_update(new_state(config, ONE), batch, config, ONE)
     assert float(metrics["actor/pg_clipfrac"]) == 1.0
     assert float(metrics["actor/grad_norm"]) == 0.0
     assert max_abs_diff(host(state.policy), host(new_state(config, ONE).policy)) == 0.0
@@ -184,8 +187,7 @@ def test_scoring_alignment_and_reference():
     config = rl_config(use_reference=True)
     data = make_data(5)
     state = new_state(config, ONE)
-    logp, values, ref = update.compute_old_logprobs_and_values(
-        state, data["tokens"], data["attention_mask"], 0.5, config, ONE)
+    logp, values, ref = ppo.score(state, data["tokens"], data["attention_mask"], 0.5, config, ONE)
     params = host(state.policy)
     np.testing.assert_allclose(logp, reference_logprobs(params, data, 0.5), atol=1e-6)
     np.testing.assert_array_equal(ref, logp)  # the reference starts as the policy
@@ -199,8 +201,8 @@ def test_bfloat16_compute_keeps_float32_master_weights():
     config32 = one_step_config()
     config16 = one_step_config(compute_dtype="bfloat16")
     batch = make_batch(config32, make_data(6))
-    state16, metrics16 = update.ppo_update(new_state(config16, ONE), batch, config16, ONE)
-    _, metrics32 = update.ppo_update(new_state(config32, ONE), batch, config32, ONE)
+    state16, metrics16 = ppo.ppo_update(new_state(config16, ONE), batch, config16, ONE)
+    _, metrics32 = ppo.ppo_update(new_state(config32, ONE), batch, config32, ONE)
     assert {x.dtype for x in jax.tree.leaves(state16.policy)} == {jnp.dtype(jnp.float32)}
     assert max_abs_diff(host(state16.policy), host(new_state(config16, ONE).policy)) > 5e-5  # it trained
     for name in ("actor/pg_loss", "actor/entropy", "actor/ppo_kl"):
@@ -214,8 +216,9 @@ def test_update_compiles_once():
     state = new_state(config, ONE)
     for seed in range(3):
         batch = make_batch(config, make_data(seed))
-        state, _ = update.ppo_update(state, batch, config, ONE)
-    assert update.update_fn(config, ONE, batch)._cache_size() == 1
+        state, _ = ppo.ppo_update(state, batch, config, ONE)
+    jitted = ppo._sharded(ppo._ppo_update, config, ONE, ppo.batch_shardings(batch, ONE, config), True)
+    assert jitted._cache_size() == 1
     assert int(state.step) == 3
 
 
@@ -226,13 +229,86 @@ def test_bad_batches_are_rejected_with_the_field_name():
                 old_logprobs=data["noise"], advantages=data["advantages"])
     state = new_state(config, ONE)
     with pytest.raises(ValueError, match="PPOBatch.returns is required"):
-        update.ppo_update(state, update.PPOBatch(**base), config, ONE)
+        ppo.ppo_update(state, ppo.PPOBatch(**base), config, ONE)
     with pytest.raises(ValueError, match=r"PPOBatch.advantages has shape \(8, 15\)"):
-        bad = update.PPOBatch(**{**base, "advantages": data["advantages"][:, 1:]})
-        update.ppo_update(state, bad, config, ONE)
+        bad = ppo.PPOBatch(**{**base, "advantages": data["advantages"][:, 1:]})
+        ppo.ppo_update(state, bad, config, ONE)
     with pytest.raises(ValueError, match="not a multiple of rl.minibatch_size=4"):
         short = {k: v[:6] for k, v in base.items()}
-        update.ppo_update(state, update.PPOBatch(**short, returns=short["advantages"],
+        ppo.ppo_update(state, ppo.PPOBatch(**short, returns=short["advantages"],
                                                  old_values=short["advantages"]), config, ONE)
-    with pytest.raises(ValueError, match="needs a reference model"):
+    with pytest.raises(ValueError, match="need a reference policy"):
         rl_config(kl_loss_coef=0.1)
+
+
+def test_settings_that_would_have_no_effect_are_errors():
+    with pytest.raises(ValueError, match=r"\['rl.lam'\] would have no effect with rl.advantage='grpo'"):
+        rl_config(advantage="grpo", use_critic=False, lam=0.95)
+    with pytest.raises(ValueError, match="rl.grpo_eps.*rl.advantage='gae'"):
+        rl_config(grpo_eps=0.1)
+    with pytest.raises(ValueError, match="needs a critic"):
+        rl_config(use_critic=False, advantage="gae")
+    with pytest.raises(ValueError, match="rl.advantage='gea' is not one of"):
+        rl_config(advantage="gea")
+    assert rl_config(advantage="grpo", use_critic=False, grpo_eps=0.1).advantage_options() == {
+        "eps": 0.1, "norm_by_std": True}
+
+
+def learn_batch(data, seed=0):
+    rng = np.random.default_rng(seed)
+    last = data["attention_mask"].sum(1) - 1
+    rewards = np.zeros((B, S), np.float32)
+    rewards[np.arange(B), last] = rng.normal(size=B)
+    return ppo.Batch(tokens=data["tokens"], attention_mask=data["attention_mask"], loss_mask=data["loss_mask"],
+                     sampler_logprobs=np.zeros((B, S), np.float32), token_rewards=rewards,
+                     group_ids=np.repeat(np.arange(B // 2, dtype=np.int32), 2), temperature=0.9)
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(use_reference=True, kl_in_reward=True, kl_reward_estimator="low_var_kl", kl_controller="adaptive",
+         kl_coef=0.05, lam=0.9, gamma=0.99),
+    dict(advantage="grpo", use_critic=False, whiten_advantages=False),
+])
+def test_learn_is_score_then_kl_then_advantages_then_the_update(overrides):
+    """The one jitted program equals its stages run one by one (as written in the module docstring)."""
+    config = rl_config(**overrides)
+    rl = config.rl
+    data = make_data(7)
+    batch = learn_batch(data)
+    mask = jnp.asarray(data["loss_mask"])
+    mesh = make_mesh_8()
+    state = new_state(config, mesh)
+    if rl.kl_in_reward:  # a reference that differs from the policy, so that the KL penalty is not zero
+        state = state._replace(ref=jax.tree.map(lambda p: p * 1.5, state.ref))
+    learned, metrics = ppo.learn(state, batch, config, mesh)
+
+    state = new_state(config, ONE)
+    if rl.kl_in_reward:
+        state = state._replace(ref=jax.tree.map(lambda p: p * 1.5, state.ref))
+    logp, values, ref = ppo.score(state, batch.tokens, batch.attention_mask, 0.9, config, ONE)
+    rewards = jnp.asarray(batch.token_rewards)
+    if rl.kl_in_reward:
+        rewards, kl_metrics = kl.apply_kl_penalty(rewards, logp, ref, mask, state.kl.coef, "low_var_kl")
+        np.testing.assert_allclose(metrics["rollout/kl_coef"], rl.kl_coef, rtol=1e-6)
+        controller = kl.make_kl_controller("adaptive", rl.kl_coef, rl.kl_target, rl.kl_horizon)
+        state = state._replace(kl=controller.update(state.kl, kl_metrics["kl"], B))
+        np.testing.assert_allclose(metrics["rollout/kl"], kl_metrics["kl"], rtol=1e-4)
+        assert float(kl_metrics["kl"]) > 1e-3
+    adv, returns = advantages.compute_advantages(rl.advantage, rewards=rewards, values=values, mask=mask,
+                                                 group_ids=jnp.asarray(batch.group_ids),
+                                                 **config.advantage_options())
+    if rl.whiten_advantages:
+        adv = advantages.masked_whiten(adv, mask)
+    critic = values is not None
+    expected, expected_metrics = ppo.ppo_update(state, ppo.PPOBatch(
+        batch.tokens, batch.attention_mask, mask, logp, adv, returns=returns if critic else None,
+        old_values=values, ref_logprobs=ref, temperature=0.9), config, ONE)
+    assert max_abs_diff(host(learned), host(expected)) < 1e-5
+    for name, value in expected_metrics.items():
+        np.testing.assert_allclose(metrics[name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+    gap = np.abs(np.asarray(logp))[data["loss_mask"] > 0].max()  # the sampler log-probs were all 0
+    np.testing.assert_allclose(metrics["rollout/logprob_gap_max"], gap, rtol=1e-5)
+    if critic:
+        r, v = np.asarray(returns)[data["loss_mask"] > 0], np.asarray(values)[data["loss_mask"] > 0]
+        explained = 1 - np.var(r - v, ddof=1) / (np.var(r, ddof=1) + 1e-5)  # verl's vf_explained_var
+        np.testing.assert_allclose(metrics["critic/vf_explained_var"], explained, rtol=1e-4)

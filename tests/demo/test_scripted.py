@@ -3,7 +3,9 @@ import types
 
 import pytest
 
-from searchrl.data import scripted
+from searchrl.demo import scripted
+
+ANSWER_PROMPT = scripted.ANSWER_THOUGHT + "<answer>"
 
 
 class _EchoEnv:
@@ -35,17 +37,19 @@ def test_trajectories_search_the_plan_then_answer():
 def test_early_answers_branch_off_before_the_extra_search():
     examples = [_example(["a x", "b y"], "c"), _example(["d z"], "e")]
     never, always = (scripted.scripted_trajectories(examples, _EchoEnv(), f, seed=0) for f in (0, 1))
-    assert scripted.early_answers(examples, never, 1.0, seed=0) == []
-    assert scripted.early_answers(examples, always, 0.0, seed=0) == []
-    branches = scripted.early_answers(examples, always, 1.0, seed=0)
-    assert branches == [always[0][:5] + [(scripted.ANSWER_PROMPT, False), (" c </answer>", True)],
-                        always[1][:3] + [(scripted.ANSWER_PROMPT, False), (" e </answer>", True)]]
+    assert scripted.early_answers(examples, never, 1.0, 0, ANSWER_PROMPT) == []
+    assert scripted.early_answers(examples, always, 0.0, 0, ANSWER_PROMPT) == []
+    branches = scripted.early_answers(examples, always, 1.0, 0, ANSWER_PROMPT)
+    assert branches == [always[0][:5] + [(ANSWER_PROMPT, False), (" c </answer>", True)],
+                        always[1][:3] + [(ANSWER_PROMPT, False), (" e </answer>", True)]]
     # The elicited answer reads exactly like the answer turn the policy writes itself.
     assert "".join(text for text, _ in branches[1][-2:]) == scripted.answer_turn("e")
     many = examples * 200
-    some = scripted.early_answers(many, always * 200, 0.3, seed=0)
+    some = scripted.early_answers(many, always * 200, 0.3, 0, ANSWER_PROMPT)
     assert 0.25 < len(some) / len(many) < 0.35
-    assert some == scripted.early_answers(many, always * 200, 0.3, seed=0)  # deterministic for a seed
+    assert some == scripted.early_answers(many, always * 200, 0.3, 0, ANSWER_PROMPT)  # deterministic for a seed
+    with pytest.raises(ValueError, match="does not open the scripted answer turn"):
+        scripted.early_answers(examples, always, 1.0, 0, "\n<answer>")
 
 
 def test_turn_prefixes_cut_after_the_policy_turn():

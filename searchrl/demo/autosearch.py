@@ -1,4 +1,4 @@
-"""`make demo`: AutoSearch end to end on a CPU, from an empty directory to a trained search agent.
+"""AutoSearch end to end on a CPU (`make demo`), from an empty directory to a trained search agent.
 
 Builds a synthetic world (questions no model can know), its BM25 index and a tokenizer; cold-starts a tiny
 policy with SFT on scripted trajectories that often search once more than needed (first on their two-turn
@@ -7,8 +7,6 @@ the intermediate answers before some of the extra searches, so that answering wi
 trains it with PPO on the AutoSearch rewards (intermediate answers, minimal sufficient depth); evaluates both
 policies greedily on questions about unseen entities, per hop count and per search budget; writes
 `results.json`, `results.md`, `demo.png` and TensorBoard logs under the config's workdir.
-
-    python -m searchrl.demo [--config configs/autosearch.py:tiny] [--config.train.steps=...]
 """
 from __future__ import annotations
 
@@ -18,30 +16,30 @@ import shutil
 import time
 from typing import Any
 
-from absl import app, flags, logging
 import jax
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import ml_collections  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
 from searchrl import experiment, models  # noqa: E402
-from searchrl.data import scripted, synthetic  # noqa: E402
+from searchrl.configlib import from_config  # noqa: E402
+from searchrl.data import datasets  # noqa: E402
+from searchrl.demo import scripted, synthetic  # noqa: E402
+from searchrl.demo.config import DemoConfig  # noqa: E402
 from searchrl.eval import harness, report  # noqa: E402
 from searchrl.retrieval.bm25 import BM25Retriever  # noqa: E402
 from searchrl.rl import sft  # noqa: E402
-from searchrl.rl.trainer import Trainer, rollout_config  # noqa: E402
+from searchrl.rl.config import SFTConfig  # noqa: E402
+from searchrl.rl.trainer import Trainer  # noqa: E402
 from searchrl.text.tokenizer import train_bpe_tokenizer  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/autosearch.py:tiny", "Demo config.")
 DATASET = "world"
 
 
-def build_world(config: ml_collections.ConfigDict) -> dict[str, str]:
+def build_world(config: ml_collections.ConfigDict, demo: DemoConfig) -> dict[str, str]:
     """The world's files under workdir/world, its BM25 index and its tokenizer (rebuilt from scratch)."""
-    demo = config.demo
     world = synthetic.generate_world(config.seed, demo.entities, hop_fractions=tuple(demo.hop_fractions),
                                      questions_per_entity=demo.questions_per_entity)
     paths = synthetic.write_world(world, os.path.join(config.data.dir, DATASET))
@@ -101,19 +99,20 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         shutil.rmtree(os.path.join(config.workdir, stale), ignore_errors=True)
     if os.path.exists(metrics := os.path.join(config.workdir, "metrics.jsonl")):
         os.remove(metrics)
-    build_world(config)
+    demo = from_config(DemoConfig, config.demo, "config.demo")
+    build_world(config, demo)
     built = experiment.build(config)
-    test = experiment.load_examples(config.data, config.data.eval, config.data.eval_split)
-    test = {name: records[: config.demo.eval_questions] for name, records in test.items()}
+    test = datasets.load_examples(config.data.dir, config.data.eval, config.data.eval_split)
+    test = {name: records[: demo.eval_questions] for name, records in test.items()}
     print(f"world, index and tokenizer ready ({time.perf_counter() - start:.0f}s)")
 
-    segments = scripted.scripted_trajectories(built.train_examples, built.env, config.demo.extra_search_fraction,
+    segments = scripted.scripted_trajectories(built.train_examples, built.env, demo.extra_search_fraction,
                                               config.seed)
-    early = scripted.early_answers(built.train_examples, segments, config.demo.early_answer_fraction,
-                                   config.seed)
-    stages = (("prefixes", scripted.turn_prefixes(segments, 2), config.demo.prefix_sft),
-              ("trajectories", segments + early, config.sft))
-    mesh = models.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+    early = scripted.early_answers(built.train_examples, segments, demo.early_answer_fraction, config.seed,
+                                   built.env.config.answer_prompt)
+    stages = (("prefixes", scripted.turn_prefixes(segments, 2), demo.prefix_sft),
+              ("trajectories", segments + early, from_config(SFTConfig, config.sft, "config.sft")))
+    mesh = models.mesh_from_config(from_config(models.MeshConfig, config.mesh, "config.mesh"))
     policy = built.policy
     losses = {}
     for stage, examples, sft_config in stages:
@@ -123,10 +122,9 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
         print(f"SFT on {stage}: loss {stage_losses[0]:.3f} -> {stage_losses[-1]:.3f} "
               f"({time.perf_counter() - start:.0f}s)")
 
-    rollout = rollout_config(config.rollout)
     evaluate = lambda params: harness.evaluate_policy(  # noqa: E731
-        built.model_cfg, params, built.tokenizer, built.env, test, rollout, config.train.batch_size,
-        budgets=list(config.demo.budgets))
+        built.model_cfg, params, built.tokenizer, built.env, test, built.rollout, config.train.batch_size,
+        budgets=list(demo.budgets))
     summaries = {"sft": summarize(evaluate(policy))}
     trainer = Trainer(config, built.model_cfg, policy, built.tokenizer, built.env, built.train_examples)
     try:
@@ -149,13 +147,3 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
           f"TensorBoard: {config.workdir}/tensorboard ({time.perf_counter() - start:.0f}s)")
     return summaries
 
-
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments {argv[1:]}")
-    logging.set_verbosity(logging.WARNING)  # progress bars and the final table, not every checkpoint file
-    run(_CONFIG.value)
-
-
-if __name__ == "__main__":
-    app.run(main)

@@ -10,7 +10,7 @@ import pytest
 import Stemmer
 
 from searchrl.data import read_flashrag_jsonl
-from searchrl.data.synthetic import (DISTRACTOR, ORG_SUFFIXES, RELATIONS, SPLITS, TYPE_RELATIONS,
+from searchrl.demo.synthetic import (DISTRACTOR, ORG_SUFFIXES, RELATIONS, SPLITS, TYPE_RELATIONS,
                                      generate_world, write_world)
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.retrieval.corpus import CorpusStore
@@ -41,7 +41,7 @@ def test_same_seed_same_bytes_across_processes(tmp_path):
     """The CLI in a fresh process (another hash seed) writes the bytes write_world writes here."""
     write_world(generate_world(7, 120, questions_per_entity=2.0), tmp_path / "api")
     env = {**os.environ, "PYTHONHASHSEED": "123", "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "searchrl.data.synthetic", "--out", str(tmp_path / "cli"), "--seed", "7",
+    command = [sys.executable, "-m", "searchrl.demo.synthetic", "--out", str(tmp_path / "cli"), "--seed", "7",
                "--entities", "120", "--questions-per-entity", "2"]
     subprocess.run(command, check=True, env=env, cwd=REPO, capture_output=True)
     assert _read(tmp_path / "api") == _read(tmp_path / "cli")

@@ -11,22 +11,22 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from searchrl.envs.base import Action
-from searchrl.envs.search_qa import SearchQAEnv
+from searchrl.envs.search_qa import SEARCH, SearchQAEnv
+from searchrl.episode import Action
+from searchrl.text import tags
 
-SEARCH_THOUGHT = "<think> I need to search. </think>"
-ANSWER_THOUGHT = "<think> I can answer. </think>"
-ANSWER_PROMPT = ANSWER_THOUGHT + "<answer>"  # elicits an intermediate answer in the policy's own format
+SEARCH_THOUGHT = tags.block(tags.THINK, " I need to search. ")
+ANSWER_THOUGHT = tags.block(tags.THINK, " I can answer. ")
 
 Segments = list[tuple[str, bool]]  # (text, is_policy)
 
 
 def search_turn(query: str) -> str:
-    return f"{SEARCH_THOUGHT}<search> {query} </search>"
+    return SEARCH_THOUGHT + tags.block(tags.SEARCH, f" {query} ")
 
 
 def answer_turn(answer: str) -> str:
-    return f"{ANSWER_THOUGHT}<answer> {answer} </answer>"
+    return ANSWER_THOUGHT + tags.block(tags.ANSWER, f" {answer} ")
 
 
 def plan_queries(example: dict[str, Any], extra_search: bool) -> list[str]:
@@ -40,7 +40,7 @@ def scripted_trajectories(examples: Sequence[dict[str, Any]], env: SearchQAEnv, 
     """One segment list per example: prompt, then (search turn, observation) per query, then the answer turn."""
     rng = np.random.default_rng(seed)
     queries = [plan_queries(ex, bool(rng.random() < extra_search_fraction)) for ex in examples]
-    observations = iter(env.observe([Action("search", q) for qs in queries for q in qs]))
+    observations = iter(env.observe([Action(SEARCH, q) for qs in queries for q in qs]))
     out = []
     for example, qs in zip(examples, queries):
         segments: Segments = [(env.prompt(example), False)]
@@ -52,23 +52,27 @@ def scripted_trajectories(examples: Sequence[dict[str, Any]], env: SearchQAEnv, 
 
 
 def early_answers(examples: Sequence[dict[str, Any]], trajectories: Sequence[Segments], fraction: float,
-                  seed: int) -> list[Segments]:
+                  seed: int, answer_prompt: str) -> list[Segments]:
     """For a random `fraction` of the trajectories that searched once more than their plan, the intermediate
     answer the environment elicits just before that extra search: the answer straight from the last hop's
-    passage, after `ANSWER_PROMPT`.
+    passage, after the env's `answer_prompt` (which must open the scripted answer turn, so that the elicited
+    answer reads exactly like the policy's own).
 
     Without these, answering from the last hop's passage is practised only on the trajectories that stop
     there, while copying the answer into the verification query is practised on every other one, so stopping
     early costs the cold-started policy accuracy. With all of them, the direct answer becomes the better one
     and RL stops early whatever the efficiency reward says.
     """
+    if not answer_turn("x").startswith(answer_prompt):
+        raise ValueError(f"The answer prompt {answer_prompt!r} does not open the scripted answer turn "
+                         f"{answer_turn('x')!r}: set config.env.answer_prompt to its opening.")
     rng = np.random.default_rng(seed)
     out = []
     for example, segments in zip(examples, trajectories):
         # A trajectory holds the prompt, a (search, observation) pair per query, and the answer.
         if len(segments) > 2 * len(example["metadata"]["plan"]) + 2 and rng.random() < fraction:
-            answer = answer_turn(example["golden_answers"][0]).removeprefix(ANSWER_PROMPT)
-            out.append(list(segments[:-3]) + [(ANSWER_PROMPT, False), (answer, True)])
+            answer = answer_turn(example["golden_answers"][0]).removeprefix(answer_prompt)
+            out.append(list(segments[:-3]) + [(answer_prompt, False), (answer, True)])
     return out
 
 

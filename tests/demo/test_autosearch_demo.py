@@ -5,7 +5,7 @@ import json
 import os
 
 from configs import autosearch
-from searchrl import demo
+from searchrl.demo import autosearch as demo
 
 
 def test_demo_pipeline_writes_its_results(tmp_path):

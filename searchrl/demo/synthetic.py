@@ -11,18 +11,21 @@ half their facts shared with the original) only add passages, so retrieval has t
 Files (`write_world`): corpus.jsonl (FlashRAG: {"id", "contents": "\\"Title\\"\\ntext"}), train/dev/test.jsonl
 (FlashRAG QA: {"id", "question", "golden_answers", "metadata"}) and world.json (entities, for analysis).
 
-    python -m searchrl.data.synthetic --out DIR --seed 0 --entities 1000
+    python -m searchrl.demo.synthetic --out DIR --seed 0 --entities 1000
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
 import pathlib
 import random
 import time
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
+
+from absl import app, flags
+
+from searchrl import cli
 
 ENTITY_TYPES = ("person", "city", "organisation", "country")
 TYPE_SHARES = {"person": 0.5, "city": 0.2, "organisation": 0.2, "country": 0.1}
@@ -472,35 +475,45 @@ def write_world(world: World, out_dir: str | pathlib.Path) -> dict[str, pathlib.
     return paths
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--entities", type=int, default=1000, help="question-bearing entities")
-    parser.add_argument("--questions-per-entity", type=float, default=1.0)
-    parser.add_argument("--hop-fractions", default="1,1,1", help="shares of 1-, 2- and 3-hop questions")
-    parser.add_argument("--comparison-fraction", type=float, default=0.3, help="share of 2-hop comparisons")
-    parser.add_argument("--dev-fraction", type=float, default=0.1)
-    parser.add_argument("--test-fraction", type=float, default=0.1)
-    parser.add_argument("--pair-fraction", type=float, default=0.5, help="chance of two facts per passage")
-    parser.add_argument("--distractor-fraction", type=float, default=0.25)
-    args = parser.parse_args(argv)
+def main(argv: Sequence[str] | None = None) -> None:
+    values = flags.FlagValues()
+    out = flags.DEFINE_string("out", None, "output directory", required=True, flag_values=values)
+    seed = flags.DEFINE_integer("seed", 0, "random seed of the world", flag_values=values)
+    entities = flags.DEFINE_integer("entities", 1000, "question-bearing entities", flag_values=values)
+    questions_per_entity = flags.DEFINE_float("questions-per-entity", 1.0, "questions per entity of a split",
+                                              flag_values=values)
+    hop_fractions_text = flags.DEFINE_string("hop-fractions", "1,1,1", "shares of 1-, 2- and 3-hop questions",
+                                             flag_values=values)
+    comparison_fraction = flags.DEFINE_float("comparison-fraction", 0.3, "share of 2-hop comparisons",
+                                             flag_values=values)
+    dev_fraction = flags.DEFINE_float("dev-fraction", 0.1, "share of question-bearing entities in dev",
+                                      flag_values=values)
+    test_fraction = flags.DEFINE_float("test-fraction", 0.1, "share of question-bearing entities in test",
+                                       flag_values=values)
+    pair_fraction = flags.DEFINE_float("pair-fraction", 0.5, "chance of two facts per passage",
+                                       flag_values=values)
+    distractor_fraction = flags.DEFINE_float("distractor-fraction", 0.25,
+                                             "near-duplicate twins per question-bearing entity",
+                                             flag_values=values)
+    cli.parse(values, argv, __doc__)
     try:
-        hop_fractions = tuple(float(x) for x in args.hop_fractions.split(","))
+        hop_fractions = tuple(float(x) for x in hop_fractions_text.value.split(","))
     except ValueError:
-        parser.error(f"--hop-fractions: expected three comma-separated numbers, got {args.hop_fractions!r}")
+        raise app.UsageError("--hop-fractions: expected three comma-separated numbers, "
+                             f"got {hop_fractions_text.value!r}") from None
     start = time.perf_counter()
     try:
-        world = generate_world(args.seed, args.entities, questions_per_entity=args.questions_per_entity,
-                               hop_fractions=hop_fractions, comparison_fraction=args.comparison_fraction,
-                               dev_fraction=args.dev_fraction, test_fraction=args.test_fraction,
-                               pair_fraction=args.pair_fraction, distractor_fraction=args.distractor_fraction)
+        world = generate_world(seed.value, entities.value, questions_per_entity=questions_per_entity.value,
+                               hop_fractions=hop_fractions, comparison_fraction=comparison_fraction.value,
+                               dev_fraction=dev_fraction.value, test_fraction=test_fraction.value,
+                               pair_fraction=pair_fraction.value,
+                               distractor_fraction=distractor_fraction.value)
     except ValueError as e:
-        parser.error(str(e))
-    write_world(world, args.out)
+        raise app.UsageError(str(e)) from None
+    write_world(world, out.value)
     seconds = round(time.perf_counter() - start, 2)
-    print(json.dumps({**world.summary(), "out": args.out, "seconds": seconds}, indent=1))
+    print(json.dumps({**world.summary(), "out": out.value, "seconds": seconds}, indent=1))
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

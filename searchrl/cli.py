@@ -1,0 +1,90 @@
+"""Command lines of searchrl's tools: absl flags, each tool's on a `flags.FlagValues` of its own.
+
+absl's global `flags.FLAGS` holds the flags of the entry points `searchrl.main`, `searchrl.eval` and
+`searchrl.demo`. The tools share flag names (--index, --out, --batch-size, ...) and are imported together (one
+tool uses another's functions; tests call several tools' `main` in one process), so each `main(argv)` defines
+its flags on a new FlagValues, which also gives every call the defaults of the flags it does not set:
+
+    def main(argv: Sequence[str] | None = None) -> None:
+        values = flags.FlagValues()
+        out = flags.DEFINE_string("out", None, "output directory", required=True, flag_values=values)
+        cli.parse(values, argv, __doc__)
+        ...  # out.value
+
+    if __name__ == "__main__":
+        cli.run(main)
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Collection, Sequence
+from typing import NoReturn
+
+from absl import app, flags
+
+
+class _HelpFlag(flags.BooleanFlag):
+    """--help / -h: prints the tool's docstring and its flags, then exits."""
+
+    def __init__(self, values: flags.FlagValues, doc: str):
+        super().__init__("help", False, "show this help and exit", short_name="h")
+        self._values, self._doc = values, doc
+
+    def parse(self, argument: str | bool) -> None:
+        super().parse(argument)
+        if self.value:
+            print(f"{self._doc}\nflags:\n{self._values.get_help(include_special_flags=False)}")
+            sys.exit(0)
+
+
+def _parse(values: flags.FlagValues, argv: Sequence[str] | None, doc: str) -> list[str]:
+    """The positional words of `argv` (default: the command line after the program name), its flags parsed
+    into `values`; a flag error is printed to stderr and exits with status 1."""
+    tool_module = next(iter(values.flags_by_module_dict()))  # lists --help with the tool's flags
+    flags.DEFINE_flag(_HelpFlag(values, doc), values, module_name=tool_module)
+    try:
+        return values([sys.argv[0], *(sys.argv[1:] if argv is None else argv)])[1:]
+    except flags.Error as e:
+        _exit_with_error(str(e))
+
+
+def _exit_with_error(message: str) -> NoReturn:
+    sys.stderr.write(f"FATAL Flags parsing error: {message}\nPass --help to see help on flags.\n")
+    sys.exit(1)
+
+
+def parse(values: flags.FlagValues, argv: Sequence[str] | None, doc: str) -> None:
+    """Parses `argv` (default: the command line after the program name) into the tool's flags `values`.
+
+    --help / -h prints `doc` and the flags, then exits with status 0. An unknown or malformed flag, a
+    missing required one, a failed validator or a positional argument prints the error to stderr and exits
+    with status 1.
+    """
+    words = _parse(values, argv, doc)
+    if words:
+        _exit_with_error(f"unexpected arguments {words}")
+
+
+def parse_command(values: flags.FlagValues, argv: Sequence[str] | None, doc: str,
+                  commands: Collection[str]) -> str:
+    """`parse` for a tool with commands: `argv` holds one positional word out of `commands`, which is
+    returned."""
+    words = _parse(values, argv, doc)
+    if len(words) != 1 or words[0] not in commands:
+        _exit_with_error(f"expected one command out of {sorted(commands)}, got {words}")
+    return words[0]
+
+
+def _program_name_only(argv: list[str]) -> list[str]:
+    """app.run's flag parser: absl's global flags keep their defaults and every argument goes to the tool."""
+    flags.FLAGS(argv[:1])
+    return argv
+
+
+def run(main: Callable[[list[str]], object]) -> None:
+    """Runs a tool's `main` under `absl.app` (logging, `app.UsageError` handling) on the command line after
+    the program name; its return value is not an exit status."""
+    def main_of_command_line(argv: list[str]) -> None:
+        main(argv[1:])
+
+    app.run(main_of_command_line, flags_parser=_program_name_only)

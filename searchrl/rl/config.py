@@ -1,0 +1,112 @@
+"""The RL groups of an experiment config: `config.train` (the host loop), `config.rl` (the learn step) and
+`config.sft` (the cold start), with the optimizer of each model. No JAX here, so that building a config stays
+instant; `searchrl.rl.ppo` turns `RLConfig` into its static, hashable `PPOConfig`.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+DECAYS = ("constant", "cosine")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """One model's optimizer: AdamW with global-norm clipping and a warmup (+ constant or cosine) schedule."""
+
+    lr: float  # peak learning rate (the papers: actor 1e-6, critic 1e-5)
+    warmup_steps: int = 0  # linear warmup from 0 over this many training iterations
+    decay: str = "constant"  # after warmup: "constant", or "cosine" down to min_lr_ratio * lr at decay_steps
+    decay_steps: int = 0  # cosine only: iteration at which the rate reaches its floor (warmup included)
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.01  # decoupled (AdamW), on every parameter as torch.optim.AdamW in verl
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    clip_grad_norm: float = 1.0  # global-norm clipping threshold; 0 disables
+
+    def __post_init__(self):
+        if self.decay not in DECAYS:
+            raise ValueError(f"optimizer decay {self.decay!r} is not one of {DECAYS}")
+        if self.lr < 0 or self.warmup_steps < 0 or self.clip_grad_norm < 0:
+            raise ValueError(f"optimizer lr, warmup_steps and clip_grad_norm must be >= 0: {self}")
+        if self.decay == "cosine" and self.decay_steps <= self.warmup_steps:
+            raise ValueError(f"cosine decay needs decay_steps ({self.decay_steps}) > warmup_steps "
+                             f"({self.warmup_steps})")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """`config.train`: the host loop's schedule."""
+
+    steps: int = 100  # RL iterations
+    batch_size: int = 8  # prompts per iteration (each sampled rl.responses_per_prompt times)
+    log_every: int = 1
+    eval_every: int = 0  # 0: no evaluation during training
+    eval_batches: int = 1
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 3
+    async_checkpoints: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    """`config.rl`: one learn step (scoring, KL, advantages, PPO epochs), with verl's defaults."""
+
+    # Advantages: a name in searchrl.rl.advantages.ADVANTAGES, and the options of the estimators.
+    advantage: str = "gae"
+    gamma: float = 1.0  # gae, reinforce_plus_plus
+    lam: float = 1.0  # gae
+    grpo_eps: float = 1e-6  # grpo
+    grpo_norm_by_std: bool = True  # grpo (False: Dr.GRPO)
+    whiten_advantages: bool = True  # masked whitening over the batch (verl's GAE does this)
+    responses_per_prompt: int = 1  # > 1: group sampling for GRPO / RLOO (groups keyed by prompt)
+    # KL to the reference policy, in the reward (verl's algorithm.kl_ctrl) and / or as a loss.
+    use_reference: bool = False  # needed by both
+    kl_in_reward: bool = False  # subtract kl_coef * KL from the token rewards
+    kl_reward_estimator: str = "k1"  # a name in searchrl.rl.kl.KL_ESTIMATORS
+    kl_controller: str = "fixed"  # fixed | adaptive
+    kl_coef: float = 0.001
+    kl_target: float = 0.1  # adaptive only
+    kl_horizon: float = 10000.0  # adaptive only
+    kl_loss_coef: float = 0.0  # > 0: add kl_loss_coef * KL(pi || ref) to the policy loss (GRPO)
+    kl_loss_type: str = "low_var_kl"
+    # The update: PPO epochs over shuffled minibatches, gradient accumulation over micro-batches.
+    ppo_epochs: int = 1
+    minibatch_size: int = 8  # rows per optimizer step
+    micro_batch_size: int = 8  # rows per forward/backward pass
+    shuffle: bool = True
+    policy_loss: str = "ppo"  # a name in searchrl.rl.losses.POLICY_LOSSES
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2  # > low: DAPO's clip-higher
+    clip_ratio_c: float = 3.0  # dual clip
+    loss_agg_mode: str = "token-mean"  # searchrl.rl.losses.AGG_MODES
+    loss_max_length: int = 0  # seq-mean-token-sum-norm's constant (0: the padded length S)
+    value_clip: float = 0.5
+    entropy_coef: float = 0.0
+    use_critic: bool = True  # False for critic-free estimators (GRPO, RLOO, REINFORCE++)
+    compute_dtype: str = "float32"  # bfloat16 on accelerators: params are cast inside the loss
+    remat: bool = False
+    actor: OptimConfig = OptimConfig(lr=1e-6)
+    critic: OptimConfig = OptimConfig(lr=1e-5)
+
+    def __post_init__(self):
+        if min(self.minibatch_size, self.micro_batch_size, self.ppo_epochs, self.responses_per_prompt) < 1:
+            raise ValueError("rl.minibatch_size, rl.micro_batch_size, rl.ppo_epochs and rl.responses_per_prompt "
+                             "must be >= 1")
+        if self.minibatch_size % self.micro_batch_size:
+            raise ValueError(f"rl.minibatch_size={self.minibatch_size} is not a multiple of "
+                             f"rl.micro_batch_size={self.micro_batch_size}")
+        if (self.kl_in_reward or self.kl_loss_coef > 0) and not self.use_reference:
+            raise ValueError("rl.kl_in_reward and rl.kl_loss_coef > 0 need a reference policy: set "
+                             "rl.use_reference=True.")
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    """`config.sft`: supervised fine-tuning steps, batch and optimizer."""
+
+    steps: int = 200
+    batch_size: int = 32
+    max_len: int = 512
+    seed: int = 0
+    optim: OptimConfig = OptimConfig(lr=1e-3, warmup_steps=20)

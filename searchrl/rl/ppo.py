@@ -1,0 +1,386 @@
+"""PPO (and GRPO, RLOO, REINFORCE++) readable in one file: `learn(state, batch)` is one RL step as ONE jitted,
+sharded program.
+
+    score the rollout (policy log-probs, critic values, reference log-probs; in micro-batches)
+    -> KL penalty in the reward (optional; the coefficient's controller steps in the state)
+    -> advantages (an estimator from `advantages.ADVANTAGES`), whitened
+    -> `ppo_epochs` epochs over shuffled minibatches: gradient accumulation over micro-batches, one optimizer
+       step per minibatch per model.
+
+Token alignment (as `models.token_logprobs`): index t of every [B, S] array is about token t. logprobs[t] is
+log p(tokens[t] | tokens[:t]) under `log_softmax(logits / temperature)` (the sampler's convention),
+values[t] is the critic's value of the state *before* token t (read from the hidden state at t-1, as verl),
+index 0 is 0. loss_mask is > 0 on policy tokens only; positions are slots (arange(S): the rollout layout has
+no holes).
+
+Every loss is aggregated with `losses.agg_loss` over the *minibatch*: a micro-batch's aggregate is rescaled
+by its share of the minibatch (tokens for token-mean, rows for the seq-mean modes), so the accumulated
+gradient is exactly the full-minibatch gradient whatever the micro-batch size.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from typing import Any, Callable, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from searchrl import models
+from searchrl.models.sharding import TRAIN_RULES, ShardingRules, constrain
+from searchrl.rl import advantages as adv_lib
+from searchrl.rl import kl as kl_lib
+from searchrl.rl import losses
+from searchrl.rl.config import RLConfig
+from searchrl.rl.optim import apply_gradients, learning_rate, make_optimizer
+from searchrl.rl.train_state import StateLayout, TrainState, state_shardings
+
+_ROWS = ("batch", "length")
+
+
+class Batch(NamedTuple):
+    """One RL step's rollout, [B, S] per token (host or device arrays): what `learn` consumes."""
+
+    tokens: jax.Array  # int32
+    attention_mask: jax.Array  # bool: the slot holds a token
+    loss_mask: jax.Array  # float32: 1 on policy tokens (the only ones trained on)
+    sampler_logprobs: jax.Array  # float32: the sampler's log-probs of the policy tokens
+    token_rewards: jax.Array  # float32: the env's turn rewards on each turn's last token
+    group_ids: jax.Array  # int32 [B]: rows sampled from the same prompt share an id (GRPO, RLOO)
+    temperature: float | jax.Array = 1.0  # the sampler's `SamplingParams.logprob_temperature`
+
+
+class PPOBatch(NamedTuple):
+    """The update's data, [B, S] per token: a scored `Batch` with its advantages."""
+
+    tokens: jax.Array  # int32
+    attention_mask: jax.Array  # bool
+    loss_mask: jax.Array  # bool or float: policy tokens
+    old_logprobs: jax.Array  # float32, from `score`
+    advantages: jax.Array  # float32
+    returns: jax.Array | None = None  # float32, critic runs only
+    old_values: jax.Array | None = None  # float32, critic runs only
+    ref_logprobs: jax.Array | None = None  # float32, KL-loss runs only
+    temperature: float | jax.Array = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig:
+    """The static settings of a learn step (hashable: one compiled program per config and batch shape)."""
+
+    rl: RLConfig
+    layout: StateLayout
+
+    @classmethod
+    def create(cls, rl: RLConfig, model: models.ModelConfig, rules: ShardingRules = TRAIN_RULES) -> PPOConfig:
+        """Checks the names in `rl` and the options it sets against the functions they pick."""
+        for field, registry in (("advantage", adv_lib.ADVANTAGES), ("policy_loss", losses.POLICY_LOSSES),
+                                ("kl_reward_estimator", kl_lib.KL_ESTIMATORS),
+                                ("kl_loss_type", kl_lib.KL_ESTIMATORS)):
+            if getattr(rl, field) not in registry:
+                raise ValueError(f"rl.{field}={getattr(rl, field)!r} is not one of {sorted(registry)}")
+        if rl.loss_agg_mode not in losses.AGG_MODES:
+            raise ValueError(f"rl.loss_agg_mode={rl.loss_agg_mode!r} is not one of {losses.AGG_MODES}")
+        if rl.advantage == "gae" and not rl.use_critic:
+            raise ValueError("rl.advantage='gae' needs a critic: set rl.use_critic=True.")
+        layout = StateLayout(model=model, actor=rl.actor, critic=rl.critic if rl.use_critic else None,
+                             reference=rl.use_reference, ref_dtype=rl.compute_dtype, rules=rules)
+        config = cls(rl, layout)
+        config.advantage_options(), config.policy_loss_options()  # unused options fail here, not mid-run
+        return config
+
+    def advantage_options(self) -> dict[str, Any]:
+        """The options of `rl.advantage`, from the config fields that feed them."""
+        rl = self.rl
+        return _options(adv_lib.ADVANTAGES[rl.advantage], f"rl.advantage={rl.advantage!r}", rl, {
+            "gamma": "gamma", "lam": "lam", "eps": "grpo_eps", "norm_by_std": "grpo_norm_by_std"})
+
+    def policy_loss_options(self) -> dict[str, Any]:
+        rl = self.rl
+        options = _options(losses.POLICY_LOSSES[rl.policy_loss], f"rl.policy_loss={rl.policy_loss!r}", rl, {
+            "clip_ratio_low": "clip_ratio_low", "clip_ratio_high": "clip_ratio_high",
+            "clip_ratio_c": "clip_ratio_c", "agg_mode": "loss_agg_mode", "max_length": "loss_max_length"})
+        if "max_length" in options:
+            options["max_length"] = options["max_length"] or None  # 0: the padded length
+        return options
+
+
+def _options(fn: Callable, what: str, rl: RLConfig, fields: Mapping[str, str]) -> dict[str, Any]:
+    """`fn`'s keyword options from `rl` (parameter -> config field). A field `fn` does not take must keep its
+    default: a setting that would have no effect is an error, not silently dropped."""
+    accepted = inspect.signature(fn).parameters
+    defaults = RLConfig()
+    unused = [f"rl.{field}" for param, field in fields.items()
+              if param not in accepted and getattr(rl, field) != getattr(defaults, field)]
+    if unused:
+        raise ValueError(f"{unused} would have no effect with {what}; leave them at their defaults.")
+    return {param: getattr(rl, field) for param, field in fields.items() if param in accepted}
+
+
+def _cast(params: dict | None, dtype: str) -> dict | None:
+    """Params in the compute dtype (a no-op for float32); gradients flow back to the float32 masters."""
+    return None if params is None else jax.tree.map(lambda p: p.astype(dtype), params)
+
+
+def _positions(tokens: jax.Array) -> jax.Array:
+    return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+
+
+def _policy_logprobs(config: PPOConfig, params: dict, tokens, mask, temperature, with_entropy: bool):
+    logits = models.forward(config.layout.model, _cast(params, config.rl.compute_dtype), tokens,
+                            _positions(tokens), mask, rules=config.layout.rules, remat=config.rl.remat)[0]
+    logprobs, entropy = models.logprobs_from_logits(logits / temperature, tokens)
+    return (logprobs, entropy) if with_entropy else logprobs
+
+
+def _state_values(config: PPOConfig, params: dict, tokens, mask) -> jax.Array:
+    """Critic values aligned with tokens: index t holds V(tokens[:t]), index 0 is 0."""
+    v = models.values(config.layout.model, _cast(params, config.rl.compute_dtype), tokens, _positions(tokens),
+                      mask, rules=config.layout.rules, remat=config.rl.remat)
+    return jnp.concatenate([jnp.zeros_like(v[:, :1]), v[:, :-1]], axis=1)
+
+
+class _Share(NamedTuple):
+    """A micro-batch's share of its minibatch: of the policy tokens, and of the loss normaliser."""
+
+    tokens: jax.Array
+    loss: jax.Array
+
+
+def _share(config: PPOConfig, loss_mask: jax.Array, minibatch_tokens: jax.Array) -> _Share:
+    """Token-mean losses normalise by policy tokens, the seq-mean modes by rows."""
+    tokens = jnp.sum(loss_mask) / jnp.maximum(minibatch_tokens, 1.0)
+    rows = loss_mask.shape[0] / config.rl.minibatch_size
+    return _Share(tokens, tokens if config.rl.loss_agg_mode == "token-mean" else jnp.float32(rows))
+
+
+def _loss(config: PPOConfig, policy: dict, critic: dict | None, x: dict, temperature, share: _Share):
+    """(actor + critic loss of one micro-batch scaled to its minibatch share, metric contributions)."""
+    mask, loss_mask = x["attention_mask"], x["loss_mask"].astype(jnp.float32)
+    logp, entropy = _policy_logprobs(config, policy, x["tokens"], mask, temperature, True)
+    pg_loss, pg_metrics = losses.POLICY_LOSSES[config.rl.policy_loss](
+        logp, x["old_logprobs"], x["advantages"], loss_mask, **config.policy_loss_options())
+    ent, _ = losses.entropy_bonus(loss_mask, entropy=entropy, agg_mode=config.rl.loss_agg_mode)
+    actor_loss = pg_loss - config.rl.entropy_coef * ent
+    metrics = {"actor/pg_loss": pg_loss * share.loss, "actor/entropy": ent * share.loss}
+    metrics.update({f"actor/{k}": v * share.tokens for k, v in pg_metrics.items()})
+    if config.rl.kl_loss_coef > 0:
+        kl, _ = losses.kl_loss(logp, x["ref_logprobs"], loss_mask, estimator=config.rl.kl_loss_type,
+                               agg_mode=config.rl.loss_agg_mode)
+        actor_loss = actor_loss + config.rl.kl_loss_coef * kl
+        metrics["actor/kl_loss"] = kl * share.loss
+    total = actor_loss * share.loss
+    if critic is not None:
+        v = _state_values(config, critic, x["tokens"], mask)
+        vf_loss, vf_metrics = losses.value_loss(v, x["old_values"], x["returns"], loss_mask,
+                                                clip_range=config.rl.value_clip, agg_mode=config.rl.loss_agg_mode)
+        total = total + vf_loss * share.loss
+        metrics["critic/vf_loss"] = vf_loss * share.loss
+        metrics.update({f"critic/{k}": val * share.tokens for k, val in vf_metrics.items()})
+    return total, metrics
+
+
+def _split(x: jax.Array, parts: int, rules) -> jax.Array:
+    """[N, ...] -> [parts, N / parts, ...], rows of each part spread over the batch mesh axes."""
+    y = x.reshape(parts, x.shape[0] // parts, *x.shape[1:])
+    return constrain(y, (None,) + _ROWS[:y.ndim - 1], rules)
+
+
+def _minibatch_step(config: PPOConfig, temperature, lrs, carry, mb: dict):
+    """Accumulates gradients over the minibatch's micro-batches, then takes one optimizer step per model."""
+    policy, critic, actor_opt, critic_opt = carry
+    n_micro = config.rl.minibatch_size // config.rl.micro_batch_size
+    minibatch_tokens = jnp.sum(mb["loss_mask"].astype(jnp.float32))
+    grad_fn = jax.grad(functools.partial(_loss, config), argnums=(0, 1), has_aux=True)
+
+    def micro_grads(x):
+        return grad_fn(policy, critic, x, temperature, _share(config, x["loss_mask"], minibatch_tokens))
+
+    def micro_step(acc, x):
+        return jax.tree.map(jnp.add, acc, micro_grads(x)), None
+
+    micro = jax.tree.map(lambda a: _split(a, n_micro, config.layout.rules), mb)
+    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(micro_grads, jax.tree.map(lambda a: a[0], micro)))
+    ((policy_grads, critic_grads), metrics), _ = jax.lax.scan(micro_step, zeros, micro)
+
+    policy, actor_opt, actor_norm = apply_gradients(make_optimizer(config.layout.actor), policy, policy_grads,
+                                                    actor_opt, lrs[0])
+    metrics["actor/grad_norm"] = actor_norm
+    if critic is not None:
+        critic, critic_opt, critic_norm = apply_gradients(make_optimizer(config.layout.critic), critic,
+                                                          critic_grads, critic_opt, lrs[1])
+        metrics["critic/grad_norm"] = critic_norm
+    return (policy, critic, actor_opt, critic_opt), metrics
+
+
+def _ppo_update(config: PPOConfig, state: TrainState, batch: PPOBatch) -> tuple[TrainState, dict]:
+    rows = {k: v for k, v in batch._asdict().items() if k != "temperature" and v is not None}
+    num_rows = batch.tokens.shape[0]
+    n_mini = num_rows // config.rl.minibatch_size
+    key, shuffle_key = jax.random.split(jax.random.wrap_key_data(state.rng))
+    lrs = (learning_rate(config.layout.actor)(state.step),
+           learning_rate(config.layout.critic)(state.step) if config.layout.critic else None)
+
+    def epoch(carry, epoch_key):
+        order = jax.random.permutation(epoch_key, num_rows) if config.rl.shuffle else jnp.arange(num_rows)
+        minibatches = jax.tree.map(lambda a: _split(a[order], n_mini, config.layout.rules), rows)
+        step = functools.partial(_minibatch_step, config, batch.temperature, lrs)
+        return jax.lax.scan(step, carry, minibatches)
+
+    carry = (state.policy, state.critic, state.actor_opt, state.critic_opt)
+    (policy, critic, actor_opt, critic_opt), metrics = jax.lax.scan(
+        epoch, carry, jax.random.split(shuffle_key, config.rl.ppo_epochs))
+    metrics = jax.tree.map(jnp.mean, metrics)
+    metrics["actor/lr"] = jnp.asarray(lrs[0], jnp.float32)
+    if config.layout.critic:
+        metrics["critic/lr"] = jnp.asarray(lrs[1], jnp.float32)
+    state = state._replace(step=state.step + 1, policy=policy, critic=critic, actor_opt=actor_opt,
+                           critic_opt=critic_opt, rng=jax.random.key_data(key))
+    return state, metrics
+
+
+def batch_shardings(batch: NamedTuple, mesh: Mesh, config: PPOConfig) -> NamedTuple:
+    """NamedShardings of a batch (a `Batch` or `PPOBatch`): arrays sharded on their rows over the batch mesh
+    axes, scalars replicated."""
+    def sharding(x):
+        if x is None:
+            return None
+        shape = jnp.shape(x)
+        return models.logical_to_sharding(_ROWS[:len(shape)], mesh, config.layout.rules, shape)
+
+    return type(batch)(*(sharding(x) for x in batch))
+
+
+def _check_rows(batch: NamedTuple, config: PPOConfig) -> tuple[int, int]:
+    """Clear host-side errors for [B, S] fields whose shapes disagree, or a B the minibatches do not divide."""
+    name = type(batch).__name__
+    shape = tuple(jnp.shape(batch.tokens))
+    if len(shape) != 2:
+        raise ValueError(f"{name}.tokens must be [B, S], got shape {shape}")
+    for field, x in batch._asdict().items():
+        expected = shape[:1] if field == "group_ids" else shape
+        if field != "temperature" and x is not None and tuple(jnp.shape(x)) != expected:
+            raise ValueError(f"{name}.{field} has shape {tuple(jnp.shape(x))}, expected {expected}")
+    if shape[0] % config.rl.minibatch_size:
+        raise ValueError(f"batch of {shape[0]} rows is not a multiple of "
+                         f"rl.minibatch_size={config.rl.minibatch_size}")
+    return shape
+
+
+def _check_update_batch(batch: PPOBatch, config: PPOConfig) -> None:
+    _check_rows(batch, config)
+    needed = {"returns": config.layout.critic is not None, "old_values": config.layout.critic is not None,
+              "ref_logprobs": config.rl.kl_loss_coef > 0}
+    for name, need in needed.items():
+        if need and getattr(batch, name) is None:
+            raise ValueError(f"PPOBatch.{name} is required by this config (critic or KL loss) but is None")
+
+
+@functools.lru_cache(maxsize=None)
+def _sharded(fn: Callable, config: PPOConfig, mesh: Mesh, batch_layout: NamedTuple, donate: bool):
+    """`fn(config, state, batch)` jitted over the state's and the batch's shardings. With `donate`, it returns
+    (new state, scalar metrics) and the state is donated; without, [B, S] arrays sharded like the tokens."""
+    shardings = state_shardings(config.layout, mesh)
+    out = (shardings, NamedSharding(mesh, PartitionSpec())) if donate else batch_layout.tokens
+    return jax.jit(functools.partial(fn, config), in_shardings=(shardings, batch_layout), out_shardings=out,
+                   donate_argnums=0 if donate else ())
+
+
+def _run(fn: Callable, state: TrainState, batch: NamedTuple, config: PPOConfig, mesh: Mesh, donate: bool):
+    """`fn` on (state, batch), jitted once per config, mesh and batch layout."""
+    batch = batch._replace(temperature=np.float32(batch.temperature))  # one dtype: no retrace per caller type
+    jitted = _sharded(fn, config, mesh, batch_shardings(batch, mesh, config), donate)
+    with jax.set_mesh(mesh):
+        return jitted(state, batch)
+
+
+
+def ppo_update(state: TrainState, batch: PPOBatch, config: PPOConfig, mesh: Mesh) -> tuple[TrainState, dict]:
+    """The update alone: `ppo_epochs` epochs over shuffled minibatches (one optimizer step each, per model).
+
+    `state` is donated. Returns the new state and a dict of scalar metrics (device arrays) averaged over the
+    minibatches: actor/{pg_loss, entropy, pg_clipfrac, ppo_kl, ..., kl_loss, grad_norm, lr} and, with a
+    critic, critic/{vf_loss, vf_clipfrac, vpred_mean, grad_norm, lr}.
+    """
+    _check_update_batch(batch, config)
+    return _run(_ppo_update, state, batch, config, mesh, donate=True)
+
+
+def _score(config: PPOConfig, state: TrainState, tokens, attention_mask, temperature):
+    """(policy log-probs, critic values or None, reference log-probs or None) of the rollout, [B, S] each,
+    computed `rl.micro_batch_size` rows at a time."""
+    rows = tokens.shape[0]
+    parts = rows // config.rl.micro_batch_size if rows % config.rl.micro_batch_size == 0 else 1
+
+    def one(x):
+        tokens, mask = x
+        logprobs = _policy_logprobs(config, state.policy, tokens, mask, temperature, False)
+        values = None if state.critic is None else _state_values(config, state.critic, tokens, mask)
+        ref = None if state.ref is None else _policy_logprobs(config, state.ref, tokens, mask, temperature, False)
+        return logprobs, values, ref
+
+    split = [_split(x, parts, config.layout.rules) for x in (tokens, attention_mask)]
+    scored = jax.lax.map(one, tuple(split))
+    return jax.tree.map(lambda y: y.reshape(rows, *y.shape[2:]), scored)
+
+
+class _Tokens(NamedTuple):
+    tokens: jax.Array
+    attention_mask: jax.Array
+    temperature: float | jax.Array
+
+
+def _score_tokens(config: PPOConfig, state: TrainState, batch: _Tokens):
+    return _score(config, state, batch.tokens, batch.attention_mask, batch.temperature)
+
+
+def score(state: TrainState, tokens: jax.Array, attention_mask: jax.Array, temperature: float,
+          config: PPOConfig, mesh: Mesh):
+    """`learn`'s scoring pass alone: (policy log-probs, critic values or None, reference log-probs or None),
+    each [B, S] float32 and aligned as the module docstring says."""
+    batch = _Tokens(tokens, attention_mask, temperature)
+    _check_rows(batch, config)
+    return _run(_score_tokens, state, batch, config, mesh, donate=False)
+
+
+def explained_variance(returns: jax.Array, values: jax.Array, mask: jax.Array) -> jax.Array:
+    """1 - Var(returns - values) / (Var(returns) + 1e-5) over the policy tokens, as verl's vf_explained_var."""
+    return 1.0 - adv_lib.masked_var(returns - values, mask) / (adv_lib.masked_var(returns, mask) + 1e-5)
+
+
+def _learn(config: PPOConfig, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+    """One RL step (the module docstring's pipeline), pure."""
+    rl = config.rl
+    mask = batch.loss_mask.astype(jnp.float32)
+    logprobs, values, ref = _score(config, state, batch.tokens, batch.attention_mask, batch.temperature)
+    rewards, metrics = batch.token_rewards, {}
+    if rl.kl_in_reward:
+        rewards, kl = kl_lib.apply_kl_penalty(rewards, logprobs, ref, mask, state.kl.coef, rl.kl_reward_estimator)
+        controller = kl_lib.make_kl_controller(rl.kl_controller, rl.kl_coef, rl.kl_target, rl.kl_horizon)
+        state = state._replace(kl=controller.update(state.kl, kl["kl"], batch.tokens.shape[0]))
+        metrics |= {"rollout/kl": kl["kl"], "rollout/kl_coef": kl["kl_coef"]}
+    advantages, returns = adv_lib.compute_advantages(
+        rl.advantage, rewards=rewards, values=values, mask=mask, group_ids=batch.group_ids,
+        **config.advantage_options())
+    if rl.whiten_advantages:
+        advantages = adv_lib.masked_whiten(advantages, mask)
+    critic = values is not None
+    state, update_metrics = _ppo_update(config, state, PPOBatch(
+        batch.tokens, batch.attention_mask, mask, logprobs, advantages, returns=returns if critic else None,
+        old_values=values, ref_logprobs=ref, temperature=batch.temperature))
+    gap = jnp.where(mask > 0, jnp.abs(logprobs - batch.sampler_logprobs), 0.0)
+    metrics |= update_metrics | {"rollout/logprob_gap_max": jnp.max(gap)}
+    if critic:
+        metrics["critic/vf_explained_var"] = explained_variance(returns, values, mask)
+    return state, metrics
+
+
+def learn(state: TrainState, batch: Batch, config: PPOConfig, mesh: Mesh) -> tuple[TrainState, dict]:
+    """One RL step on a rollout batch as one jitted, sharded program: score -> KL penalty -> advantages ->
+    PPO epochs. `state` is donated. Returns the new state and scalar metrics (device arrays): `ppo_update`'s,
+    rollout/{logprob_gap_max, kl, kl_coef} and critic/vf_explained_var."""
+    _check_rows(batch, config)
+    return _run(_learn, state, batch, config, mesh, donate=True)

@@ -1,0 +1,37 @@
+"""The static settings of a rollout (they fix every compiled shape): `config.rollout`. No JAX here, so that
+building a config stays instant."""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Static sampling settings (hashable: part of the compiled program)."""
+
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature the log-probabilities are reported (and must be recomputed) at."""
+        return self.temperature if self.temperature > 0 else 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """Token budgets and sampling of a rollout."""
+
+    max_prompt_tokens: int = 256
+    max_len: int = 1024  # total slots a row may use: prompt + turns + observations
+    max_turn_tokens: int = 128  # sampled tokens per policy turn
+    max_obs_tokens: int = 256  # tokens per observation, after truncation
+    obs_buckets: tuple[int, ...] = (64, 128, 256)  # observation chunks are right-padded to one of these
+    chunk_steps: int = 32  # decode steps per jitted chunk
+    sampling: SamplingParams = SamplingParams()
+
+    def __post_init__(self):
+        if max(self.obs_buckets) < self.max_obs_tokens:
+            raise ValueError(f"rollout.obs_buckets {self.obs_buckets} must cover "
+                             f"rollout.max_obs_tokens={self.max_obs_tokens}.")
