@@ -12,7 +12,7 @@ text-to-SQL). The env parses the answer, runs the retriever or the database, and
 
 Recall and NDCG@k (gain = rel, log2 discount, ideal from the qrels) come from `searchrl.retrieval.metrics`:
 recall over everything retrieved is `recall_at_k(ids, qrels, len(ids))`. The public tables change from
-dataset to dataset; every value lives in `default_config()`.
+dataset to dataset; every value lives in `RewardConfig`.
 
 Differences from the public code, on purpose: code fences around the JSON are tolerated; an empty query
 is a parse error (the public code scores it as format-only); answers are matched on word boundaries
@@ -30,37 +30,53 @@ import sqlite3
 import time
 from typing import Sequence
 
-import ml_collections
-
 from searchrl.rewards import protocol, qa
+from searchrl.text import tags
 
 _FENCE = re.compile(r"\A```[\w-]*\s*(.*?)\s*```\Z", re.DOTALL)
-_STRUCTURE_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+_STRUCTURE_TAGS = tuple(t for tag in (tags.THINK, tags.ANSWER) for t in (tags.open_tag(tag), tags.close_tag(tag)))
 _SQL_ALLOWED = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
                           sqlite3.SQLITE_RECURSIVE})
 
 
-def default_config() -> ml_collections.ConfigDict:
+@dataclasses.dataclass(frozen=True)
+class TieredConfig:
+    """tiered: format term for well-formed / malformed tags, and the answer score of unparseable JSON."""
+
+    format_reward: float = 1.0
+    format_penalty: float = -4.0
+    parse_error_score: float = -4.0
+
+
+@dataclasses.dataclass(frozen=True)
+class GatedConfig:
+    """gated (BEIR, SQL): format term; the tags must be well formed and the JSON valid."""
+
+    format_reward: float = 0.1
+    format_penalty: float = -2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
     """DeepRetrieval reward tables."""
-    c = ml_collections.ConfigDict()
-    # tiered: format term for well-formed / malformed tags, and the answer score of unparseable JSON.
-    c.tiered = ml_collections.ConfigDict(dict(format_reward=1.0, format_penalty=-4.0, parse_error_score=-4.0))
-    # gated (BEIR, SQL): format term; the tags must be well formed and the JSON valid.
-    c.gated = ml_collections.ConfigDict(dict(format_reward=0.1, format_penalty=-2.0))
+
+    tiered: TieredConfig = TieredConfig()
+    gated: GatedConfig = GatedConfig()
     # (max 1-based rank, score), ascending: rank of the first retrieved passage that holds a gold answer
     # (squad.py); answer_rank_miss when no passage does.
-    c.answer_rank_tiers = ((5, 5.0), (20, 4.0), (50, 2.0), (100, 1.0), (1000, 0.5), (3000, 0.1))
-    c.answer_rank_miss = -3.5
+    answer_rank_tiers: tuple[tuple[int, float], ...] = ((5, 5.0), (20, 4.0), (50, 2.0), (100, 1.0), (1000, 0.5),
+                                                        (3000, 0.1))
+    answer_rank_miss: float = -3.5
     # (min recall, score), descending (pubmed.py); recall_miss below the last threshold.
-    c.recall_tiers = ((0.7, 5.0), (0.5, 4.0), (0.4, 3.0), (0.3, 1.0), (0.1, 0.5), (0.05, 0.1))
-    c.recall_miss = -3.5
+    recall_tiers: tuple[tuple[float, float], ...] = ((0.7, 5.0), (0.5, 4.0), (0.4, 3.0), (0.3, 1.0), (0.1, 0.5),
+                                                     (0.05, 0.1))
+    recall_miss: float = -3.5
     # NDCG cut-off for training rewards and for evaluation (msmarco_beir.py).
-    c.ndcg_k = 1000
-    c.ndcg_k_eval = 10
+    ndcg_k: int = 1000
+    ndcg_k_eval: int = 10
     # SQL execution: wall-clock limit per query and the most rows one query may return.
-    c.sql_timeout_s = 30.0
-    c.sql_max_rows = 100_000
-    return c
+    sql_timeout_s: float = 30.0
+    sql_max_rows: int = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,9 +137,9 @@ def parse_sql_answer(response: str) -> ParsedAnswer:
 
 
 def tiered_reward(parsed: ParsedAnswer, metric_score: float | None,
-                  cfg: ml_collections.ConfigDict | None = None) -> float:
+                  cfg: RewardConfig = RewardConfig()) -> float:
     """Format term plus `metric_score` (a tier score); the metric is needed only when a value was parsed."""
-    cfg = (cfg or default_config()).tiered
+    cfg = cfg.tiered
     if not parsed.structure_ok:
         return cfg.format_penalty
     if parsed.value is None:
@@ -134,9 +150,9 @@ def tiered_reward(parsed: ParsedAnswer, metric_score: float | None,
 
 
 def gated_reward(parsed: ParsedAnswer, metric_score: float | None,
-                 cfg: ml_collections.ConfigDict | None = None) -> float:
+                 cfg: RewardConfig = RewardConfig()) -> float:
     """Format term plus a positive metric; 0 for a well-formed answer whose metric is not positive."""
-    cfg = (cfg or default_config()).gated
+    cfg = cfg.gated
     if not parsed.structure_ok or parsed.value is None:
         return cfg.format_penalty
     if metric_score is None:
@@ -149,9 +165,8 @@ def first_answer_rank(passages: Sequence[str], golds: qa.Golds) -> int | None:
     return next((i + 1 for i, p in enumerate(passages) if qa.has_answer(p, golds)), None)
 
 
-def answer_rank_score(rank: int | None, cfg: ml_collections.ConfigDict | None = None) -> float:
+def answer_rank_score(rank: int | None, cfg: RewardConfig = RewardConfig()) -> float:
     """The tier score of an answer rank (None: no passage holds an answer)."""
-    cfg = cfg or default_config()
     if rank is not None:
         for max_rank, score in cfg.answer_rank_tiers:
             if rank <= max_rank:
@@ -159,9 +174,8 @@ def answer_rank_score(rank: int | None, cfg: ml_collections.ConfigDict | None = 
     return float(cfg.answer_rank_miss)
 
 
-def recall_score(value: float, cfg: ml_collections.ConfigDict | None = None) -> float:
+def recall_score(value: float, cfg: RewardConfig = RewardConfig()) -> float:
     """The tier score of a recall."""
-    cfg = cfg or default_config()
     for min_recall, score in cfg.recall_tiers:
         if value >= min_recall:
             return float(score)
@@ -192,9 +206,8 @@ def run_sql(db_path: str | pathlib.Path, sql: str, *, timeout_s: float, max_rows
 
 
 def sql_execution_match(db_path: str | pathlib.Path, pred_sql: str, gold_sql: str,
-                        cfg: ml_collections.ConfigDict | None = None) -> tuple[float, str]:
+                        cfg: RewardConfig = RewardConfig()) -> tuple[float, str]:
     """1.0 when both queries return the same set of rows, else 0.0; the reason says why it is 0."""
-    cfg = cfg or default_config()
     results = {}
     for name, sql in (("predicted", pred_sql), ("gold", gold_sql)):
         try:

@@ -36,7 +36,7 @@ from searchrl.rl import kl as kl_lib
 from searchrl.rl import losses
 from searchrl.rl.config import RLConfig
 from searchrl.rl.optim import apply_gradients, learning_rate, make_optimizer
-from searchrl.rl.train_state import StateLayout, TrainState, state_shardings
+from searchrl.rl.train_state import StateSpec, TrainState, state_shardings
 
 _ROWS = ("batch", "length")
 
@@ -72,7 +72,7 @@ class PPOConfig:
     """The static settings of a learn step (hashable: one compiled program per config and batch shape)."""
 
     rl: RLConfig
-    layout: StateLayout
+    spec: StateSpec
 
     @classmethod
     def create(cls, rl: RLConfig, model: models.ModelConfig, rules: ShardingRules = TRAIN_RULES) -> PPOConfig:
@@ -86,9 +86,9 @@ class PPOConfig:
             raise ValueError(f"rl.loss_agg_mode={rl.loss_agg_mode!r} is not one of {losses.AGG_MODES}")
         if rl.advantage == "gae" and not rl.use_critic:
             raise ValueError("rl.advantage='gae' needs a critic: set rl.use_critic=True.")
-        layout = StateLayout(model=model, actor=rl.actor, critic=rl.critic if rl.use_critic else None,
+        spec = StateSpec(model=model, actor=rl.actor, critic=rl.critic if rl.use_critic else None,
                              reference=rl.use_reference, ref_dtype=rl.compute_dtype, rules=rules)
-        config = cls(rl, layout)
+        config = cls(rl, spec)
         config.advantage_options(), config.policy_loss_options()  # unused options fail here, not mid-run
         return config
 
@@ -130,16 +130,16 @@ def _positions(tokens: jax.Array) -> jax.Array:
 
 
 def _policy_logprobs(config: PPOConfig, params: dict, tokens, mask, temperature, with_entropy: bool):
-    logits = models.forward(config.layout.model, _cast(params, config.rl.compute_dtype), tokens,
-                            _positions(tokens), mask, rules=config.layout.rules, remat=config.rl.remat)[0]
+    logits = models.forward(config.spec.model, _cast(params, config.rl.compute_dtype), tokens,
+                            _positions(tokens), mask, rules=config.spec.rules, remat=config.rl.remat)[0]
     logprobs, entropy = models.logprobs_from_logits(logits / temperature, tokens)
     return (logprobs, entropy) if with_entropy else logprobs
 
 
 def _state_values(config: PPOConfig, params: dict, tokens, mask) -> jax.Array:
     """Critic values aligned with tokens: index t holds V(tokens[:t]), index 0 is 0."""
-    v = models.values(config.layout.model, _cast(params, config.rl.compute_dtype), tokens, _positions(tokens),
-                      mask, rules=config.layout.rules, remat=config.rl.remat)
+    v = models.values(config.spec.model, _cast(params, config.rl.compute_dtype), tokens, _positions(tokens),
+                      mask, rules=config.spec.rules, remat=config.rl.remat)
     return jnp.concatenate([jnp.zeros_like(v[:, :1]), v[:, :-1]], axis=1)
 
 
@@ -202,31 +202,31 @@ def _minibatch_step(config: PPOConfig, temperature, lrs, carry, mb: dict):
     def micro_step(acc, x):
         return jax.tree.map(jnp.add, acc, micro_grads(x)), None
 
-    micro = jax.tree.map(lambda a: _split(a, n_micro, config.layout.rules), mb)
+    micro = jax.tree.map(lambda a: _split(a, n_micro, config.spec.rules), mb)
     zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(micro_grads, jax.tree.map(lambda a: a[0], micro)))
     ((policy_grads, critic_grads), metrics), _ = jax.lax.scan(micro_step, zeros, micro)
 
-    policy, actor_opt, actor_norm = apply_gradients(make_optimizer(config.layout.actor), policy, policy_grads,
+    policy, actor_opt, actor_norm = apply_gradients(make_optimizer(config.spec.actor), policy, policy_grads,
                                                     actor_opt, lrs[0])
     metrics["actor/grad_norm"] = actor_norm
     if critic is not None:
-        critic, critic_opt, critic_norm = apply_gradients(make_optimizer(config.layout.critic), critic,
+        critic, critic_opt, critic_norm = apply_gradients(make_optimizer(config.spec.critic), critic,
                                                           critic_grads, critic_opt, lrs[1])
         metrics["critic/grad_norm"] = critic_norm
     return (policy, critic, actor_opt, critic_opt), metrics
 
 
 def _ppo_update(config: PPOConfig, state: TrainState, batch: PPOBatch) -> tuple[TrainState, dict]:
-    rows = {k: v for k, v in batch._asdict().items() if k != "temperature" and v is not None}
+    arrays = {k: v for k, v in batch._asdict().items() if k != "temperature" and v is not None}
     num_rows = batch.tokens.shape[0]
     n_mini = num_rows // config.rl.minibatch_size
     key, shuffle_key = jax.random.split(jax.random.wrap_key_data(state.rng))
-    lrs = (learning_rate(config.layout.actor)(state.step),
-           learning_rate(config.layout.critic)(state.step) if config.layout.critic else None)
+    lrs = (learning_rate(config.spec.actor)(state.step),
+           learning_rate(config.spec.critic)(state.step) if config.spec.critic else None)
 
     def epoch(carry, epoch_key):
         order = jax.random.permutation(epoch_key, num_rows) if config.rl.shuffle else jnp.arange(num_rows)
-        minibatches = jax.tree.map(lambda a: _split(a[order], n_mini, config.layout.rules), rows)
+        minibatches = jax.tree.map(lambda a: _split(a[order], n_mini, config.spec.rules), arrays)
         step = functools.partial(_minibatch_step, config, batch.temperature, lrs)
         return jax.lax.scan(step, carry, minibatches)
 
@@ -235,7 +235,7 @@ def _ppo_update(config: PPOConfig, state: TrainState, batch: PPOBatch) -> tuple[
         epoch, carry, jax.random.split(shuffle_key, config.rl.ppo_epochs))
     metrics = jax.tree.map(jnp.mean, metrics)
     metrics["actor/lr"] = jnp.asarray(lrs[0], jnp.float32)
-    if config.layout.critic:
+    if config.spec.critic:
         metrics["critic/lr"] = jnp.asarray(lrs[1], jnp.float32)
     state = state._replace(step=state.step + 1, policy=policy, critic=critic, actor_opt=actor_opt,
                            critic_opt=critic_opt, rng=jax.random.key_data(key))
@@ -249,7 +249,7 @@ def batch_shardings(batch: NamedTuple, mesh: Mesh, config: PPOConfig) -> NamedTu
         if x is None:
             return None
         shape = jnp.shape(x)
-        return models.logical_to_sharding(_ROWS[:len(shape)], mesh, config.layout.rules, shape)
+        return models.logical_to_sharding(_ROWS[:len(shape)], mesh, config.spec.rules, shape)
 
     return type(batch)(*(sharding(x) for x in batch))
 
@@ -272,7 +272,7 @@ def _check_rows(batch: NamedTuple, config: PPOConfig) -> tuple[int, int]:
 
 def _check_update_batch(batch: PPOBatch, config: PPOConfig) -> None:
     _check_rows(batch, config)
-    needed = {"returns": config.layout.critic is not None, "old_values": config.layout.critic is not None,
+    needed = {"returns": config.spec.critic is not None, "old_values": config.spec.critic is not None,
               "ref_logprobs": config.rl.kl_loss_coef > 0}
     for name, need in needed.items():
         if need and getattr(batch, name) is None:
@@ -280,17 +280,17 @@ def _check_update_batch(batch: PPOBatch, config: PPOConfig) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _sharded(fn: Callable, config: PPOConfig, mesh: Mesh, batch_layout: NamedTuple, donate: bool):
+def _sharded(fn: Callable, config: PPOConfig, mesh: Mesh, batch_specs: NamedTuple, donate: bool):
     """`fn(config, state, batch)` jitted over the state's and the batch's shardings. With `donate`, it returns
     (new state, scalar metrics) and the state is donated; without, [B, S] arrays sharded like the tokens."""
-    shardings = state_shardings(config.layout, mesh)
-    out = (shardings, NamedSharding(mesh, PartitionSpec())) if donate else batch_layout.tokens
-    return jax.jit(functools.partial(fn, config), in_shardings=(shardings, batch_layout), out_shardings=out,
+    shardings = state_shardings(config.spec, mesh)
+    out = (shardings, NamedSharding(mesh, PartitionSpec())) if donate else batch_specs.tokens
+    return jax.jit(functools.partial(fn, config), in_shardings=(shardings, batch_specs), out_shardings=out,
                    donate_argnums=0 if donate else ())
 
 
 def _run(fn: Callable, state: TrainState, batch: NamedTuple, config: PPOConfig, mesh: Mesh, donate: bool):
-    """`fn` on (state, batch), jitted once per config, mesh and batch layout."""
+    """`fn` on (state, batch), jitted once per config, mesh and batch shape."""
     batch = batch._replace(temperature=np.float32(batch.temperature))  # one dtype: no retrace per caller type
     jitted = _sharded(fn, config, mesh, batch_shardings(batch, mesh, config), donate)
     with jax.set_mesh(mesh):
@@ -322,7 +322,7 @@ def _score(config: PPOConfig, state: TrainState, tokens, attention_mask, tempera
         ref = None if state.ref is None else _policy_logprobs(config, state.ref, tokens, mask, temperature, False)
         return logprobs, values, ref
 
-    split = [_split(x, parts, config.layout.rules) for x in (tokens, attention_mask)]
+    split = [_split(x, parts, config.spec.rules) for x in (tokens, attention_mask)]
     scored = jax.lax.map(one, tuple(split))
     return jax.tree.map(lambda y: y.reshape(rows, *y.shape[2:]), scored)
 

@@ -19,7 +19,7 @@ from searchrl import models
 from searchrl.shapes import padded_width
 from searchrl.rl.config import OptimConfig, SFTConfig
 from searchrl.rl.optim import apply_gradients, learning_rate, make_optimizer
-from searchrl.rl.train_state import StateLayout, state_shardings
+from searchrl.rl.train_state import StateSpec, state_shardings
 
 Segments = Sequence[tuple[str, bool]]
 
@@ -60,7 +60,7 @@ def _attention(tokens: jax.Array, loss_mask: jax.Array) -> jax.Array:
 def _train_step(cfg: models.ModelConfig, optim: OptimConfig, mesh: Mesh):
     """The jitted, sharded SFT step and its optimizer (params and moments as in RL training)."""
     tx, schedule = make_optimizer(optim), learning_rate(optim)
-    shardings = state_shardings(StateLayout(model=cfg, actor=optim), mesh)
+    shardings = state_shardings(StateSpec(model=cfg, actor=optim), mesh)
     rows = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
     replicated = NamedSharding(mesh, PartitionSpec())
 

@@ -1,6 +1,6 @@
 """The RL train state: policy, optional critic and frozen reference, optimizer states, RNG, KL coefficient.
 
-`TrainState` is a plain pytree (checkpointed whole by `searchrl.checkpoint`). `StateLayout` is its static
+`TrainState` is a plain pytree (checkpointed whole by `searchrl.checkpoint`). `StateSpec` is its static
 description (hashable); from it come the state's shardings over a mesh, an abstract (shape + sharding) state
 to restore a checkpoint onto, and the sharded initial state.
 """
@@ -36,7 +36,7 @@ class TrainState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class StateLayout:
+class StateSpec:
     """Which models a run trains or keeps, and how (hashable: a static argument of jitted functions)."""
 
     model: models.ModelConfig
@@ -47,40 +47,40 @@ class StateLayout:
     rules: ShardingRules = TRAIN_RULES
 
 
-def _init(layout: StateLayout, policy: dict, critic: dict | None, key_data: jax.Array, kl_coef: float
+def _init(spec: StateSpec, policy: dict, critic: dict | None, key_data: jax.Array, kl_coef: float
           ) -> TrainState:
     """The initial state (pure; jitted by `init_train_state`)."""
     key = jax.random.wrap_key_data(key_data)
     policy = jax.tree.map(lambda p: p.astype(jnp.float32), policy)
-    if layout.critic is not None and critic is None:
-        critic = models.value_params_from_policy(layout.model, policy, jax.random.fold_in(key, 0))
+    if spec.critic is not None and critic is None:
+        critic = models.value_params_from_policy(spec.model, policy, jax.random.fold_in(key, 0))
     critic = None if critic is None else jax.tree.map(lambda p: p.astype(jnp.float32), critic)
-    ref = jax.tree.map(lambda p: p.astype(layout.ref_dtype), policy) if layout.reference else None
+    ref = jax.tree.map(lambda p: p.astype(spec.ref_dtype), policy) if spec.reference else None
     return TrainState(
         step=jnp.zeros((), jnp.int32),
         policy=policy,
         critic=critic,
         ref=ref,
-        actor_opt=make_optimizer(layout.actor).init(policy),
-        critic_opt=None if critic is None else make_optimizer(layout.critic).init(critic),
+        actor_opt=make_optimizer(spec.actor).init(policy),
+        critic_opt=None if critic is None else make_optimizer(spec.critic).init(critic),
         rng=jax.random.key_data(jax.random.fold_in(key, 1)),
         kl=KLState(jnp.asarray(kl_coef, jnp.float32)),
     )
 
 
-def _unsharded_abstract(layout: StateLayout) -> TrainState:
-    policy = jax.eval_shape(functools.partial(models.init_params, layout.model), jax.random.key(0))
+def _unsharded_abstract(spec: StateSpec) -> TrainState:
+    policy = jax.eval_shape(functools.partial(models.init_params, spec.model), jax.random.key(0))
     key_data = jax.ShapeDtypeStruct((2,), jnp.uint32)
-    return jax.eval_shape(functools.partial(_init, layout, kl_coef=0.0), policy, None, key_data)
+    return jax.eval_shape(functools.partial(_init, spec, kl_coef=0.0), policy, None, key_data)
 
 
-def state_shardings(layout: StateLayout, mesh: Mesh) -> TrainState:
+def state_shardings(spec: StateSpec, mesh: Mesh) -> TrainState:
     """NamedShardings of every state leaf: params per `param_shardings(rules)`, optimizer moments like their
     params, scalars and the RNG replicated."""
-    abstract = _unsharded_abstract(layout)
+    abstract = _unsharded_abstract(spec)
     replicated = NamedSharding(mesh, PartitionSpec())
-    policy = models.param_shardings(layout.model, mesh, layout.rules)
-    critic = models.param_shardings(layout.model, mesh, layout.rules, value=True) if layout.critic else None
+    policy = models.param_shardings(spec.model, mesh, spec.rules)
+    critic = models.param_shardings(spec.model, mesh, spec.rules, value=True) if spec.critic else None
 
     def opt(cfg: OptimConfig | None, opt_state, params):
         if cfg is None:
@@ -92,21 +92,21 @@ def state_shardings(layout: StateLayout, mesh: Mesh) -> TrainState:
         step=replicated,
         policy=policy,
         critic=critic,
-        ref=policy if layout.reference else None,
-        actor_opt=opt(layout.actor, abstract.actor_opt, policy),
-        critic_opt=opt(layout.critic, abstract.critic_opt, critic),
+        ref=policy if spec.reference else None,
+        actor_opt=opt(spec.actor, abstract.actor_opt, policy),
+        critic_opt=opt(spec.critic, abstract.critic_opt, critic),
         rng=replicated,
         kl=KLState(replicated),
     )
 
 
-def abstract_train_state(layout: StateLayout, mesh: Mesh) -> TrainState:
+def abstract_train_state(spec: StateSpec, mesh: Mesh) -> TrainState:
     """ShapeDtypeStructs with shardings: the target to restore a checkpoint onto."""
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        _unsharded_abstract(layout), state_shardings(layout, mesh))
+                        _unsharded_abstract(spec), state_shardings(spec, mesh))
 
 
-def init_train_state(layout: StateLayout, mesh: Mesh, policy: dict, key: jax.Array, *,
+def init_train_state(spec: StateSpec, mesh: Mesh, policy: dict, key: jax.Array, *,
                      critic: dict | None = None, kl_coef: float = 0.0) -> TrainState:
     """The sharded initial state from policy params (any dtype; kept as float32 master weights).
 
@@ -114,16 +114,16 @@ def init_train_state(layout: StateLayout, mesh: Mesh, policy: dict, key: jax.Arr
     (`models.value_params_from_policy`). The reference is a copy of `policy`. `key` is a typed PRNG key.
     Works unchanged across processes when `policy` (and `critic`) are global arrays.
     """
-    if critic is not None and layout.critic is None:
-        raise ValueError("init_train_state: critic params were given but the layout has no critic")
-    init = _jitted_init(layout, mesh, critic is not None, float(kl_coef))
+    if critic is not None and spec.critic is None:
+        raise ValueError("init_train_state: critic params were given but the spec has no critic")
+    init = _jitted_init(spec, mesh, critic is not None, float(kl_coef))
     return init(policy, critic, np.asarray(jax.random.key_data(key)))  # host data: the same on every process
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted_init(layout: StateLayout, mesh: Mesh, given_critic: bool, kl_coef: float):
-    shardings = state_shardings(layout, mesh)
+def _jitted_init(spec: StateSpec, mesh: Mesh, given_critic: bool, kl_coef: float):
+    shardings = state_shardings(spec, mesh)
     replicated = NamedSharding(mesh, PartitionSpec())
-    return jax.jit(functools.partial(_init, layout, kl_coef=kl_coef),
+    return jax.jit(functools.partial(_init, spec, kl_coef=kl_coef),
                    in_shardings=(shardings.policy, shardings.critic if given_critic else None, replicated),
                    out_shardings=shardings)

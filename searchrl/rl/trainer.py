@@ -82,9 +82,9 @@ class Trainer:
 
     def _restore_or_init(self, policy: dict):
         if self.checkpointer.latest_step() is not None:
-            state, record = self.checkpointer.restore(abstract_train_state(self.ppo.layout, self.mesh))
+            state, record = self.checkpointer.restore(abstract_train_state(self.ppo.spec, self.mesh))
             return state, int(record["data_position"])
-        state = init_train_state(self.ppo.layout, self.mesh, policy, jax.random.fold_in(self.key, 0),
+        state = init_train_state(self.ppo.spec, self.mesh, policy, jax.random.fold_in(self.key, 0),
                                  kl_coef=self.ppo.rl.kl_coef)
         return state, 0
 

@@ -246,15 +246,15 @@ class RolloutEngine:
         return self._trajectory(state, prompt_lengths, turns, finish)
 
     def _trajectory(self, state, prompt_lengths, turns, finish) -> Trajectory:
-        tokens, policy, logprobs, length = jax.device_get(
-            (state.tokens, state.policy, state.logprobs, state.cache.length)
+        tokens, sampled, logprobs, length = jax.device_get(
+            (state.tokens, state.sampled, state.logprobs, state.cache.length)
         )
         slots = np.arange(tokens.shape[1])[None, :]
         attention = slots < np.asarray(length)[:, None]
         return Trajectory(
             tokens=np.where(attention, tokens, 0).astype(np.int32),
             attention_mask=attention,
-            loss_mask=(np.asarray(policy) & attention).astype(np.float32),
+            loss_mask=(np.asarray(sampled) & attention).astype(np.float32),
             logprobs=np.where(attention, logprobs, 0.0).astype(np.float32),
             prompt_lengths=np.asarray(prompt_lengths, np.int32),
             lengths=np.asarray(length, np.int32),

@@ -29,7 +29,7 @@ class GenState(NamedTuple):
 
     cache: models.KVCache
     tokens: jax.Array  # [B, S] int32: every token at its cache slot (and the pending one)
-    policy: jax.Array  # [B, S] bool: sampled by the policy
+    sampled: jax.Array  # [B, S] bool: sampled by the policy
     logprobs: jax.Array  # [B, S] fp32: sampler log-probability of policy tokens, 0 elsewhere
     pending: jax.Array  # [B] bool: the row holds a sampled token not yet in the cache
     active: jax.Array  # [B] bool: the row is generating its current turn
@@ -63,7 +63,7 @@ def init_state(cfg: models.ModelConfig, batch: int, slots: int, key: jax.Array, 
     return GenState(
         cache=models.KVCache.init(cfg, batch, slots, dtype),
         tokens=jnp.zeros((batch, slots), jnp.int32),
-        policy=jnp.zeros((batch, slots), bool),
+        sampled=jnp.zeros((batch, slots), bool),
         logprobs=jnp.zeros((batch, slots), jnp.float32),
         pending=jnp.zeros((batch,), bool),
         active=jnp.zeros((batch,), bool),
@@ -77,7 +77,7 @@ def _record_samples(state: GenState, rows: jax.Array, tokens: jax.Array, logprob
     slot = state.cache.length
     return state._replace(
         tokens=models.write_rows(state.tokens, tokens[:, None], slot, rows[:, None]),
-        policy=models.write_rows(state.policy, jnp.ones_like(rows)[:, None], slot, rows[:, None]),
+        sampled=models.write_rows(state.sampled, jnp.ones_like(rows)[:, None], slot, rows[:, None]),
         logprobs=models.write_rows(state.logprobs, logprobs[:, None], slot, rows[:, None]),
         pending=state.pending | rows,
     )
@@ -106,7 +106,7 @@ def extend(
     state = state._replace(
         cache=cache,
         tokens=models.write_rows(state.tokens, chunk, start, real),
-        policy=models.write_rows(state.policy, jnp.zeros_like(real), start, real),
+        sampled=models.write_rows(state.sampled, jnp.zeros_like(real), start, real),
         logprobs=models.write_rows(state.logprobs, jnp.zeros(chunk.shape, jnp.float32), start, real),
     )
     last = jnp.take_along_axis(hidden, jnp.maximum(chunk_len - 1, 0)[:, None, None], axis=1)[:, 0]
@@ -181,7 +181,7 @@ def truncate(state: GenState, length: jax.Array) -> GenState:
     slots = jnp.arange(state.tokens.shape[1])[None, :]
     keep = slots < length[:, None]
     cache = state.cache._replace(valid=state.cache.valid & keep, length=jnp.minimum(state.cache.length, length))
-    return state._replace(cache=cache, policy=state.policy & keep, logprobs=jnp.where(keep, state.logprobs, 0.0))
+    return state._replace(cache=cache, sampled=state.sampled & keep, logprobs=jnp.where(keep, state.logprobs, 0.0))
 
 
 @jax.jit

@@ -283,8 +283,8 @@ def test_evaluate_policy_budgets_and_depth(world):
 
 def saved_checkpoint(directory, cfg, params):
     """A trainer-format checkpoint (whole TrainState + model config) at step 3."""
-    layout = train_state.StateLayout(cfg, OptimConfig(1e-3))
-    state = train_state.init_train_state(layout, models.make_mesh(), params, jax.random.key(0))
+    spec = train_state.StateSpec(cfg, OptimConfig(1e-3))
+    state = train_state.init_train_state(spec, models.make_mesh(), params, jax.random.key(0))
     with checkpoint.Checkpointer(directory, async_save=False) as ckpt:
         ckpt.save(3, state, model=cfg)
 

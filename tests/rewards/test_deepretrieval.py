@@ -141,8 +141,7 @@ def test_sql_errors(db, pred, reason):
 
 
 def test_sql_limits(db):
-    cfg = dr.default_config()
-    cfg.sql_timeout_s, cfg.sql_max_rows = 0.2, 2
+    cfg = dr.RewardConfig(sql_timeout_s=0.2, sql_max_rows=2)
     endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
     assert dr.sql_execution_match(db, endless, "SELECT 1", cfg) == (0.0, "predicted SQL failed: interrupted")
     assert dr.sql_execution_match(db, "SELECT id FROM item", "SELECT 1", cfg) == (

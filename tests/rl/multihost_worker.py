@@ -42,7 +42,7 @@ def run_update(mesh, rows: dict) -> tuple[train_state.TrainState, dict]:
     config = ppo_config()
     init = jax.jit(lambda: models.init_params(CFG, jax.random.key(0)),
                    out_shardings=models.param_shardings(CFG, mesh))
-    state = train_state.init_train_state(config.layout, mesh, init(), jax.random.key(1))
+    state = train_state.init_train_state(config.spec, mesh, init(), jax.random.key(1))
     logp, values, ref = ppo.score(state, rows["tokens"], rows["attention_mask"], 1.0, config, mesh)
     batch = ppo.PPOBatch(rows["tokens"], rows["attention_mask"], rows["loss_mask"], logp + rows["noise"],
                             rows["advantages"], returns=rows["returns"], old_values=values, ref_logprobs=ref)

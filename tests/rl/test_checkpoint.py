@@ -16,21 +16,22 @@ import torch
 import transformers
 
 from searchrl import checkpoint, models
-from searchrl.rl import kl, optim, train_state
+from searchrl.rl import kl, train_state
+from searchrl.rl.config import OptimConfig
 
 CFG = dataclasses.replace(models.get_preset("tiny"), vocab_size=128)
-LAYOUT = train_state.StateLayout(CFG, optim.OptimConfig(1e-3), optim.OptimConfig(1e-3), reference=True)
+SPEC = train_state.StateSpec(CFG, OptimConfig(1e-3), OptimConfig(1e-3), reference=True)
 MESH = models.make_mesh(2, 2, 2)
 
 
 def make_state(mesh, seed: int) -> train_state.TrainState:
     """An initial state with every leaf changed (moments, counts, step, rng, KL coefficient too)."""
-    state = train_state.init_train_state(LAYOUT, mesh, models.init_params(CFG, jax.random.key(0)),
+    state = train_state.init_train_state(SPEC, mesh, models.init_params(CFG, jax.random.key(0)),
                                          jax.random.key(1), kl_coef=0.05)
     rng = np.random.default_rng(seed)
     changed = jax.tree.map(lambda x: x + (0.01 * rng.normal(size=x.shape)).astype(x.dtype)
                            if np.issubdtype(x.dtype, np.floating) else x + seed, jax.device_get(state))
-    return jax.device_put(changed, train_state.state_shardings(LAYOUT, mesh))
+    return jax.device_put(changed, train_state.state_shardings(SPEC, mesh))
 
 
 def assert_states_equal(a, b):
@@ -56,7 +57,7 @@ def test_round_trip_is_exact_with_shardings_and_record(saved):
     directory, states = saved
     with checkpoint.Checkpointer(directory) as ckpt:
         assert ckpt.all_steps() == [1, 2] and ckpt.latest_step() == 2
-        target = train_state.abstract_train_state(LAYOUT, MESH)
+        target = train_state.abstract_train_state(SPEC, MESH)
         restored, record = ckpt.restore(target)
         assert isinstance(restored, train_state.TrainState) and isinstance(restored.kl, kl.KLState)
         assert_states_equal(restored, states[2])
@@ -72,10 +73,10 @@ def test_restore_onto_another_mesh(saved, shape):
     directory, states = saved
     mesh = models.make_mesh(*shape, devices=jax.devices()[:int(np.prod(shape))])
     with checkpoint.Checkpointer(directory, read_only=True) as ckpt:
-        restored, _ = ckpt.restore(train_state.abstract_train_state(LAYOUT, mesh), step=1)
+        restored, _ = ckpt.restore(train_state.abstract_train_state(SPEC, mesh), step=1)
     assert_states_equal(restored, states[1])
     q = restored.policy["layers"]["q"].sharding
-    assert q.mesh.shape == mesh.shape and q == train_state.state_shardings(LAYOUT, mesh).policy["layers"]["q"]
+    assert q.mesh.shape == mesh.shape and q == train_state.state_shardings(SPEC, mesh).policy["layers"]["q"]
 
 
 def test_keep_last_k(tmp_path):
@@ -104,7 +105,7 @@ def test_partial_save_is_ignored_and_cleaned_up(saved, tmp_path):
     assert partial.exists()  # read-only never deletes
     with checkpoint.Checkpointer(work) as ckpt:
         assert ckpt.latest_step() == 2
-        assert_states_equal(ckpt.restore(train_state.abstract_train_state(LAYOUT, MESH))[0], states[2])
+        assert_states_equal(ckpt.restore(train_state.abstract_train_state(SPEC, MESH))[0], states[2])
         ckpt.save(3, make_state(MESH, 3), model=CFG)
     assert not partial.exists()
     with checkpoint.Checkpointer(work, read_only=True) as reader:
@@ -144,7 +145,7 @@ def test_killed_mid_save_keeps_the_previous_checkpoint(saved, tmp_path):
     with checkpoint.Checkpointer(work) as ckpt:
         steps = ckpt.all_steps()
         assert steps in ([1, 2], [1, 2, 9])  # step 9 only if it completed before the kill
-        restored = ckpt.restore(train_state.abstract_train_state(LAYOUT, MESH), step=2)[0]
+        restored = ckpt.restore(train_state.abstract_train_state(SPEC, MESH), step=2)[0]
         assert_states_equal(restored, states[2])
         if 9 in steps:
             assert ckpt.restore_policy(9)["embed"].shape == (65536, 128)
@@ -172,4 +173,4 @@ def test_missing_steps_are_named(saved, tmp_path):
             ckpt.record(7)
     with checkpoint.Checkpointer(tmp_path / "empty") as ckpt:
         with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
-            ckpt.restore(train_state.abstract_train_state(LAYOUT, MESH))
+            ckpt.restore(train_state.abstract_train_state(SPEC, MESH))

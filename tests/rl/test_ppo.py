@@ -54,7 +54,7 @@ def make_data(seed: int = 0) -> dict:
 
 def new_state(config, mesh):
     params = models.init_params(CFG, jax.random.key(0))
-    return train_state.init_train_state(config.layout, mesh, params, jax.random.key(1), kl_coef=config.rl.kl_coef)
+    return train_state.init_train_state(config.spec, mesh, params, jax.random.key(1), kl_coef=config.rl.kl_coef)
 
 
 def make_batch(config, data, temperature=1.0, logprob_shift=0.1):
@@ -148,7 +148,7 @@ def test_first_step_is_adam_on_the_policy_gradient(sign):
 
     grads = jax.jit(jax.grad(reinforce))(params)
     state, metrics = ppo.ppo_update(new_state(config, ONE), batch, config, ONE)
-    eps = config.layout.actor.eps
+    eps = config.spec.actor.eps
     expected = jax.tree.map(lambda p, g: p - 1e-4 * g / (np.abs(g) + eps), params, grads)
     # Steps are up to lr = 1e-4; allow about one float32 ulp of each parameter: <= 4e-9 (4e-5 of a step) for
     # matrices, 1.2e-7 for norm weights ~1.
