@@ -22,8 +22,8 @@ from searchrl.configlib import to_config  # noqa: E402
 from searchrl.demo.config import DemoConfig  # noqa: E402
 
 DEMO_PROMPT = "Question: {question}\n"
-# The demo's intermediate answers open the way its scripted answer turns do (searchrl.demo.scripted.answer_turn;
-# the demo checks that they agree).
+# The demo's intermediate answers open the way its scripted answer turns do
+# (searchrl.demo.scripted.answer_turn; the demo checks that they agree).
 DEMO_ANSWER_PROMPT = "<think> I can answer. </think><answer>"
 
 

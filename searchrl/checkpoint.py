@@ -2,12 +2,12 @@
 export of the policy to Hugging Face.
 
 Each step is a directory `<dir>/<step>/` with two items: `state` (every array of the state; for RL, the
-`TrainState`: policy, critic, reference, optimizer states, RNG, KL coefficient, step) and `meta` (JSON: the `ModelConfig`, plus
-whatever the trainer records: data position, config snapshot, metrics). orbax writes a step into a
-temporary directory and renames it into place only when complete, so a crash mid-save leaves the previous
-checkpoints intact and the partial one is never listed (and is removed by the next writable `Checkpointer`
-on the directory). Saves are asynchronous: the arrays are copied to host, then written in the background;
-call `wait_until_finished` (or `close`) before exiting.
+`TrainState`: policy, critic, reference, optimizer states, RNG, KL coefficient, step) and `meta` (JSON: the
+`ModelConfig`, plus whatever the trainer records: data position, config snapshot, metrics). orbax writes a
+step into a temporary directory and renames it into place only when complete, so a crash mid-save leaves the
+previous checkpoints intact and the partial one is never listed (and is removed by the next writable
+`Checkpointer` on the directory). Saves are asynchronous: the arrays are copied to host, then written in the
+background; call `wait_until_finished` (or `close`) before exiting.
 
     python -m searchrl.checkpoint export --checkpoint DIR [--step N] --out DIR
 """

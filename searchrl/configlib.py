@@ -1,9 +1,9 @@
-"""Config groups as dataclasses: every group of an experiment config is one frozen dataclass, whose defaults are
-the only ones.
+"""Config groups as dataclasses: every group of an experiment config is one frozen dataclass, whose defaults
+are the only ones.
 
-`to_config(dataclass)` turns a group's defaults into an `ml_collections.ConfigDict` (what `configs/*.py` edit and
-`--config.x.y=...` overrides), `from_config(cls, group, where)` turns it back, rejecting any key the dataclass
-does not have. `searchrl.run_config` assembles a whole experiment config from the groups.
+`to_config(dataclass)` turns a group's defaults into an `ml_collections.ConfigDict` (what `configs/*.py` edit
+and `--config.x.y=...` overrides), `from_config(cls, group, where)` turns it back, rejecting any key the
+dataclass does not have. `searchrl.run_config` assembles a whole experiment config from the groups.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def _optional_type(hint: Any) -> type | None:
 
 
 def to_config(value: Any) -> ml_collections.ConfigDict:
-    """A ConfigDict of a dataclass instance's fields: nested dataclasses become nested groups, and a None whose
-    annotation is `X | None` a placeholder of type X (so that `--config.x=...` can set it)."""
+    """A ConfigDict of a dataclass instance's fields: nested dataclasses become nested groups, and a None
+    whose annotation is `X | None` a placeholder of type X (so that `--config.x=...` can set it)."""
     hints = typing.get_type_hints(type(value))
     group = ml_collections.ConfigDict()
     for field in dataclasses.fields(value):

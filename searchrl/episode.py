@@ -39,9 +39,10 @@ class SideBranch:
     """A continuation the engine samples after some turns' observations, on a copy of the rollout state: the
     main trajectory is bit-identical with or without it (AutoSearch's intermediate answers are one).
 
-    After a turn whose action kind is in `after_kinds`, the engine appends the observation and `prompt`, samples
-    at most `max_tokens` tokens until a stop string, EOS or the budget, and stores the text (cut after the first
-    stop string) in the turn's `info[name]`, sampling with `temperature` / `top_k` / `top_p` (0: greedy).
+    After a turn whose action kind is in `after_kinds`, the engine appends the observation and `prompt`,
+    samples at most `max_tokens` tokens until a stop string, EOS or the budget, and stores the text (cut after
+    the first stop string) in the turn's `info[name]`, sampling with `temperature` / `top_k` / `top_p`
+    (0: greedy).
     """
 
     name: str
@@ -103,7 +104,8 @@ class Trajectory:
 
     def first_rows(self, n: int) -> Trajectory:
         """The first `n` rows (e.g. without the rows that padded a batch to its static size)."""
-        return dataclasses.replace(self, **{f.name: getattr(self, f.name)[:n] for f in dataclasses.fields(self)
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name)[:n]
+                                            for f in dataclasses.fields(self)
                                             if isinstance(getattr(self, f.name), (np.ndarray, list))})
 
     def response_text(self, row: int) -> str:

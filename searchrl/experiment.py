@@ -1,7 +1,8 @@
-"""Everything a run is built from, from its config alone: tokenizer, policy, environment, rollout settings, data.
+"""Everything a run is built from, from its config alone: tokenizer, policy, environment, rollout settings,
+data.
 
-`searchrl.main train`, `searchrl.eval` and the demos all call `build`, so a checkpoint is always evaluated with
-the environment, prompt, retriever and budgets it was trained with.
+`searchrl.main train`, `searchrl.eval` and the demos all call `build`, so a checkpoint is always evaluated
+with the environment, prompt, retriever and budgets it was trained with.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""`make demo`: `python -m searchrl.demo [--config configs/autosearch.py:tiny] [--config.train.steps=...]` runs the
-AutoSearch miniature (`searchrl.demo.autosearch`)."""
+"""`make demo`: `python -m searchrl.demo [--config configs/autosearch.py:tiny] [--config.train.steps=...]`
+runs the AutoSearch miniature (`searchrl.demo.autosearch`)."""
 from absl import app, logging
 from ml_collections import config_flags
 

@@ -1,8 +1,8 @@
 """searchrl.envs: one module per task, chosen by `config.env.name`.
 
 A task module `searchrl.envs.<name>` defines `Config` (the dataclass of its `config.env` group) and
-`make(config, retrieval) -> Env` (its env over the retriever that `config.retrieval` describes). Adding a task is
-adding such a module (and a config file); nothing else names it.
+`make(config, retrieval) -> Env` (its env over the retriever that `config.retrieval` describes). Adding a task
+is adding such a module (and a config file); nothing else names it.
 """
 from __future__ import annotations
 

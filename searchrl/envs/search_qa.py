@@ -1,8 +1,8 @@
 """Search-R1 / AutoSearch question answering: the policy searches with `<search>` and answers with `<answer>`.
 
 Prompt, action parsing, observation format and the invalid-action message follow Search-R1
-(`search_r1/llm_agent/generation.py`), so checkpoints and numbers carry over. With `intermediate_answers` on, the
-env declares a side branch that answers the question after every search (AutoSearch's self-answering): the
+(`search_r1/llm_agent/generation.py`), so checkpoints and numbers carry over. With `intermediate_answers` on,
+the env declares a side branch that answers the question after every search (AutoSearch's self-answering): the
 AutoSearch reward and the minimal-sufficient-depth metric read those answers.
 """
 from __future__ import annotations
@@ -202,5 +202,6 @@ def autosearch_record(turns: Sequence[Turn], golds: Sequence[str]) -> autosearch
         ok = searched and protocol.check_turn(turn.text, SEARCH).ok
         steps.append(autosearch.SearchTurn(turn.text, turn.action.content if searched else None, ok))
         branch = turn.info.get(INTERMEDIATE_ANSWER)
-        step_answers.append(tags.until_close(branch, tags.ANSWER) if searched and branch is not None else None)
+        step_answers.append(tags.until_close(branch, tags.ANSWER)
+                            if searched and branch is not None else None)
     return autosearch.AutoSearchRecord(steps, answer_turn, step_answers, list(golds))

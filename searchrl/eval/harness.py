@@ -5,8 +5,8 @@ One run rolls out every question with the env as configured, its side branch inc
 intermediate answers on: the answer after every search and the minimal sufficient depth; the trajectories and
 final answers are those of a run without it). For an env with a search budget (`with_max_turns`), each extra
 budget b is one more run at max_turns = b, without the side branch. Batches keep one static shape (the last is
-padded by repeating a question, its extra rows dropped) and every engine is warmed up once, so nothing compiles
-mid-evaluation.
+padded by repeating a question, its extra rows dropped) and every engine is warmed up once, so nothing
+compiles mid-evaluation.
 """
 from __future__ import annotations
 
@@ -50,8 +50,9 @@ def question_rows(env: Env, engine: RolloutEngine, params, examples: Sequence[Ma
         padded = chunk + [chunk[-1]] * (batch_size - len(chunk))
         traj = engine.run(params, padded, jax.random.key(0)).first_rows(len(chunk))
         for b, (example, metrics) in enumerate(zip(chunk, env.metrics(traj, chunk))):
-            rows.append({"dataset": example.get("dataset", ""), "id": example.get("id"), "hops": _hops(example),
-                         **metrics, "finish_reason": traj.finish_reasons[b], "response": traj.response_text(b)})
+            rows.append({"dataset": example.get("dataset", ""), "id": example.get("id"),
+                         "hops": _hops(example), **metrics, "finish_reason": traj.finish_reasons[b],
+                         "response": traj.response_text(b)})
     return rows
 
 

@@ -3,9 +3,9 @@ distribution of the minimal sufficient search depth, written as Markdown, CSV, J
 
 A question row is a plain dict (one line of `predictions.jsonl`): "dataset", "hops" (int, or None outside
 synthetic worlds), the env's per-row results — its numbers ("em", "f1", "searches", "recall", ...) are the
-metrics summarised here, whatever the env — and, when the env reports it, "depth" (the minimal sufficient search
-depth: int, or None when no answer along the trajectory was right). Everything here is a pure function of such
-rows.
+metrics summarised here, whatever the env — and, when the env reports it, "depth" (the minimal sufficient
+search depth: int, or None when no answer along the trajectory was right). Everything here is a pure function
+of such rows.
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ NEVER = "never"
 
 
 def metric_names(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The metrics of question rows: the keys whose values are numbers (bools count) in every row, in order."""
+    """The metrics of question rows: the keys whose values are numbers (bools count) in every row, in
+    order."""
     if not rows:
         raise ValueError("no question rows")
 
@@ -87,8 +88,8 @@ def budget_curves(runs: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[str, 
     hops_groups = [by_hops(runs[b]) for b in budgets]
     hops = [{"dataset": name, "hops": h, **curve(hops_groups, (name, h))} for name, h in hops_groups[0]]
     # "headline": the metric tables and plots show per budget, the env's first (EM for question answering).
-    return {"budgets": budgets, "headline": metrics[0], "datasets": datasets + [{"dataset": AVERAGE, **average}],
-            "hops": hops}
+    return {"budgets": budgets, "headline": metrics[0],
+            "datasets": datasets + [{"dataset": AVERAGE, **average}], "hops": hops}
 
 
 def depth_buckets(max_depth: int) -> list[str]:
@@ -181,8 +182,8 @@ def markdown(results: Mapping[str, Any]) -> str:
         header = ("group", *(f"{metric} @ {b}" for b in curves["budgets"]))
         rows = [(_label(r), *r[metric]) for r in curves["datasets"] + curves["hops"]]
         parts += ["", "## Accuracy by search budget", "",
-                  f"{metric} when at most b searches are allowed (env.max_turns = b; the turn after the last search "
-                  "cannot search, and a search there is an invalid action that scores 0).", "",
+                  f"{metric} when at most b searches are allowed (env.max_turns = b; the turn after the last "
+                  "search cannot search, and a search there is an invalid action that scores 0).", "",
                   markdown_table(header, rows)]
     depth = results.get("depth")
     if depth:

@@ -270,8 +270,8 @@ OVERRIDABLE = {
 }
 
 
-# `config.model`: which decoder a run uses. `path` (a local HF directory: its config.json) wins over `preset` (a
-# `PRESETS` name); every OVERRIDABLE field that is set (not None) then replaces the value from there.
+# `config.model`: which decoder a run uses. `path` (a local HF directory: its config.json) wins over `preset`
+# (a `PRESETS` name); every OVERRIDABLE field that is set (not None) then replaces the value from there.
 ModelSource = dataclasses.make_dataclass("ModelSource", [
     ("preset", str, "tiny"),
     ("path", str, ""),

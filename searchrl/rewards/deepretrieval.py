@@ -34,7 +34,8 @@ from searchrl.rewards import protocol, qa
 from searchrl.text import tags
 
 _FENCE = re.compile(r"\A```[\w-]*\s*(.*?)\s*```\Z", re.DOTALL)
-_STRUCTURE_TAGS = tuple(t for tag in (tags.THINK, tags.ANSWER) for t in (tags.open_tag(tag), tags.close_tag(tag)))
+_STRUCTURE_TAGS = tuple(t for tag in (tags.THINK, tags.ANSWER)
+                        for t in (tags.open_tag(tag), tags.close_tag(tag)))
 _SQL_ALLOWED = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
                           sqlite3.SQLITE_RECURSIVE})
 
@@ -64,12 +65,12 @@ class RewardConfig:
     gated: GatedConfig = GatedConfig()
     # (max 1-based rank, score), ascending: rank of the first retrieved passage that holds a gold answer
     # (squad.py); answer_rank_miss when no passage does.
-    answer_rank_tiers: tuple[tuple[int, float], ...] = ((5, 5.0), (20, 4.0), (50, 2.0), (100, 1.0), (1000, 0.5),
-                                                        (3000, 0.1))
+    answer_rank_tiers: tuple[tuple[int, float], ...] = ((5, 5.0), (20, 4.0), (50, 2.0), (100, 1.0),
+                                                        (1000, 0.5), (3000, 0.1))
     answer_rank_miss: float = -3.5
     # (min recall, score), descending (pubmed.py); recall_miss below the last threshold.
-    recall_tiers: tuple[tuple[float, float], ...] = ((0.7, 5.0), (0.5, 4.0), (0.4, 3.0), (0.3, 1.0), (0.1, 0.5),
-                                                     (0.05, 0.1))
+    recall_tiers: tuple[tuple[float, float], ...] = ((0.7, 5.0), (0.5, 4.0), (0.4, 3.0), (0.3, 1.0),
+                                                     (0.1, 0.5), (0.05, 0.1))
     recall_miss: float = -3.5
     # NDCG cut-off for training rewards and for evaluation (msmarco_beir.py).
     ndcg_k: int = 1000

@@ -91,8 +91,8 @@ class RLConfig:
 
     def __post_init__(self):
         if min(self.minibatch_size, self.micro_batch_size, self.ppo_epochs, self.responses_per_prompt) < 1:
-            raise ValueError("rl.minibatch_size, rl.micro_batch_size, rl.ppo_epochs and rl.responses_per_prompt "
-                             "must be >= 1")
+            raise ValueError("rl.minibatch_size, rl.micro_batch_size, rl.ppo_epochs and "
+                             "rl.responses_per_prompt must be >= 1")
         if self.minibatch_size % self.micro_batch_size:
             raise ValueError(f"rl.minibatch_size={self.minibatch_size} is not a multiple of "
                              f"rl.micro_batch_size={self.micro_batch_size}")

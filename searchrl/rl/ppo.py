@@ -176,7 +176,8 @@ def _loss(config: PPOConfig, policy: dict, critic: dict | None, x: dict, tempera
     if critic is not None:
         v = _state_values(config, critic, x["tokens"], mask)
         vf_loss, vf_metrics = losses.value_loss(v, x["old_values"], x["returns"], loss_mask,
-                                                clip_range=config.rl.value_clip, agg_mode=config.rl.loss_agg_mode)
+                                                clip_range=config.rl.value_clip,
+                                                agg_mode=config.rl.loss_agg_mode)
         total = total + vf_loss * share.loss
         metrics["critic/vf_loss"] = vf_loss * share.loss
         metrics.update({f"critic/{k}": val * share.tokens for k, val in vf_metrics.items()})
@@ -255,7 +256,8 @@ def batch_shardings(batch: NamedTuple, mesh: Mesh, config: PPOConfig) -> NamedTu
 
 
 def _check_rows(batch: NamedTuple, config: PPOConfig) -> tuple[int, int]:
-    """Clear host-side errors for [B, S] fields whose shapes disagree, or a B the minibatches do not divide."""
+    """Clear host-side errors for [B, S] fields whose shapes disagree, or a B the minibatches do not
+    divide."""
     name = type(batch).__name__
     shape = tuple(jnp.shape(batch.tokens))
     if len(shape) != 2:
@@ -319,7 +321,8 @@ def _score(config: PPOConfig, state: TrainState, tokens, attention_mask, tempera
         tokens, mask = x
         logprobs = _policy_logprobs(config, state.policy, tokens, mask, temperature, False)
         values = None if state.critic is None else _state_values(config, state.critic, tokens, mask)
-        ref = None if state.ref is None else _policy_logprobs(config, state.ref, tokens, mask, temperature, False)
+        ref = None if state.ref is None else _policy_logprobs(config, state.ref, tokens, mask,
+                                                              temperature, False)
         return logprobs, values, ref
 
     split = [_split(x, parts, config.spec.rules) for x in (tokens, attention_mask)]
@@ -347,7 +350,8 @@ def score(state: TrainState, tokens: jax.Array, attention_mask: jax.Array, tempe
 
 
 def explained_variance(returns: jax.Array, values: jax.Array, mask: jax.Array) -> jax.Array:
-    """1 - Var(returns - values) / (Var(returns) + 1e-5) over the policy tokens, as verl's vf_explained_var."""
+    """1 - Var(returns - values) / (Var(returns) + 1e-5) over the policy tokens, as verl's
+    vf_explained_var."""
     return 1.0 - adv_lib.masked_var(returns - values, mask) / (adv_lib.masked_var(returns, mask) + 1e-5)
 
 
@@ -358,7 +362,8 @@ def _learn(config: PPOConfig, state: TrainState, batch: Batch) -> tuple[TrainSta
     logprobs, values, ref = _score(config, state, batch.tokens, batch.attention_mask, batch.temperature)
     rewards, metrics = batch.token_rewards, {}
     if rl.kl_in_reward:
-        rewards, kl = kl_lib.apply_kl_penalty(rewards, logprobs, ref, mask, state.kl.coef, rl.kl_reward_estimator)
+        rewards, kl = kl_lib.apply_kl_penalty(rewards, logprobs, ref, mask, state.kl.coef,
+                                              rl.kl_reward_estimator)
         controller = kl_lib.make_kl_controller(rl.kl_controller, rl.kl_coef, rl.kl_target, rl.kl_horizon)
         state = state._replace(kl=controller.update(state.kl, kl["kl"], batch.tokens.shape[0]))
         metrics |= {"rollout/kl": kl["kl"], "rollout/kl_coef": kl["kl_coef"]}

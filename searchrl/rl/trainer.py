@@ -1,5 +1,5 @@
-"""The RL loop for any environment, on the host: data -> rollout -> rewards -> `ppo.learn` -> log -> checkpoint.
-One `Trainer.step` is one RL iteration; `Trainer.train` runs them with resumable checkpoints.
+"""The RL loop for any environment, on the host: data -> rollout -> rewards -> `ppo.learn` -> log ->
+checkpoint. One `Trainer.step` is one RL iteration; `Trainer.train` runs them with resumable checkpoints.
 
 Everything a step depends on is a function of (config, checkpoint): the rollout key is folded from the seed and
 step, the data order from the seed and the data position, the update's shuffling from the state's RNG. A run
@@ -107,12 +107,14 @@ class Trainer:
         examples, group_ids = self._next_batch()
         self.engine.stats = RolloutStats()
         traj = self.engine.run(self.state.policy, examples, jax.random.fold_in(self.key, step + 1))
-        # Train on the slots the batch uses, padded to one of a few widths (a bounded number of compiled steps).
+        # Train on the slots the batch uses, padded to one of a few widths (a bounded number of compiled
+        # steps).
         traj = traj.cropped(padded_width(int(traj.lengths.max()), traj.tokens.shape[1]))
         turn_rewards = self.env.rewards(traj, examples)
         batch = ppo.Batch(tokens=traj.tokens, attention_mask=traj.attention_mask, loss_mask=traj.loss_mask,
-                          sampler_logprobs=traj.logprobs, token_rewards=traj.turn_rewards_to_tokens(turn_rewards),
-                          group_ids=group_ids, temperature=traj.logprob_temperature)
+                          sampler_logprobs=traj.logprobs,
+                          token_rewards=traj.turn_rewards_to_tokens(turn_rewards), group_ids=group_ids,
+                          temperature=traj.logprob_temperature)
         self.state, learned = ppo.learn(self.state, batch, self.ppo, self.mesh)
         metrics = {k: float(v) for k, v in jax.device_get(learned).items()}
         metrics |= {

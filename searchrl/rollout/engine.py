@@ -2,9 +2,9 @@
 
 Per turn: decode chunks until every generating row stops -> re-check stops on text and trim -> the env parses each
 row's action (and says whether it ends the episode) -> every row waiting on the env is served in ONE batched
-`env.observe` call -> observations are tokenised, truncated and appended to the cache with `extend`, which also
-starts the next turn. The engine knows no task: a row ends when the env says so or when its slots run out, and an
-env's side branch (`episode.SideBranch`) runs on a copy of the state after the turns it names.
+`env.observe` call -> observations are tokenised, truncated and appended to the cache with `extend`, which
+also starts the next turn. The engine knows no task: a row ends when the env says so or when its slots run
+out, and an env's side branch (`episode.SideBranch`) runs on a copy of the state after the turns it names.
 """
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ def first_stop_end(text: str, stop_strings: Sequence[str]) -> int | None:
 class RolloutEngine:
     """Runs batches of multi-turn episodes of one environment with one model.
 
-    `side_branch=False` skips the env's side branch (the trajectories are the same; the turns lack its output).
+    `side_branch=False` skips the env's side branch (the trajectories are the same; the turns lack its
+    output).
     """
 
     def __init__(self, cfg: models.ModelConfig, tokenizer: Any, env: Env, config: RolloutConfig,
@@ -167,7 +168,8 @@ class RolloutEngine:
         Runs on a copy of the state, batched over rows; the main state is untouched.
         """
         branch = self._device(generate.copy_state, state)
-        sequences = [chunks[b] + self.branch_prompt if b in rows else [] for b in range(state.tokens.shape[0])]
+        sequences = [chunks[b] + self.branch_prompt if b in rows else []
+                     for b in range(state.tokens.shape[0])]
         tokens, lengths = pad_batch(sequences, self._bucket(max(len(s) for s in sequences)))
         start = np.isin(np.arange(len(sequences)), rows)
         branch = self._device(
@@ -175,7 +177,8 @@ class RolloutEngine:
         )
         while bool(jax.device_get(branch.active).any()):
             branch = self._device(
-                generate.decode_chunk, self.cfg, params, branch, self.branch_stops, self.eos_ids, self.branch_spec
+                generate.decode_chunk, self.cfg, params, branch, self.branch_stops, self.eos_ids,
+                self.branch_spec
             )
         out_tokens, turn_start, length = jax.device_get((branch.tokens, branch.turn_start, branch.cache.length))
         texts = {}

@@ -181,7 +181,8 @@ def truncate(state: GenState, length: jax.Array) -> GenState:
     slots = jnp.arange(state.tokens.shape[1])[None, :]
     keep = slots < length[:, None]
     cache = state.cache._replace(valid=state.cache.valid & keep, length=jnp.minimum(state.cache.length, length))
-    return state._replace(cache=cache, sampled=state.sampled & keep, logprobs=jnp.where(keep, state.logprobs, 0.0))
+    return state._replace(cache=cache, sampled=state.sampled & keep,
+                          logprobs=jnp.where(keep, state.logprobs, 0.0))
 
 
 @jax.jit

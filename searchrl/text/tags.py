@@ -1,5 +1,5 @@
-"""The tag grammar of every task's text, in one place: `<think>`, `<search>`, `<information>`, `<answer>` (Search-R1,
-AutoSearch, DeepRetrieval), `<program>` (Retrieval Program Learning).
+"""The tag grammar of every task's text, in one place: `<think>`, `<search>`, `<information>`, `<answer>`
+(Search-R1, AutoSearch, DeepRetrieval), `<program>` (Retrieval Program Learning).
 
 A block is `<tag>content</tag>`. Environments parse their actions with `first_block` and format what they show
 with `block`; the protocol checks (`rewards.protocol`) split text with `tag_pattern`.

@@ -51,7 +51,8 @@ def test_building_a_config_is_instant_and_imports_no_heavy_library():
     code = ("import sys; sys.path.insert(0, 'configs'); import autosearch, search_r1\n"
             "for name in ('tiny', 'tiny_no_efficiency', 'paper', 'paper_grpo'): autosearch.get_config(name)\n"
             "for name in ('tiny', 'paper', 'paper_grpo'): search_r1.get_config(name)\n"
-            "print(sorted(m for m in ('jax', 'transformers', 'orbax', 'torch', 'tensorflow') if m in sys.modules))")
+            "print(sorted(m for m in ('jax', 'transformers', 'orbax', 'torch', 'tensorflow') "
+            "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from searchrl.envs import search_qa
-from searchrl.envs.search_qa import INTERMEDIATE_ANSWER, INVALID_ACTION, Config, SearchQAEnv, autosearch_record
+from searchrl.envs.search_qa import (INTERMEDIATE_ANSWER, INVALID_ACTION, Config, SearchQAEnv,
+                                     autosearch_record)
 from searchrl.episode import Action, Trajectory, Turn
 from searchrl.retrieval.types import Hit
 from searchrl.rewards import autosearch
@@ -24,9 +25,10 @@ def test_parse_action_takes_the_first_block_and_disables_search_in_the_final_tur
     env = SearchQAEnv(CountingRetriever(), Config(max_turns=2))
     assert env.parse_action("<think>x</think><search> capital of France </search>", 1) == \
         Action("search", "capital of France")
-    assert env.parse_action("<answer> Paris </answer><search>q</search>", 0) == Action("answer", "Paris", done=True)
-    assert env.parse_action("<search>q</search>", 2) == Action("invalid", "search is disabled in the final turn",
-                                                              done=True)
+    assert env.parse_action("<answer> Paris </answer><search>q</search>", 0) == \
+        Action("answer", "Paris", done=True)
+    assert env.parse_action("<search>q</search>", 2) == \
+        Action("invalid", "search is disabled in the final turn", done=True)
     assert env.parse_action("I think Paris", 1) == Action("invalid", "no <search> or <answer> block")
     assert env.parse_action("I think Paris", 2).done
 
@@ -58,7 +60,8 @@ ANSWER = "<think>found</think><answer>Paris</answer>"
 
 
 def _rows():
-    good = [Turn(0, 1, SEARCH, Action("search", "capital of France"), OBS, {INTERMEDIATE_ANSWER: " Paris </answer>"}),
+    good = [Turn(0, 1, SEARCH, Action("search", "capital of France"), OBS,
+                 {INTERMEDIATE_ANSWER: " Paris </answer>"}),
             Turn(1, 2, ANSWER, Action("answer", "Paris", done=True))]
     wrong = [Turn(0, 1, "<answer>Lyon</answer>", Action("answer", "Lyon", done=True))]
     return [good, wrong]
@@ -90,7 +93,8 @@ def test_autosearch_rewards_follow_the_record():
 
 def test_autosearch_record_maps_invalid_turns_to_failed_steps():
     turns = [Turn(0, 1, "blah", Action("invalid", "no block"), "msg"),
-             Turn(1, 2, SEARCH, Action("search", "capital of France"), OBS, {INTERMEDIATE_ANSWER: "Paris </answer>"}),
+             Turn(1, 2, SEARCH, Action("search", "capital of France"), OBS,
+                  {INTERMEDIATE_ANSWER: "Paris </answer>"}),
              Turn(2, 3, ANSWER, Action("answer", "Paris", done=True))]
     record = autosearch_record(turns, ["Paris"])
     assert [s.query for s in record.search_turns] == [None, "capital of France"]
@@ -104,7 +108,8 @@ def test_metrics_per_row_and_config_errors():
     assert [(r["answer"], r["em"], r["searches"], r["format_valid"]) for r in rows] == [
         ("Paris", 1.0, 1, 1.0), ("Lyon", 0.0, 0, 0.0)]
     assert "depth" not in rows[0]
-    rows = SearchQAEnv(CountingRetriever(), Config(intermediate_answers=True)).metrics(_trajectory(_rows()), EXAMPLES)
+    rows = SearchQAEnv(CountingRetriever(),
+                       Config(intermediate_answers=True)).metrics(_trajectory(_rows()), EXAMPLES)
     assert rows[0]["intermediate_answers"] == ["Paris"] and rows[0]["depth"] == 1
     assert rows[1]["intermediate_answers"] == [] and rows[1]["depth"] is None
     with pytest.raises(ValueError, match="reward 'f2'"):
@@ -125,5 +130,7 @@ def test_minimal_sufficient_depth_by_hand():
 
 def test_side_branch_is_declared_with_intermediate_answers_only():
     assert SearchQAEnv(CountingRetriever()).side_branch is None
-    branch = SearchQAEnv(CountingRetriever(), Config(intermediate_answers=True, answer_prompt="\nA:")).side_branch
-    assert branch.prompt == "\nA:" and branch.after_kinds == ("search",) and branch.stop_strings == ("</answer>",)
+    branch = SearchQAEnv(CountingRetriever(),
+                         Config(intermediate_answers=True, answer_prompt="\nA:")).side_branch
+    assert branch.prompt == "\nA:" and branch.after_kinds == ("search",) and \
+        branch.stop_strings == ("</answer>",)

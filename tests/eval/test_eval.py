@@ -121,7 +121,8 @@ def test_question_rows_from_a_crafted_trajectory():
                    answer),
               Turn(1, 2, "<answer>Paris</answer>", Action("answer", "Paris", done=True))],
              [Turn(0, 1, "<search>x</search>", Action("search", "x"), "obs", {INTERMEDIATE_ANSWER: "Berlin"}),
-              Turn(1, 2, "<search>y</search>", Action("invalid", "search is disabled in the final turn", True))],
+              Turn(1, 2, "<search>y</search>",
+                   Action("invalid", "search is disabled in the final turn", True))],
              [Turn(0, 1, "<answer>pad</answer>", Action("answer", "pad", done=True))]]
     zeros = np.zeros((3, 4), np.float32)
     traj = Trajectory(tokens=zeros.astype(np.int32), attention_mask=zeros > 0, loss_mask=zeros,
@@ -203,7 +204,8 @@ def make_config(root):
     config.data.dir = str(root / "data")
     config.data.eval = "world,trivia"
     config.retrieval.index_dir = str(root / "index")
-    config.env.update(dict(max_turns=2, prompt_template="Question: {question}\n", intermediate_answer_tokens=4))
+    config.env.update(dict(max_turns=2, prompt_template="Question: {question}\n",
+                           intermediate_answer_tokens=4))
     config.train.batch_size = 4
     config.rollout.update(dict(max_prompt_tokens=32, max_len=160, max_turn_tokens=8, max_obs_tokens=32,
                                obs_buckets=(32,), chunk_steps=8))
@@ -325,7 +327,8 @@ def test_cli_end_to_end_on_a_trainer_checkpoint(world, reference, tmp_path):
     """))
     out = subprocess.run([sys.executable, "-m", "searchrl.eval", f"--config={config_file}",
                           f"--checkpoint={tmp_path / 'run'}", "--datasets=world", "--limit=3",
-                          "--budgets=0,1", "--config.env.max_turns=1", "--config.env.intermediate_answers=True"],
+                          "--budgets=0,1", "--config.env.max_turns=1",
+                          "--config.env.intermediate_answers=True"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "| dataset | n | em | f1 | cover_em | searches | format_valid |" in out.stdout

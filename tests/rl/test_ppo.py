@@ -1,5 +1,6 @@
 """The sharded PPO learn step: mesh invariance, exact gradient accumulation, hand-derived first steps, PPO
-clipping, scoring alignment, one compilation for repeated calls, and `learn` as the composition of its stages."""
+clipping, scoring alignment, one compilation for repeated calls, and `learn` as the composition of its
+stages."""
 import dataclasses
 
 import jax
@@ -54,7 +55,8 @@ def make_data(seed: int = 0) -> dict:
 
 def new_state(config, mesh):
     params = models.init_params(CFG, jax.random.key(0))
-    return train_state.init_train_state(config.spec, mesh, params, jax.random.key(1), kl_coef=config.rl.kl_coef)
+    return train_state.init_train_state(config.spec, mesh, params, jax.random.key(1),
+                                        kl_coef=config.rl.kl_coef)
 
 
 def make_batch(config, data, temperature=1.0, logprob_shift=0.1):
@@ -259,9 +261,10 @@ def learn_batch(data, seed=0):
     last = data["attention_mask"].sum(1) - 1
     rewards = np.zeros((B, S), np.float32)
     rewards[np.arange(B), last] = rng.normal(size=B)
-    return ppo.Batch(tokens=data["tokens"], attention_mask=data["attention_mask"], loss_mask=data["loss_mask"],
-                     sampler_logprobs=np.zeros((B, S), np.float32), token_rewards=rewards,
-                     group_ids=np.repeat(np.arange(B // 2, dtype=np.int32), 2), temperature=0.9)
+    return ppo.Batch(tokens=data["tokens"], attention_mask=data["attention_mask"],
+                     loss_mask=data["loss_mask"], sampler_logprobs=np.zeros((B, S), np.float32),
+                     token_rewards=rewards, group_ids=np.repeat(np.arange(B // 2, dtype=np.int32), 2),
+                     temperature=0.9)
 
 
 @pytest.mark.parametrize("overrides", [

@@ -65,7 +65,8 @@ class ScriptedEnv:
 
     def observe(self, actions):
         self.observed.append(len(actions))
-        return [Observation(f" <information> river {len(a.content) % 7} stone </information> ", {"q": a.content})
+        return [Observation(f" <information> river {len(a.content) % 7} stone </information> ",
+                            {"q": a.content})
                 for a in actions]
 
 
@@ -183,7 +184,8 @@ def test_side_branch_runs_after_the_turns_it_names(model, tokenizer):
     env = ScriptedEnv(branch_prompt=" <answer>")
     traj = make_engine(model, tokenizer, env).run(model[1], EXAMPLES, jax.random.key(7))
     notes = [turn.info["note"] for turns in traj.turns for turn in turns if "note" in turn.info]
-    lookups = [turn for turns in traj.turns for turn in turns if turn.action.kind == "lookup" and turn.observation]
+    lookups = [turn for turns in traj.turns for turn in turns
+               if turn.action.kind == "lookup" and turn.observation]
     assert len(notes) == len(lookups) > 0 and any(notes)
 
 
@@ -193,7 +195,8 @@ def test_side_branch_leaves_the_trajectory_unchanged(model, tokenizer):
             for branch in (False, True)]  # sampled at temperature 1: the branch must not touch the key either
     np.testing.assert_array_equal(runs[0].tokens, runs[1].tokens)
     np.testing.assert_array_equal(runs[0].logprobs, runs[1].logprobs)
-    assert [[t.text for t in row] for row in runs[0].turns] == [[t.text for t in row] for row in runs[1].turns]
+    assert [[t.text for t in row] for row in runs[0].turns] == \
+        [[t.text for t in row] for row in runs[1].turns]
     assert not any("note" in t.info for row in runs[0].turns for t in row)
     assert any("note" in t.info for row in runs[1].turns for t in row)
 
