@@ -111,7 +111,7 @@ def _require_groups(config: ml_collections.ConfigDict) -> None:
     missing = [g for g in ("data", "env", "retrieval", "rollout", "train", "model") if g not in config]
     if missing:
         raise ValueError(f"The config has no {missing} group(s): start evaluation configs from "
-                         "configlib.experiment_config().")
+                         "run_config.experiment_config().")
 
 
 def default_out_dir(config: ml_collections.ConfigDict, info: Mapping[str, Any]) -> Path:
