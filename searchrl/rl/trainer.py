@@ -107,8 +107,7 @@ class Trainer:
         examples, group_ids = self._next_batch()
         self.engine.stats = RolloutStats()
         traj = self.engine.run(self.state.policy, examples, jax.random.fold_in(self.key, step + 1))
-        # Train on the slots the batch uses, padded to one of a few widths (a bounded number of compiled
-        # steps).
+        # Train on the slots the batch uses, padded to one of a few widths (few compiled learn steps).
         traj = traj.cropped(padded_width(int(traj.lengths.max()), traj.tokens.shape[1]))
         turn_rewards = self.env.rewards(traj, examples)
         batch = ppo.Batch(tokens=traj.tokens, attention_mask=traj.attention_mask, loss_mask=traj.loss_mask,
