@@ -151,7 +151,8 @@ class Env(Protocol):
         ...
 
     def metrics(self, trajectory: Trajectory, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """The task's metrics of each row (numbers, or None where a metric does not apply to the row)."""
+        """The task's results for each row. Numbers are its metrics (averaged by the trainer, tabulated by the
+        evaluation harness, None where one does not apply to the row); other values (an answer) are reported."""
         ...
 
 
