@@ -10,11 +10,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "searchrl"
 LAYERS = [
     {"configlib", "cli", "shapes", "metric_writer", "text"},
     {"models", "retrieval", "rewards"},
-    {"checkpoint", "distributed", "episode", "data"},
+    {"checkpoint", "distributed", "episode", "data", "programs"},
     {"rollout", "envs"},
     {"rl"},
     {"run_config", "experiment"},
-    {"eval", "benchmarks", "programs"},
+    {"eval", "benchmarks"},
     {"demo", "main"},
 ]
 LEVEL = {part: level for level, parts in enumerate(LAYERS) for part in parts}
