@@ -75,6 +75,14 @@ def parse_command(values: flags.FlagValues, argv: Sequence[str] | None, doc: str
     return words[0]
 
 
+def parse_argument(values: flags.FlagValues, argv: Sequence[str] | None, doc: str, name: str) -> str:
+    """`parse` for a tool with one positional argument (`name` in the error); returns it."""
+    words = _parse(values, argv, doc)
+    if len(words) != 1:
+        _exit_with_error(f"expected one {name}, got {words}")
+    return words[0]
+
+
 def _program_name_only(argv: list[str]) -> list[str]:
     """app.run's flag parser: absl's global flags keep their defaults and every argument goes to the tool."""
     flags.FLAGS(argv[:1])
