@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
 from searchrl.episode import Action, Observation, SideBranch, Trajectory, Turn
 from searchrl.retrieval import make_retriever
 from searchrl.retrieval.types import Hit, Retriever
@@ -170,10 +168,15 @@ def final_answer(turns: Sequence[Turn]) -> str:
     return last.content if last is not None and last.kind == ANSWER else ""
 
 
+def intermediate_answer(turn: Turn) -> str | None:
+    """The answer elicited after a search turn (the side branch's text up to `</answer>`), or None."""
+    text = turn.info.get(INTERMEDIATE_ANSWER)
+    return None if text is None else tags.until_close(text, tags.ANSWER)
+
+
 def intermediate_answers(turns: Sequence[Turn]) -> list[str]:
-    """The answer elicited after each search turn, in order (the side branch's text up to `</answer>`)."""
-    return [tags.until_close(turn.info[INTERMEDIATE_ANSWER], tags.ANSWER)
-            for turn in turns if INTERMEDIATE_ANSWER in turn.info]
+    """The answers elicited after a row's search turns, in order."""
+    return [answer for turn in turns if (answer := intermediate_answer(turn)) is not None]
 
 
 def minimal_sufficient_depth(golds: Sequence[str], intermediate: Sequence[str], final: str,
@@ -201,7 +204,5 @@ def autosearch_record(turns: Sequence[Turn], golds: Sequence[str]) -> autosearch
         searched = turn.action.kind == SEARCH
         ok = searched and protocol.check_turn(turn.text, SEARCH).ok
         steps.append(autosearch.SearchTurn(turn.text, turn.action.content if searched else None, ok))
-        branch = turn.info.get(INTERMEDIATE_ANSWER)
-        step_answers.append(tags.until_close(branch, tags.ANSWER)
-                            if searched and branch is not None else None)
+        step_answers.append(intermediate_answer(turn) if searched else None)
     return autosearch.AutoSearchRecord(steps, answer_turn, step_answers, list(golds))

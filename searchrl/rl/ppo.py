@@ -255,7 +255,7 @@ def batch_shardings(batch: NamedTuple, mesh: Mesh, config: PPOConfig) -> NamedTu
     return type(batch)(*(sharding(x) for x in batch))
 
 
-def _check_rows(batch: NamedTuple, config: PPOConfig) -> tuple[int, int]:
+def _check_rows(batch: NamedTuple, config: PPOConfig) -> None:
     """Clear host-side errors for [B, S] fields whose shapes disagree, or a B the minibatches do not
     divide."""
     name = type(batch).__name__
@@ -269,7 +269,6 @@ def _check_rows(batch: NamedTuple, config: PPOConfig) -> tuple[int, int]:
     if shape[0] % config.rl.minibatch_size:
         raise ValueError(f"batch of {shape[0]} rows is not a multiple of "
                          f"rl.minibatch_size={config.rl.minibatch_size}")
-    return shape
 
 
 def _check_update_batch(batch: PPOBatch, config: PPOConfig) -> None:

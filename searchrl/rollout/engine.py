@@ -107,6 +107,13 @@ class RolloutEngine:
         self.stats.device_s += time.perf_counter() - start
         return out
 
+    def _decode_chunks(self, params, state: generate.GenState, stops: jax.Array, spec: generate.DecodeSpec
+                       ) -> generate.GenState:
+        """Decode chunks until every active row has stopped."""
+        while bool(jax.device_get(state.active).any()):
+            state = self._device(generate.decode_chunk, self.cfg, params, state, stops, self.eos_ids, spec)
+        return state
+
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
@@ -175,11 +182,7 @@ class RolloutEngine:
         branch = self._device(
             generate.extend, self.cfg, params, branch, tokens, lengths, start, self.branch_spec.sampling
         )
-        while bool(jax.device_get(branch.active).any()):
-            branch = self._device(
-                generate.decode_chunk, self.cfg, params, branch, self.branch_stops, self.eos_ids,
-                self.branch_spec
-            )
+        branch = self._decode_chunks(params, branch, self.branch_stops, self.branch_spec)
         out_tokens, turn_start, length = jax.device_get((branch.tokens, branch.turn_start, branch.cache.length))
         texts = {}
         for b in rows:
@@ -204,10 +207,7 @@ class RolloutEngine:
         generating = list(range(batch))
         turn_index = 0
         while generating:
-            while bool(jax.device_get(state.active).any()):
-                state = self._device(
-                    generate.decode_chunk, self.cfg, params, state, self.stops, self.eos_ids, self.spec
-                )
+            state = self._decode_chunks(params, state, self.stops, self.spec)
             tokens, turn_start, length = jax.device_get((state.tokens, state.turn_start, state.cache.length))
             length = np.array(length)
             waiting: list[int] = []
