@@ -134,8 +134,9 @@ class Env(Protocol):
     stop_strings: tuple[str, ...]  # a policy turn ends at the first of these (the stop string is kept)
     side_branch: SideBranch | None  # a continuation sampled after some observations, or None
 
-    def prompt(self, example: Mapping[str, Any]) -> str:
-        """The full prompt text for one example (chat template applied)."""
+    def prompt(self, example: Mapping[str, Any]) -> str | Sequence[Mapping[str, str]]:
+        """The prompt of one example: its full text, or chat messages that the engine renders with the
+        tokenizer's chat template (`searchrl.text.chat`; a final assistant message is continued)."""
         ...
 
     def parse_action(self, turn_text: str, turn_index: int) -> Action:

@@ -117,6 +117,6 @@ def build(config: ml_collections.ConfigDict, *, train_data: bool = True, checkpo
     train = []
     if train_data:
         data = from_config(datasets.DataConfig, config.data, "config.data")
-        for records in datasets.load_examples(data.dir, data.train, data.train_split).values():
+        for records in datasets.load_examples(data.dir, data.train, data.train_split, data.format).values():
             train.extend(records)
     return Experiment(model_cfg, policy, tokenizer, env, rollout, train, source)

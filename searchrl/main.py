@@ -39,7 +39,8 @@ def train(config: ml_collections.ConfigDict) -> None:
 
     distributed.initialize(config)
     built = experiment.build(config)
-    eval_sets = datasets.load_examples(config.data.dir, config.data.eval, config.data.eval_split)
+    eval_sets = datasets.load_examples(config.data.dir, config.data.eval, config.data.eval_split,
+                                      config.data.format)
     eval_examples = [r for records in eval_sets.values() for r in records[: config.data.eval_limit or None]]
     trainer = Trainer(config, built.model_cfg, built.policy, built.tokenizer, built.env, built.train_examples,
                       eval_examples)

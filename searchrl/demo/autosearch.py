@@ -102,7 +102,8 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     demo = from_config(DemoConfig, config.demo, "config.demo")
     build_world(config, demo)
     built = experiment.build(config)
-    test = datasets.load_examples(config.data.dir, config.data.eval, config.data.eval_split)
+    test = datasets.load_examples(config.data.dir, config.data.eval, config.data.eval_split,
+                                   config.data.format)
     test = {name: records[: demo.eval_questions] for name, records in test.items()}
     print(f"world, index and tokenizer ready ({time.perf_counter() - start:.0f}s)")
 

@@ -19,3 +19,14 @@ class DemoConfig:
     eval_questions: int = 384  # per evaluation set
     budgets: tuple[int, ...] = (0, 1, 2, 3)  # search budgets of the accuracy-vs-budget curve
     prefix_sft: SFTConfig = SFTConfig()  # the first cold-start stage, on two-turn prefixes
+
+
+@dataclasses.dataclass(frozen=True)
+class RewriteDemoConfig:
+    """The DeepRetrieval miniature: its world (`searchrl.demo.rewrite_world`), cold start and seeds."""
+
+    concepts_per_kind: int = 24  # conditions and treatments; a topic pairs one of each
+    num_candidates: int = 4  # technical words the cold start considers per user word (one is right)
+    vocab_size: int = 1200  # of the BPE tokenizer trained on the world: every word one token
+    sft_samples: int = 4  # cold-start rewrites drawn per training question
+    seeds: tuple[int, ...] = (0, 1)  # whole runs (world, model, cold start, RL), one per seed

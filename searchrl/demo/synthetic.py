@@ -157,7 +157,7 @@ class World:
                 "passages": len(self.passages), "splits": splits}
 
 
-class _Namer:
+class Namer:
     """Unique syllable words and unique entity names, drawn from one rng."""
 
     def __init__(self, rng: random.Random):
@@ -214,7 +214,7 @@ def _draw_value(rel: Relation, etype: str, rng: random.Random, pools: dict[str, 
     return rng.randint(*YEAR_RANGES[etype])
 
 
-def _real_entities(rng: random.Random, namer: _Namer, num_entities: int, dev_fraction: float,
+def _real_entities(rng: random.Random, namer: Namer, num_entities: int, dev_fraction: float,
                    test_fraction: float) -> dict[str, Entity]:
     """The question-bearing entities with names, facts and a split (stratified by type)."""
     counts = {t: max(2, round(TYPE_SHARES[t] * num_entities)) for t in ENTITY_TYPES}
@@ -248,7 +248,7 @@ def _real_entities(rng: random.Random, namer: _Namer, num_entities: int, dev_fra
     return entities
 
 
-def _twin_name(namer: _Namer, rng: random.Random, original: Entity,
+def _twin_name(namer: Namer, rng: random.Random, original: Entity,
                person_words: tuple[list[str], list[str]]) -> str | None:
     """A free name sharing a word with, or one vowel away from, the original's, or None. A person's twin
     keeps its first or last name and draws the other from the same word list, so no two persons have the
@@ -264,7 +264,7 @@ def _twin_name(namer: _Namer, rng: random.Random, original: Entity,
     return name if namer.claim(name) else None
 
 
-def _add_distractors(rng: random.Random, namer: _Namer, entities: dict[str, Entity], count: int) -> None:
+def _add_distractors(rng: random.Random, namer: Namer, entities: dict[str, Entity], count: int) -> None:
     """Adds up to `count` twins of random entities, each fact copied from the original with probability 1/2.
     Twins are never question subjects nor the value of another entity's fact."""
     real = list(entities.values())
@@ -440,7 +440,7 @@ def generate_world(seed: int, num_entities: int, *, questions_per_entity: float 
     options = dict(num_entities=num_entities, questions_per_entity=questions_per_entity,
                    hop_fractions=[f / sum(hop_fractions) for f in hop_fractions], **fractions)
     rng = random.Random(seed)
-    namer = _Namer(rng)
+    namer = Namer(rng)
     entities = _real_entities(rng, namer, num_entities, dev_fraction, test_fraction)
     _add_distractors(rng, namer, entities, round(distractor_fraction * len(entities)))
     passages = _passages(rng, entities, pair_fraction)

@@ -136,7 +136,8 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str = "",
     names = datasets or config.data.eval
     split = split or config.data.eval_split
     limit = config.data.eval_limit if limit is None else limit
-    data = data_lib.load_examples(config.data.dir, names, split)  # fails fast on an unknown dataset
+    # fails fast on an unknown dataset
+    data = data_lib.load_examples(config.data.dir, names, split, config.data.format)
     if not data:
         raise ValueError(f"No dataset named in {names!r}.")
     if limit > 0:

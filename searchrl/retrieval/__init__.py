@@ -21,15 +21,19 @@ BM25_K1, BM25_B = 0.9, 0.4  # pyserini / Anserini defaults, shared by both BM25 
 
 @dataclasses.dataclass(frozen=True)
 class RetrievalConfig:
-    """`config.retrieval`: a local index dir, or a Search-R1 `/retrieve` server."""
+    """`config.retrieval`: a local index dir, a Search-R1 `/retrieve` server, or a literature search
+    engine."""
 
-    kind: str = "local"  # local | remote
+    kind: str = "local"  # local | remote | pubmed (NCBI E-utilities) | ctgov (ClinicalTrials.gov API v2)
     index_dir: str = ""  # local: any searchrl index dir (its manifest names the backend)
-    options: dict[str, Any] = dataclasses.field(default_factory=dict)  # local: the backend's options
-    url: str = ""  # remote: http://HOST:PORT/retrieve
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)  # local: the backend's options;
+    #   pubmed/ctgov: the API's (e.g. sort, email, page_size; see searchrl.retrieval.engines.make_engine)
+    url: str = ""  # remote: http://HOST:PORT/retrieve; pubmed/ctgov: the API's base URL ("": the real one)
     timeout_s: float = 30.0
     retries: int = 3
     batch_size: int = 256  # remote: queries per request
+    cache_path: str = ""  # pubmed/ctgov: JSONL cache of ranked ids ("": no cache)
+    rate_per_s: float = 0.0  # pubmed/ctgov: requests per second (0: the engine's default)
 
 
 def index_kind(index_dir: str | os.PathLike) -> str:
@@ -72,4 +76,10 @@ def make_retriever(config: RetrievalConfig | Mapping[str, Any]) -> Retriever:
         from searchrl.retrieval.client import RemoteRetriever
         return RemoteRetriever(config.url, timeout=config.timeout_s, retries=config.retries,
                                batch_size=config.batch_size)
-    raise ValueError(f'retrieval config: "kind" must be "local" or "remote", got {config.kind!r}')
+    if config.kind in ("pubmed", "ctgov"):
+        from searchrl.retrieval.engines import make_engine
+        return make_engine(config.kind, url=config.url, rate_per_s=config.rate_per_s,
+                           timeout_s=config.timeout_s, retries=config.retries, cache_path=config.cache_path,
+                           **config.options)
+    raise ValueError(f'retrieval config: "kind" must be "local", "remote", "pubmed" or "ctgov", '
+                     f'got {config.kind!r}')

@@ -33,9 +33,9 @@ from typing import Sequence
 from searchrl.rewards import protocol, qa
 from searchrl.text import tags
 
-_FENCE = re.compile(r"\A```[\w-]*\s*(.*?)\s*```\Z", re.DOTALL)
-_STRUCTURE_TAGS = tuple(t for tag in (tags.THINK, tags.ANSWER)
-                        for t in (tags.open_tag(tag), tags.close_tag(tag)))
+_FENCE = "```"
+_SQL_MAX_VALUE_BYTES = 10_000_000  # the largest string or blob one SQL value may hold
+_FENCE_LANGUAGE = re.compile(r"[\w-]*")
 _SQL_ALLOWED = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
                           sqlite3.SQLITE_RECURSIVE})
 
@@ -72,9 +72,13 @@ class RewardConfig:
     recall_tiers: tuple[tuple[float, float], ...] = ((0.7, 5.0), (0.5, 4.0), (0.4, 3.0), (0.3, 1.0),
                                                      (0.1, 0.5), (0.05, 0.1))
     recall_miss: float = -3.5
-    # NDCG cut-off for training rewards and for evaluation (msmarco_beir.py).
-    ndcg_k: int = 1000
+    # NDCG cut-off for training rewards (msmarco_beir.py retrieves and scores the top 3000) and for
+    # evaluation (the paper's NDCG@10).
+    ndcg_k: int = 3000
     ndcg_k_eval: int = 10
+    # gated SQL: the score of a predicted query that executes but returns other rows (bird.py: 0.3; spider.py:
+    # 0, so a query that runs but is wrong scores like one that fails).
+    sql_executes_score: float = 0.0
     # SQL execution: wall-clock limit per query and the most rows one query may return.
     sql_timeout_s: float = 30.0
     sql_max_rows: int = 100_000
@@ -89,25 +93,40 @@ class ParsedAnswer:
     reason: str  # "" when both the tags and the JSON are fine
 
 
-def check_structure(response: str) -> protocol.FormatCheck:
-    """DeepRetrieval's tag check: `<think>`, `</think>`, `<answer>`, `</answer>` once each, in this order."""
+def _structure_tags(reasoning: bool) -> tuple[str, ...]:
+    return tuple(t for tag in ((tags.THINK, tags.ANSWER) if reasoning else (tags.ANSWER,))
+                 for t in (tags.open_tag(tag), tags.close_tag(tag)))
+
+
+def check_structure(response: str, reasoning: bool = True) -> protocol.FormatCheck:
+    """DeepRetrieval's tag check: `<think>`, `</think>`, `<answer>`, `</answer>` once each, in this order
+    (without reasoning, the no_reason rewards: `<answer>`, `</answer>` once each, in order)."""
     text = protocol.response_part(response)
-    for tag in _STRUCTURE_TAGS:
+    structure_tags = _structure_tags(reasoning)
+    for tag in structure_tags:
         if (count := text.count(tag)) != 1:
             return protocol.FormatCheck(False, f"{tag} appears {count} times, expected once")
-    positions = [text.find(tag) for tag in _STRUCTURE_TAGS]
+    positions = [text.find(tag) for tag in structure_tags]
     if positions != sorted(positions):
-        return protocol.FormatCheck(False, "tags out of order, expected <think>..</think><answer>..</answer>")
+        expected = "".join(structure_tags[i] + (".." if i % 2 == 0 else "") for i in range(len(structure_tags)))
+        return protocol.FormatCheck(False, f"tags out of order, expected {expected}")
     return protocol.FormatCheck(True, "")
+
+
+def _unfenced(text: str) -> str:
+    """The inside of a Markdown code fence (```json ... ```) around the whole text, else the text (linear time:
+    string operations, no backtracking pattern)."""
+    if len(text) < 2 * len(_FENCE) or not (text.startswith(_FENCE) and text.endswith(_FENCE)):
+        return text
+    inner = text[len(_FENCE):-len(_FENCE)]
+    return inner[_FENCE_LANGUAGE.match(inner).end():].strip()
 
 
 def _json_field(answer: str | None, key: str) -> tuple[str | None, str]:
     """Reads `{key: "..."}` from the answer text, tolerating a code fence; (value, reason)."""
     if answer is None:
         return None, "no <answer> block"
-    text = answer.strip()
-    if fence := _FENCE.match(text):
-        text = fence.group(1)
+    text = _unfenced(answer.strip())
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -120,21 +139,21 @@ def _json_field(answer: str | None, key: str) -> tuple[str | None, str]:
     return value.strip(), ""
 
 
-def parse_json_answer(response: str, key: str) -> ParsedAnswer:
+def parse_json_answer(response: str, key: str, reasoning: bool = True) -> ParsedAnswer:
     """Parses `<answer>{key: ...}</answer>` from a response and checks its tags."""
-    structure = check_structure(response)
+    structure = check_structure(response, reasoning)
     value, reason = _json_field(protocol.extract_answer(response), key)
     return ParsedAnswer(value=value, structure_ok=structure.ok, reason=structure.reason or reason)
 
 
-def parse_query_answer(response: str) -> ParsedAnswer:
+def parse_query_answer(response: str, reasoning: bool = True) -> ParsedAnswer:
     """The search query of a DeepRetrieval answer `{"query": ...}`."""
-    return parse_json_answer(response, "query")
+    return parse_json_answer(response, "query", reasoning)
 
 
-def parse_sql_answer(response: str) -> ParsedAnswer:
+def parse_sql_answer(response: str, reasoning: bool = True) -> ParsedAnswer:
     """The SQL of a DeepRetrieval text-to-SQL answer `{"sql": ...}`."""
-    return parse_json_answer(response, "sql")
+    return parse_json_answer(response, "sql", reasoning)
 
 
 def tiered_reward(parsed: ParsedAnswer, metric_score: float | None,
@@ -193,8 +212,12 @@ def run_sql(db_path: str | pathlib.Path, sql: str, *, timeout_s: float, max_rows
     path = pathlib.Path(db_path).resolve()
     if not path.is_file():
         raise FileNotFoundError(f"SQL database not found: {path}")
-    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+    # immutable: no locks and no -wal/-shm files; temporary tables and sorts stay in memory; results and
+    # strings are capped, so nothing is written to disk and no query can hold gigabytes.
+    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro&immutable=1", uri=True)
     try:
+        conn.execute("PRAGMA temp_store = MEMORY")
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, _SQL_MAX_VALUE_BYTES)
         conn.set_authorizer(_authorize_read)
         deadline = time.monotonic() + timeout_s
         conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
@@ -208,7 +231,8 @@ def run_sql(db_path: str | pathlib.Path, sql: str, *, timeout_s: float, max_rows
 
 def sql_execution_match(db_path: str | pathlib.Path, pred_sql: str, gold_sql: str,
                         cfg: RewardConfig = RewardConfig()) -> tuple[float, str]:
-    """1.0 when both queries return the same set of rows, else 0.0; the reason says why it is 0."""
+    """1.0 when both queries return the same set of rows; `cfg.sql_executes_score` when the prediction runs
+    but returns other rows; 0.0 when either query fails. The reason says why it is not 1."""
     results = {}
     for name, sql in (("predicted", pred_sql), ("gold", gold_sql)):
         try:
@@ -216,5 +240,5 @@ def sql_execution_match(db_path: str | pathlib.Path, pred_sql: str, gold_sql: st
         except sqlite3.Error as e:
             return 0.0, f"{name} SQL failed: {e}"
     if results["predicted"] != results["gold"]:
-        return 0.0, "result rows differ"
+        return float(cfg.sql_executes_score), "result rows differ"
     return 1.0, ""

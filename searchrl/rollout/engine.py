@@ -21,6 +21,7 @@ from searchrl import models
 from searchrl.episode import Env, Observation, SideBranch, Trajectory, Turn
 from searchrl.rollout import generate
 from searchrl.rollout.config import RolloutConfig, SamplingParams
+from searchrl.text import chat
 
 
 @dataclasses.dataclass
@@ -127,7 +128,7 @@ class RolloutEngine:
         raise ValueError(f"A chunk of {n} tokens exceeds the largest chunk width {self.chunk_widths[-1]}.")
 
     def _prefill(self, params, examples: Sequence[dict], key: jax.Array) -> generate.GenState:
-        prompts = [self._encode(self.env.prompt(ex)) for ex in examples]
+        prompts = [self._encode(chat.render(self.tokenizer, self.env.prompt(ex))) for ex in examples]
         for b, ids in enumerate(prompts):
             if len(ids) > self.config.max_prompt_tokens:
                 raise ValueError(
