@@ -139,7 +139,7 @@ def tiny(config):
     config.rollout.sampling.temperature = 1.0
     config.sft.update(dict(steps=600, batch_size=64, max_len=40))
     config.sft.optim.update(dict(lr=3e-3, warmup_steps=20, decay="cosine", decay_steps=600, min_lr_ratio=0.1))
-    config.train.update(dict(steps=60, batch_size=32))
+    config.train.update(dict(steps=200, batch_size=32))
     config.rl.update(dict(minibatch_size=32, micro_batch_size=32, kl_in_reward=False, use_reference=False))
     config.rl.actor.lr = 3e-4
     config.rl.critic.lr = 1e-3

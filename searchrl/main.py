@@ -1,7 +1,8 @@
 """searchrl's entry point: `python -m searchrl.main --config configs/FILE.py:PRESET COMMAND [--config.x.y=v ...]`.
 
-Commands: `info` (the resolved config, the device mesh and the model size) and `train` (RL from the config:
-PPO/GRPO/... on its environment, resuming from config.workdir's latest checkpoint). Evaluation is
+Commands: `info` (the resolved config, the device mesh and the model size), `train` (RL from the config:
+PPO/GRPO/... on its environment, resuming from config.workdir's latest checkpoint) and `sft` (a supervised
+cold start on the env's reference responses, saved as a Hugging Face model at <workdir>/sft). Evaluation is
 `python -m searchrl.eval`, the retrieval server `python -m searchrl.retrieval.serve`.
 """
 from __future__ import annotations
@@ -50,7 +51,37 @@ def train(config: ml_collections.ConfigDict) -> None:
         trainer.close()
 
 
-COMMANDS: dict[str, Callable[[ml_collections.ConfigDict], None]] = {"info": info, "train": train}
+def sft(config: ml_collections.ConfigDict) -> None:
+    """A supervised cold start on the env's reference responses (`env.reference_response`, e.g. the gold SQL
+    of text-to-SQL), saved as a Hugging Face model at <workdir>/sft: set config.model.path to it for RL."""
+    import os
+
+    from searchrl import experiment, models
+    from searchrl.configlib import from_config
+    from searchrl.rl import sft as sft_lib
+    from searchrl.rl.config import SFTConfig
+    from searchrl.text import chat
+
+    built = experiment.build(config)
+    reference = getattr(built.env, "reference_response", None)
+    examples = [[(chat.render(built.tokenizer, built.env.prompt(example)), False), (response, True)]
+                for example in built.train_examples
+                if reference is not None and (response := reference(example)) is not None]
+    if not examples:
+        raise app.UsageError(f"{type(built.env).__name__} has no reference responses for a cold start "
+                             f"(config.env: {dict(config.env)}).")
+    sft_config = from_config(SFTConfig, config.sft, "config.sft")
+    tokens, loss_mask = sft_lib.encode(built.tokenizer, examples, sft_config.max_len)
+    mesh = models.mesh_from_config(from_config(models.MeshConfig, config.mesh, "config.mesh"))
+    params, losses = sft_lib.train(built.model_cfg, built.policy, tokens, loss_mask, sft_config, mesh)
+    out = os.path.join(config.workdir, "sft")
+    models.save_hf(built.model_cfg, jax.device_get(params), out)
+    built.tokenizer.save_pretrained(out)
+    print(f"SFT on {len(examples)} examples, {len(losses)} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f}; "
+          f"saved to {out}")
+
+
+COMMANDS: dict[str, Callable[[ml_collections.ConfigDict], None]] = {"info": info, "train": train, "sft": sft}
 
 
 def main(argv: list[str]) -> None:

@@ -21,6 +21,7 @@ NOT_METRICS = frozenset({"id", "hops", "depth"})  # numbers in a row that are no
 AVERAGE = "average"  # the papers' "Avg.": the unweighted mean over datasets
 ALL = "all"  # every question of every dataset, pooled
 NEVER = "never"
+RAW_PREFIX = "raw_"  # an env metric of the user's own query, next to the same metric of the policy's rewrite
 
 
 def metric_names(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -68,6 +69,18 @@ def hops_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per (dataset, hop count); empty when no row carries hops."""
     return [{"dataset": name, "hops": hops, **summarize(group)}
             for (name, hops), group in by_hops(rows).items()]
+
+
+def raw_vs_rewritten(table: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per dataset row of a results table and per metric with a raw twin: raw, rewritten and the gain."""
+    out = []
+    for row in table:
+        for name in row:
+            if name.startswith(RAW_PREFIX) and name[len(RAW_PREFIX):] in row:
+                metric = name[len(RAW_PREFIX):]
+                out.append({"dataset": row["dataset"], "metric": metric, "raw": row[name],
+                            "rewritten": row[metric], "gain": row[metric] - row[name]})
+    return out
 
 
 def budget_curves(runs: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
@@ -126,8 +139,10 @@ def aggregate(rows: Sequence[Mapping[str, Any]],
 
     `max_depth`: the search budget of the rows' run when they carry depths (None: no depth analysis).
     """
+    table = results_table(rows)
     return {
-        "table": results_table(rows),
+        "table": table,
+        "raw_vs_rewritten": raw_vs_rewritten(table),
         "hops": hops_table(rows),
         "budgets": budget_curves(budget_runs) if budget_runs else None,
         "depth": depth_distribution(rows, max_depth) if max_depth is not None else None,
@@ -172,6 +187,12 @@ def markdown(results: Mapping[str, Any]) -> str:
     facts = "\n".join(f"- {k}: {v}" for k, v in meta.items() if k != "side_branch_prompt")
     parts = ["# Evaluation", "", facts, "", "## Results", "", main_markdown(results)]
     metrics = table_metrics(results)
+    if results.get("raw_vs_rewritten"):
+        rows = [(r["dataset"], r["metric"], r["raw"], r["rewritten"], r["gain"])
+                for r in results["raw_vs_rewritten"]]
+        parts += ["", "## Raw query vs rewritten query", "",
+                  "Each retrieval metric of the user's own query (raw) and of the policy's rewrite, on the same "
+                  "retriever.", "", markdown_table(("dataset", "metric", "raw", "rewritten", "gain"), rows)]
     if results["hops"]:
         header = ("dataset", "hops", "n", *metrics)
         rows = [(r["dataset"], r["hops"], r["n"], *(r[m] for m in metrics)) for r in results["hops"]]

@@ -5,6 +5,7 @@ instant; `searchrl.rl.ppo` turns `RLConfig` into its static, hashable `PPOConfig
 from __future__ import annotations
 
 import dataclasses
+import math
 
 DECAYS = ("constant", "cosine")
 
@@ -106,7 +107,12 @@ class SFTConfig:
     """`config.sft`: supervised fine-tuning steps, batch and optimizer."""
 
     steps: int = 200
+    epochs: float = 0.0  # > 0: train this many passes over the examples instead of `steps`
     batch_size: int = 32
     max_len: int = 512
     seed: int = 0
     optim: OptimConfig = OptimConfig(lr=1e-3, warmup_steps=20)
+
+    def num_steps(self, examples: int) -> int:
+        """`steps`, or with `epochs` set, the steps that many passes over `examples` take."""
+        return math.ceil(self.epochs * examples / self.batch_size) if self.epochs > 0 else self.steps

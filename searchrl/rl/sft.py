@@ -76,9 +76,14 @@ def _train_step(cfg: models.ModelConfig, optim: OptimConfig, mesh: Mesh):
 
 def train(cfg: models.ModelConfig, params: dict, tokens: np.ndarray, loss_mask: np.ndarray,
           config: SFTConfig, mesh: Mesh) -> tuple[dict, list[float]]:
-    """`config.steps` AdamW steps on seeded random minibatches; returns the params and the loss per step."""
+    """`config.num_steps` AdamW steps on seeded random minibatches; returns the params and the loss per
+    step."""
     if len(tokens) < config.batch_size:
         raise ValueError(f"SFT needs at least batch_size={config.batch_size} examples, got {len(tokens)}.")
+    rows_parallel = mesh.shape["data"] * mesh.shape["fsdp"]
+    if config.batch_size % rows_parallel:
+        raise ValueError(f"SFT batch_size={config.batch_size} must be a multiple of the mesh's data x fsdp size "
+                         f"({rows_parallel}): config.sft.batch_size or config.mesh.")
     step, tx = _train_step(cfg, config.optim, mesh)
     params = jax.tree.map(lambda p: p.astype(jnp.float32), params)
     opt_state = tx.init(params)
@@ -86,7 +91,7 @@ def train(cfg: models.ModelConfig, params: dict, tokens: np.ndarray, loss_mask: 
     lengths = tokens.shape[1] - np.argmax(loss_mask[:, ::-1] > 0, axis=1)  # through each row's last policy token
     losses = []
     with jax.set_mesh(mesh):
-        for i in tqdm(range(config.steps), desc="sft", disable=jax.process_index() != 0):
+        for i in tqdm(range(config.num_steps(len(tokens))), desc="sft", disable=jax.process_index() != 0):
             rows = rng.choice(len(tokens), config.batch_size, replace=False)
             width = padded_width(int(lengths[rows].max()), tokens.shape[1], buckets=8)
             params, opt_state, loss, _ = step(params, opt_state, np.int32(i), tokens[rows, :width],

@@ -70,3 +70,28 @@ def test_every_group_rejects_unknown_keys():
         from_config(RLConfig, config.rl, "config.rl")
     with pytest.raises(ValueError, match=r"config.rl.actor: unknown key\(s\) \['learning_rate'\]"):
         from_config(RLConfig, {"actor": {"learning_rate": 1e-3}}, "config.rl")
+
+
+def test_sft_cold_starts_sql_on_gold_queries_and_saves_a_hugging_face_model(tmp_path):
+    from tests.data.retrieval_helpers import spider_dir, spider_questions, write_json
+    from searchrl.text.tokenizer import load_tokenizer, train_bpe_tokenizer
+
+    spider = spider_dir(tmp_path, split="train")
+    write_json(spider / "train.json", (spider_questions() * 3)[:8])
+    train_bpe_tokenizer(["SELECT Name FROM singer WHERE Singer_ID = 1", '{"sql": "x"}'], 300,
+                        out_dir=str(tmp_path / "tok"))
+    workdir = tmp_path / "run"
+    out = run_main("--config=configs/deepretrieval.py:tiny_sql", f"--config.workdir={workdir}",
+                   f"--config.tokenizer={tmp_path / 'tok'}", f"--config.data.dir={tmp_path}",
+                   "--config.data.train=spider", "--config.env.user_template={schema} {question}",
+                   "--config.env.reasoning=False", "--config.env.assistant_prefix=<answer>", "--config.sft.epochs=2",
+                   "--config.sft.batch_size=8",
+                   "--config.sft.max_len=256", "sft")
+    assert out.returncode == 0, out.stderr
+    assert "SFT on 8 examples, 2 steps" in out.stdout
+    cfg, params = models.load_hf(workdir / "sft")
+    assert cfg.num_layers == models.get_preset("tiny").num_layers
+    assert len(load_tokenizer(str(workdir / "sft"))) == len(load_tokenizer(str(tmp_path / "tok")))
+    out = run_main("--config=configs/deepretrieval.py:tiny_classic", "--config.retrieval.index_dir=x",
+                   f"--config.tokenizer={tmp_path / 'tok'}", f"--config.data.dir={tmp_path}", "sft")
+    assert out.returncode != 0

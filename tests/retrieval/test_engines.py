@@ -14,7 +14,7 @@ from searchrl.retrieval import make_retriever
 from searchrl.retrieval.engines import (PUBMED_MAX_RESULTS, ClinicalTrials, Malformed, PubMed, RateLimiter,
                                         SearchCache, SearchEngine, SearchEngineError, make_engine,
                                         parse_esearch, parse_studies, retry_after_s)
-from searchrl.retrieval.fake_engines import Fault, FakeEngineServer, esearch_error_body
+from searchrl.retrieval.fake_engines import Fault, FakeEngineServer, esearch_error_body, rank
 from searchrl.retrieval.types import Hit
 
 CORPUS = {  # "cancer" ranks 1003 (3 times), 1001 (2), then 1002 and 1005 (1 each, corpus order)
@@ -350,3 +350,9 @@ def test_fake_server_speaks_the_real_formats(fake):
     assert get(fake.url + "studies?query.term=x&pageToken=nope") == (400, b"invalid pageToken")
     fake.inject(Fault(429))
     assert get(fake.url + "esearch.fcgi?term=a") == (429, {"error": "API rate limit exceeded", "count": "11"})
+
+
+def test_fake_pubmed_accepts_the_date_range_the_env_adds():
+    corpus = {"1": "statins after stroke", "2": "statins", "3": "aspirin"}
+    query = '(statins stroke) AND ("1970/01/01"[pdat] : "2019/05/01"[pdat])'
+    assert rank(corpus, query) == ["1"]

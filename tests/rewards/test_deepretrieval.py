@@ -21,6 +21,26 @@ def test_parse_query_answer():
     assert dr.parse_sql_answer(_response('{"sql": "SELECT 1"}')).value == "SELECT 1"
 
 
+@pytest.mark.parametrize("text, inner", [
+    ('```json\n{"query": "a"}\n```', '{"query": "a"}'),
+    ('```{"query": "a"}```', '{"query": "a"}'),
+    ('```json-5 {"query": "a"} ```', '{"query": "a"}'),
+    ('{"query": "```a```"}', '{"query": "```a```"}'),
+    ("``````", ""),
+    ("````", "````"),
+    ("```" + " " * 50_000 + "x", "```" + " " * 50_000 + "x"),  # no closing fence: the text as it is
+])
+def test_code_fences_are_unwrapped_in_linear_time(text, inner):
+    assert dr._unfenced(text) == inner
+
+
+def test_no_reasoning_answers_need_only_the_answer_tags():
+    assert dr.parse_query_answer('<answer>{"query": "q"}</answer>', reasoning=False).structure_ok
+    assert not dr.parse_query_answer('<answer>{"query": "q"}</answer>').structure_ok
+    out_of_order = dr.check_structure("</answer> x <answer>", reasoning=False)
+    assert out_of_order.reason == "tags out of order, expected <answer>..</answer>"
+
+
 @pytest.mark.parametrize("answer, reason", [
     ('{"query": "q"', "answer is not valid JSON"),
     ('["q"]', 'answer JSON has no "query" field'),

@@ -119,6 +119,13 @@ class QueryRewriteEnv:
                              "cold start cannot write its responses.")
         return response
 
+    def reference_response(self, example: Mapping[str, Any]) -> str | None:
+        """An example's supervised response for a cold start: the SQL tasks write the gold SQL (after the
+        example's "reasoning", when it has one); the retrieval tasks have no reference query (None)."""
+        if self.config.task != "sql":
+            return None
+        return self.target_response(example["gold_sql"], example.get("reasoning", ""))
+
     def parse_action(self, turn_text: str, turn_index: int) -> Action:
         parsed = self.parse(turn_text)
         if parsed.value is None:
