@@ -315,6 +315,9 @@ class _Interpreter(Meter):
         self.step(node, cost=sum(len(arg) for arg in args if isinstance(arg, (list, tuple, set))))
         if name in self.sdk_functions:
             return self.sdk_call(node, name, args, kwargs)
+        if name in SDK_FUNCTIONS:
+            raise self.error("sdk error", f"{name}() is not available here; available: "
+                             f"{', '.join(self.sdk_functions) or 'none'}", node)
         if name == "show":
             return self.show(node, args)
         if name == "range":

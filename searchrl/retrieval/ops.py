@@ -80,8 +80,12 @@ class RetrievalSDK:
     """
 
     def __init__(self, sparse: Retriever | None = None, dense: Retriever | None = None,
-                 reranker: Reranker | None = None, encoder: DenseEncoder | None = None, rrf_k: int = 60):
+                 reranker: Reranker | None = None, encoder: DenseEncoder | None = None, rrf_k: int = 60,
+                 available: Sequence[str] = SDK_FUNCTIONS):
+        if unknown := [name for name in available if name not in SDK_FUNCTIONS]:
+            raise ValueError(f"unknown SDK functions {unknown}; the SDK has {SDK_FUNCTIONS}")
         self.sparse, self.dense, self.rrf_k = sparse, dense, rrf_k
+        self.available = tuple(available)  # the functions programs may call (an action space)
         if reranker is None:
             if encoder is None and isinstance(dense, DenseRetriever):
                 encoder = dense.encoder
@@ -89,8 +93,8 @@ class RetrievalSDK:
         self.reranker = reranker
 
     def functions(self) -> dict[str, Callable[..., list[Hit]]]:
-        """The SDK by name, as a program's namespace."""
-        return {name: getattr(self, name) for name in SDK_FUNCTIONS}
+        """The available SDK functions by name, as a program's namespace."""
+        return {name: getattr(self, name) for name in self.available}
 
     @staticmethod
     def _search(backend: Retriever | None, name: str, kind: str, q: Any, top_k: Any) -> list[Hit]:

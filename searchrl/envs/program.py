@@ -1,0 +1,192 @@
+"""Retrieval Program Learning: the policy writes programs over the retrieval SDK instead of one query per turn.
+
+A turn is `<program> ... </program>` (a program in `searchrl.programs`' language, run in its sandbox against
+the task's retrievers; the documents it `show`s come back in `<information>`) or the final `<answer>`. The
+action space is the set of SDK functions programs may call (the paper's Table 4): `dense` (dense retrieval
+only), `dual` (sparse and dense), `sdk` (all five: sparse, dense, fuse, dedup, rerank); program mutation (PM)
+is a training schedule on top of `sdk`.
+
+Two kinds of example: open-domain QA ({"question", "golden_answers"}, EM reward) and GlobalQA-style
+corpus-level tasks (metadata "type" in GLOBALQA_TYPES, "evidence_ids"; golden_answers are document ids),
+rewarded with answer F1 over document ids; their dF1 is the F1 of every document shown against the evidence.
+Per episode the env reports context tokens consumed (observation tokens), retrieval calls, program turns and
+which SDK functions the programs called.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from searchrl.envs.search_qa import format_passages
+from searchrl.episode import Action, Observation, Trajectory, Turn
+from searchrl.programs import Limits, execute
+from searchrl.configlib import from_config
+from searchrl.retrieval import RetrievalConfig, index_kind, load_retriever, make_retriever
+from searchrl.retrieval.ops import SDK_FUNCTIONS, RetrievalSDK
+from searchrl.rewards import qa
+from searchrl.text import tags
+
+PROGRAM, ANSWER, INVALID = "program", "answer", "invalid"  # the action kinds
+ACTION_SPACES = {"dense": ("dense_retrieval",), "dual": ("sparse_retrieval", "dense_retrieval"),
+                 "sdk": SDK_FUNCTIONS}
+GLOBALQA_TYPES = ("topk", "count", "sort", "minmax")
+_FENCE = "```"
+
+RPL_PROMPT = (
+    "Answer the given question. You can retrieve documents by writing a program between <program> and "
+    "</program>. A program is Python with these functions: {functions}, and show(docs), which puts documents "
+    "into your context; they come back between <information> and </information>. Keep what you show short: "
+    "only shown documents enter your context. When you can answer, give the answer between <answer> and "
+    "</answer>{answer_hint}. Question: {question}\n"
+)
+SIGNATURES = {"sparse_retrieval": "sparse_retrieval(q, top_k)", "dense_retrieval": "dense_retrieval(q, top_k)",
+              "fuse": "fuse(*lists, top_k=None)", "dedup": "dedup(docs)", "rerank": "rerank(q, docs, top_k=None)"}
+GLOBALQA_HINT = " (for questions about documents, the ids of the documents, separated by commas)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """`config.env` of `program` (with `name="program"`)."""
+
+    action_space: str = "sdk"  # one of ACTION_SPACES
+    max_turns: int = 2  # program turns; the turn after the last one must answer
+    prompt_template: str = RPL_PROMPT  # fields: {question}, {functions}, {answer_hint}
+    dense_index_dir: str = ""  # the dense index (config.retrieval's index is the sparse one)
+    limits: Limits = Limits()  # the sandbox's limits per program
+
+
+def is_globalqa(example: Mapping[str, Any]) -> bool:
+    return (example.get("metadata") or {}).get("type") in GLOBALQA_TYPES
+
+
+def program_source(content: str) -> str:
+    """The program of a `<program>` block, without a Markdown code fence around it."""
+    text = content.strip()
+    if text.startswith(_FENCE) and text.endswith(_FENCE) and len(text) >= 2 * len(_FENCE):
+        text = text[len(_FENCE):-len(_FENCE)]
+        first, _, rest = text.partition("\n")
+        text = rest if first.strip().isidentifier() or not first.strip() else text
+    return text.strip()
+
+
+def parse_ids(answer: str) -> list[str]:
+    """Document ids in an answer ("p12, p40", "[p12] [p40]"), in order, without repeats."""
+    words = "".join(c if c.isalnum() or c in "_-:" else " " for c in answer).split()
+    return list(dict.fromkeys(words))
+
+
+def set_f1(predicted: Sequence[str], gold: Sequence[str]) -> float:
+    """F1 of two id sets (0 when either is empty)."""
+    predicted, gold = set(predicted), set(gold)
+    common = len(predicted & gold)
+    if not common:
+        return 0.0
+    precision, recall = common / len(predicted), common / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+class ProgramEnv:
+    """Multi-turn RPL over a sparse and / or a dense retriever."""
+
+    side_branch = None
+
+    def __init__(self, config: Config, sdk: RetrievalSDK):
+        if config.action_space not in ACTION_SPACES:
+            raise ValueError(f"config.env.action_space {config.action_space!r} is not one of "
+                             f"{sorted(ACTION_SPACES)}")
+        if config.max_turns < 0:
+            raise ValueError(f"config.env.max_turns must be >= 0, got {config.max_turns}")
+        self.config, self.sdk = config, sdk
+        self.stop_strings = (tags.close_tag(tags.PROGRAM), tags.close_tag(tags.ANSWER))
+
+    def prompt(self, example: Mapping[str, Any]) -> str:
+        functions = ", ".join(SIGNATURES[name] for name in self.sdk.available)
+        hint = GLOBALQA_HINT if is_globalqa(example) else ""
+        return (self.config.prompt_template.replace("{functions}", functions)
+                .replace("{answer_hint}", hint).replace("{question}", example["question"]))
+
+    def parse_action(self, turn_text: str, turn_index: int) -> Action:
+        last_turn = turn_index >= self.config.max_turns
+        block = tags.first_block(turn_text, tags.PROGRAM, tags.ANSWER)
+        if block is None:
+            return Action(INVALID, "no complete <program> or <answer> block", done=last_turn)
+        kind, content = block
+        if kind == PROGRAM and last_turn:
+            return Action(INVALID, "no more programs: this turn must answer", done=True)
+        return Action(kind, content, done=kind == ANSWER or last_turn)
+
+    def run(self, source: str) -> Observation:
+        """One program in the sandbox; what it showed (or its error) as the observation."""
+        result = execute(program_source(source), self.sdk, self.config.limits)
+        shown = format_passages(result.shown).strip()
+        error = f"program error: {result.error}" if result.error else ""
+        text = "\n".join(part for part in (shown, error) if part) or "the program showed nothing"
+        info = {"doc_ids": tuple(hit.id for hit in result.shown), "retrieval_calls": result.retrieval_calls,
+                "primitives": tuple(sorted(result.primitives)), "error": result.error}
+        return Observation(f"\n\n{tags.block(tags.INFORMATION, text)}\n\n", info)
+
+    def observe(self, actions: Sequence[Action]) -> list[Observation]:
+        return [self.run(a.content) if a.kind == PROGRAM else
+                Observation(f"\n\n{tags.block(tags.INFORMATION, 'invalid action: ' + a.content)}\n\n")
+                for a in actions]
+
+    def _scores(self, turns: Sequence[Turn], example: Mapping[str, Any]) -> dict[str, float]:
+        answer = final_answer(turns)
+        golds = list(example["golden_answers"])
+        if is_globalqa(example):
+            shown = [doc for turn in turns for doc in turn.info.get("doc_ids", ())]
+            return {"answer_f1": set_f1(parse_ids(answer), golds),
+                    "doc_f1": set_f1(shown, example["metadata"]["evidence_ids"])}
+        return {"em": qa.exact_match(answer, golds), "f1": qa.f1(answer, golds)}
+
+    def rewards(self, trajectory: Trajectory, examples: Sequence[Mapping[str, Any]]) -> list[list[float]]:
+        """On the last turn: EM for QA, answer F1 over document ids for GlobalQA."""
+        out = []
+        for turns, example in zip(trajectory.turns, examples):
+            scores = self._scores(turns, example)
+            out.append([0.0] * (len(turns) - 1) + [scores.get("answer_f1", scores.get("em", 0.0))])
+        return out
+
+    def metrics(self, trajectory: Trajectory, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Per episode: the answer and its scores, the context tokens consumed (observation tokens), retrieval
+        calls, program turns, program errors and, per SDK function, whether a program called it (1 / 0)."""
+        context = context_tokens(trajectory)
+        rows = []
+        for b, (turns, example) in enumerate(zip(trajectory.turns, examples)):
+            programs = [t for t in turns if t.action.kind == PROGRAM]
+            called = {name for t in programs for name in t.info.get("primitives", ())}
+            rows.append({
+                "question": example["question"], "answer": final_answer(turns), **self._scores(turns, example),
+                "context_tokens": int(context[b]), "program_turns": len(programs),
+                "retrieval_calls": sum(t.info.get("retrieval_calls", 0) for t in programs),
+                "program_errors": sum(t.info.get("error") is not None for t in programs),
+                **{f"uses_{name}": float(name in called) for name in SDK_FUNCTIONS}})
+        return rows
+
+
+def final_answer(turns: Sequence[Turn]) -> str:
+    last = turns[-1].action if turns else None
+    return last.content if last is not None and last.kind == ANSWER else ""
+
+
+def context_tokens(trajectory: Trajectory) -> np.ndarray:
+    """Tokens each row took in that the policy did not write: its observations (prompt excluded)."""
+    slots = np.arange(trajectory.tokens.shape[1])[None, :]
+    after_prompt = (slots >= trajectory.prompt_lengths[:, None]) & trajectory.attention_mask
+    return (after_prompt & (trajectory.loss_mask == 0)).sum(axis=1)
+
+
+def make(config: Config, retrieval: Mapping[str, Any]) -> ProgramEnv:
+    """The env over config.retrieval's index (the sparse retriever, or the dense one when it is a dense
+    index) and config.env.dense_index_dir, exposing the action space's functions."""
+    if config.action_space not in ACTION_SPACES:
+        raise ValueError(f"config.env.action_space {config.action_space!r} is not one of {sorted(ACTION_SPACES)}")
+    retrieval = from_config(RetrievalConfig, retrieval, "config.retrieval")
+    first = make_retriever(retrieval)
+    first_is_dense = retrieval.kind == "local" and index_kind(retrieval.index_dir) == "dense"
+    sparse, dense = (None, first) if first_is_dense else (first, None)
+    if config.dense_index_dir:
+        dense = load_retriever(config.dense_index_dir)
+    return ProgramEnv(config, RetrievalSDK(sparse=sparse, dense=dense, available=ACTION_SPACES[config.action_space]))

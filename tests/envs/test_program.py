@@ -1,0 +1,139 @@
+"""Retrieval Program Learning's env: programs run in the sandbox against a real BM25 index, action spaces,
+QA and GlobalQA scoring, the per-episode metrics, and a few PPO steps on each task kind."""
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from searchrl import envs, models, run_config
+from searchrl.envs import program as rpl
+from searchrl.episode import Action, Trajectory, Turn
+from searchrl.retrieval.bm25 import BM25Retriever
+from searchrl.retrieval.ops import RetrievalSDK
+from searchrl.rl.trainer import Trainer
+from searchrl.text import tags
+from searchrl.text.tokenizer import PROTOCOL_TAGS, train_bpe_tokenizer
+
+DOCS = [("p1", "Velo", "Velo Press is headquartered in Arno."), ("p2", "Kiru", "Kiru Guild is headquartered in Arno."),
+        ("p3", "Mado", "Mado Trust is headquartered in Beni."), ("p4", "Arno", "Arno is a city on the coast.")]
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rpl")
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": i, "contents": f"{t}\n{x}"}) + "\n" for i, t, x in DOCS))
+    BM25Retriever.build(corpus, root / "index", show_progress=False)
+    return root / "index"
+
+
+@pytest.fixture
+def env(index):
+    return envs.build({"name": "program", "max_turns": 2}, {"index_dir": str(index)})
+
+
+def test_a_program_runs_in_the_sandbox_and_its_shown_documents_come_back(env):
+    source = "```python\nhits = sparse_retrieval('headquartered Arno', 3)\nshow([h for h in hits][:2])\n```"
+    action = env.parse_action(f"<think>look</think><program>{source}</program>", 0)
+    assert action == Action(rpl.PROGRAM, source, done=False)
+    [observation] = env.observe([action])
+    assert observation.text.startswith("\n\n<information>Doc 1(Title: ")
+    assert set(observation.info["doc_ids"]) == {"p1", "p2"}
+    assert observation.info["retrieval_calls"] == 1 and observation.info["primitives"] == ("sparse_retrieval",)
+    assert observation.info["error"] is None
+
+
+def test_errors_and_unavailable_functions_become_observations(index):
+    env = envs.build({"name": "program", "action_space": "dense"}, {"index_dir": str(index)})
+    assert "dense_retrieval(q, top_k)" in env.prompt({"question": "q"})
+    assert "sparse_retrieval" not in env.prompt({"question": "q"})
+    [unavailable, broken] = env.observe([Action(rpl.PROGRAM, "show(sparse_retrieval('Arno', 2))"),
+                                         Action(rpl.PROGRAM, "import os")])
+    assert "sdk error: sparse_retrieval() is not available here" in unavailable.text
+    assert "program error:" in broken.text and broken.info["doc_ids"] == ()
+    with pytest.raises(ValueError, match="action_space 'all'"):
+        envs.build({"name": "program", "action_space": "all"}, {"index_dir": str(index)})
+
+
+@pytest.mark.parametrize("text, turn, expected", [
+    ("<answer> Arno </answer>", 0, Action(rpl.ANSWER, "Arno", done=True)),
+    ("<program>show([])</program>", 2, Action(rpl.INVALID, "no more programs: this turn must answer", done=True)),
+    ("nothing", 0, Action(rpl.INVALID, "no complete <program> or <answer> block", done=False)),
+    ("nothing", 2, Action(rpl.INVALID, "no complete <program> or <answer> block", done=True)),
+])
+def test_parse_action(env, text, turn, expected):
+    assert env.parse_action(text, turn) == expected
+
+
+def trajectory(rows: list[list[Turn]], context: list[int]) -> Trajectory:
+    """Rows whose observations took `context` tokens (loss_mask 0 after a 2-token prompt)."""
+    b, width = len(rows), 2 + max(context) + 1
+    loss_mask = np.zeros((b, width), np.float32)
+    loss_mask[:, -1] = 1
+    return Trajectory(tokens=np.zeros((b, width), np.int32), attention_mask=np.ones((b, width), bool),
+                      loss_mask=loss_mask, logprobs=np.zeros((b, width), np.float32),
+                      prompt_lengths=np.full(b, width - 1 - np.array(context), np.int32),
+                      lengths=np.full(b, width, np.int32), turns=rows, finish_reasons=["done"] * b)
+
+
+def test_qa_and_globalqa_scores_rewards_and_metrics(env):
+    program = Turn(0, 1, "", Action(rpl.PROGRAM, "..."), info={
+        "doc_ids": ("p1", "p3"), "retrieval_calls": 2, "primitives": ("fuse", "sparse_retrieval"), "error": None})
+    rows = [[program, Turn(1, 2, "", Action(rpl.ANSWER, "p1, p2, p9", done=True))],
+            [Turn(0, 1, "", Action(rpl.ANSWER, "Arno", done=True))]]
+    globalqa = {"question": "Which organisations are headquartered in Arno?", "golden_answers": ["p1", "p2"],
+                "metadata": {"type": "count", "evidence_ids": ["p1", "p2"]}}
+    open_qa = {"question": "Where is Velo Press?", "golden_answers": ["Arno"]}
+    batch = trajectory(rows, [5, 0])
+    precision, recall = 2 / 3, 1.0
+    answer_f1 = 2 * precision * recall / (precision + recall)
+    assert env.rewards(batch, [globalqa, open_qa]) == [[0.0, pytest.approx(answer_f1)], [1.0]]
+    first, second = env.metrics(batch, [globalqa, open_qa])
+    assert first["answer_f1"] == pytest.approx(answer_f1) and first["doc_f1"] == pytest.approx(0.5)
+    assert first["context_tokens"] == 5 and first["program_turns"] == 1 and first["retrieval_calls"] == 2
+    assert first["uses_fuse"] == first["uses_sparse_retrieval"] == 1.0 and first["uses_rerank"] == 0.0
+    assert second["em"] == 1.0 and second["context_tokens"] == 0 and second["program_turns"] == 0
+    assert rpl.GLOBALQA_HINT in env.prompt(globalqa) and rpl.GLOBALQA_HINT not in env.prompt(open_qa)
+
+
+def test_parse_ids_and_set_f1():
+    assert rpl.parse_ids("[p12] p40, p12; doc-7") == ["p12", "p40", "doc-7"]
+    assert rpl.set_f1([], ["a"]) == 0.0 and rpl.set_f1(["a", "b"], ["a", "b"]) == 1.0
+
+
+@pytest.mark.parametrize("examples", ["qa", "globalqa"])
+def test_each_task_kind_trains_a_few_steps(index, tmp_path, examples):
+    texts = [t + " " + x for _, t, x in DOCS] + ["show(sparse_retrieval('Arno', 2)) p1, p2"]
+    tokenizer = train_bpe_tokenizer(texts * 20, 400, special_tokens=(*PROTOCOL_TAGS, tags.open_tag(tags.PROGRAM),
+                                                                     tags.close_tag(tags.PROGRAM)))
+    config = run_config.experiment_config("program")
+    config.workdir = str(tmp_path)
+    config.env.update(dict(max_turns=1, prompt_template="{question}"))
+    config.retrieval.index_dir = str(index)
+    config.train.update(dict(batch_size=8, checkpoint_every=0, async_checkpoints=False))
+    config.rollout.update(dict(max_prompt_tokens=24, max_turn_tokens=12, max_obs_tokens=32, obs_buckets=(32,),
+                               max_len=24 + 12 + 32 + 12, chunk_steps=12))
+    config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
+    env = envs.build(config.env, config.retrieval)
+    if examples == "qa":
+        data = [{"question": f"Where is {t}?", "golden_answers": ["Arno"]} for _, t, _ in DOCS]
+    else:
+        data = [{"question": f"Which are in {c}?", "golden_answers": ["p1", "p2"],
+                 "metadata": {"type": "count", "evidence_ids": ["p1", "p2"]}} for c in ("Arno", "Beni")]
+    cfg = models.get_preset("tiny")
+    cfg = type(cfg)(**{**cfg.__dict__, "vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id})
+    policy = models.init_params(cfg, jax.random.key(0))
+    trainer = Trainer(config, cfg, policy, tokenizer, env, data * 4)
+    try:
+        history = trainer.train(2)
+        changed = jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))),
+                                               jax.device_get(trainer.state.policy), policy))
+    finally:
+        trainer.close()
+    assert len(history) == 2 and any(changed)
+    score = "env/em" if examples == "qa" else "env/answer_f1"
+    assert score in history[-1] and "env/context_tokens" in history[-1] and "env/uses_rerank" in history[-1]
+    assert all(0.0 <= m["reward/mean"] <= 1.0 for m in history)
