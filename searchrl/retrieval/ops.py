@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from searchrl.retrieval.dense import DenseRetriever
-from searchrl.retrieval.encoder import DenseEncoder
-from searchrl.retrieval.rerank import DenseSimilarityReranker, Reranker
 from searchrl.retrieval.types import Hit, Retriever
+
+if TYPE_CHECKING:  # the dense stack (JAX, FAISS) loads only when a dense encoder is used
+    from searchrl.retrieval.encoder import DenseEncoder
+    from searchrl.retrieval.rerank import Reranker
 
 SDK_FUNCTIONS = ("sparse_retrieval", "dense_retrieval", "fuse", "dedup", "rerank")
 
@@ -87,9 +88,10 @@ class RetrievalSDK:
         self.sparse, self.dense, self.rrf_k = sparse, dense, rrf_k
         self.available = tuple(available)  # the functions programs may call (an action space)
         if reranker is None:
-            if encoder is None and isinstance(dense, DenseRetriever):
-                encoder = dense.encoder
-            reranker = DenseSimilarityReranker(encoder) if encoder is not None else None
+            encoder = encoder if encoder is not None else getattr(dense, "encoder", None)  # a DenseRetriever's
+            if encoder is not None:
+                from searchrl.retrieval.rerank import DenseSimilarityReranker
+                reranker = DenseSimilarityReranker(encoder)
         self.reranker = reranker
 
     def functions(self) -> dict[str, Callable[..., list[Hit]]]:

@@ -1,0 +1,68 @@
+"""Retrieval Program Learning: the policy writes programs over the retrieval SDK, run in the sandbox.
+
+Usage: python -m searchrl.main --config configs/rpl.py:PRESET[,ACTION_SPACE] train [--config.x.y=value ...]
+Presets:
+  tiny            CPU smoke runs and tests (a random tiny model; point tokenizer, data and index at local files).
+  paper_qwen3_4b  Qwen3-4B, open-domain QA (NQ + HotpotQA) and GlobalQA, BM25 + e5 dense, the full SDK.
+  paper_qwen3_8b  the same with Qwen3-8B.
+ACTION_SPACE (the paper's Table 4 rows): dense | dual | sdk (default). Program mutation (PM) runs on top of sdk.
+The RPL paper gives no training hyper-parameters: the paper presets use the Search-R1 PPO defaults the other
+paper presets use ([R1] Search-R1's train_ppo.sh, as in configs/search_r1.py:paper), each cited below.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # config files import their siblings
+
+import search_r1  # noqa: E402
+
+from searchrl import run_config  # noqa: E402
+from searchrl.envs.program import ACTION_SPACES  # noqa: E402
+
+
+def _paper(config, preset: str, path: str):
+    config = search_r1.paper(config)  # Search-R1's PPO, optimizer, KL and batch settings [R1]
+    config.env = run_config.envs.default_config("program")
+    config.model.update(dict(preset=preset, path=path))
+    config.data.update(dict(train="nq,hotpotqa,globalqa", eval="nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,"
+                                                               "musique,bamboogle,globalqa"))
+    config.retrieval.index_dir = "/data/indexes/wiki18_bm25"  # sparse_retrieval
+    config.env.dense_index_dir = "/data/indexes/wiki18_e5_flat"  # dense_retrieval; rerank falls back to e5
+    config.env.max_turns = 4  # program turns, as Search-R1's four search turns [R1]
+    return config
+
+
+def paper_qwen3_4b(config):
+    return _paper(config, "qwen3_4b", "/data/models/Qwen3-4B")
+
+
+def paper_qwen3_8b(config):
+    return _paper(config, "qwen3_8b", "/data/models/Qwen3-8B")
+
+
+def tiny(config):
+    """A random tiny model on CPU; set tokenizer, data and index paths on the command line."""
+    config.env = run_config.envs.default_config("program")
+    config.model.preset = "tiny"
+    config.env.update(dict(max_turns=1))
+    config.env.limits.update(dict(max_shown=5, max_retrieval_calls=4, max_docs_retrieved=200))
+    config.rollout.update(dict(max_prompt_tokens=256, max_turn_tokens=48, max_obs_tokens=128,
+                               obs_buckets=(64, 128), max_len=256 + 2 * 48 + 128, chunk_steps=16))
+    config.train.update(dict(steps=10, batch_size=8))
+    config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
+    config.rl.actor.lr = config.rl.critic.lr = 1e-4
+    return config
+
+
+PRESETS = {"tiny": tiny, "paper_qwen3_4b": paper_qwen3_4b, "paper_qwen3_8b": paper_qwen3_8b}
+
+
+def get_config(arg: str = "tiny"):
+    preset, _, space = arg.partition(",")
+    if preset not in PRESETS or (space and space not in ACTION_SPACES):
+        raise ValueError(f"Unknown preset {arg!r} for configs/rpl.py; expected one of {sorted(PRESETS)}, "
+                         f"optionally followed by ',' and an action space out of {sorted(ACTION_SPACES)}")
+    config = PRESETS[preset](run_config.experiment_config("program"))
+    if space:
+        config.env.action_space = space
+    return config
