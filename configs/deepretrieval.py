@@ -1,6 +1,7 @@
 """DeepRetrieval: RL query rewriting rewarded by a real retriever's metric, for four task families.
 
-Usage: python -m searchrl.main --config configs/deepretrieval.py:PRESET[,no_reasoning] train [--config.x.y=...]
+Usage: python -m searchrl.main --config configs/deepretrieval.py:PRESET[,no_reasoning] train
+           [--config.x.y=...]
        python -m searchrl.demo  --config configs/deepretrieval.py:tiny
 Presets (",no_reasoning" appended to any: the paper's ablation without <think>):
   literature        PubMed search (LEADS-style reviews, Recall@3K).
@@ -74,14 +75,16 @@ def literature_ctgov(config):
 def evidence(config):
     config = _paper(config, "evidence")
     config.data.update(dict(format="qa", dir="/data/flashrag", train="nq", eval="nq,triviaqa,squad"))
-    config.retrieval.index_dir = "/data/indexes/wikipedia-dpr-100w"  # pyserini's Lucene index [DR nq_serini.py]
+    # pyserini's Lucene index [DR nq_serini.py]
+    config.retrieval.index_dir = "/data/indexes/wikipedia-dpr-100w"
     config.env.depth = 3000  # answer-rank tiers up to rank 3000 [DR squad.py]
     return config
 
 
 def classic(config):
     config = _paper(config, "classic")
-    config.data.update(dict(format="beir", dir="/data/beir", train="msmarco", eval="msmarco", eval_split="dev"))
+    config.data.update(dict(format="beir", dir="/data/beir", train="msmarco", eval="msmarco",
+                            eval_split="dev"))
     config.retrieval.index_dir = "/data/indexes/beir_msmarco_bm25"
     config.env.depth = 3000  # retriver_items(top_k=3000), NDCG@3000 [DR msmarco_beir.py]
     return config
@@ -95,7 +98,8 @@ def classic_dense(config):
 
 def sql(config):
     config = _paper(config, "sql")
-    config.data.update(dict(format="spider", dir="/data/sql", train="spider", eval="spider", eval_split="dev"))
+    config.data.update(dict(format="spider", dir="/data/sql", train="spider", eval="spider",
+                            eval_split="dev"))
     # The optional cold start [P]: 6 epochs at batch 8, lr 2e-5 (`python -m searchrl.main ... sft`).
     config.sft.update(dict(batch_size=8, max_len=PROMPT_TOKENS["sql"] + RESPONSE_TOKENS["sql"]))
     config.sft.optim.lr = 2e-5
@@ -116,7 +120,8 @@ def _tiny(config):
     config.rl.update(dict(compute_dtype="float32", remat=False, minibatch_size=8, micro_batch_size=8))
     config.rl.actor.lr = config.rl.critic.lr = 1e-4
     config.rollout.update(dict(max_prompt_tokens=512, max_turn_tokens=24, max_len=512 + 24, chunk_steps=8))
-    config.train.update(dict(steps=2, batch_size=8, checkpoint_every=0, eval_every=0, async_checkpoints=False))
+    config.train.update(dict(steps=2, batch_size=8, checkpoint_every=0, eval_every=0,
+                             async_checkpoints=False))
     config.mesh.update(dict(data=-1, fsdp=1, tensor=1))
     return config
 
@@ -126,14 +131,15 @@ def tiny(config):
     config = _tiny(classic(config))
     config.workdir = "runs/deepretrieval_demo"
     config.demo = to_config(RewriteDemoConfig())
-    config.data.update(dict(dir=config.workdir, train="rewrite_world", eval="rewrite_world", eval_split="test"))
+    config.data.update(dict(dir=config.workdir, train="rewrite_world", eval="rewrite_world",
+                            eval_split="test"))
     config.retrieval.update(dict(kind="local", index_dir=os.path.join(config.workdir, "index")))
     config.tokenizer = os.path.join(config.workdir, "tokenizer")
-    config.model.update(dict(hidden_size=128, intermediate_size=384, num_layers=3, num_heads=4, num_kv_heads=2,
-                             head_dim=32, tie_word_embeddings=True))
+    config.model.update(dict(hidden_size=128, intermediate_size=384, num_layers=3, num_heads=4,
+                             num_kv_heads=2, head_dim=32, tie_word_embeddings=True))
     # The user's words are the whole prompt; the answer opens as in the paper's no-reasoning BEIR prompt.
-    config.env.update(dict(reasoning=False, user_template="{question}", system="", assistant_prefix="\n<answer>\n",
-                           depth=200))
+    config.env.update(dict(reasoning=False, user_template="{question}", system="",
+                           assistant_prefix="\n<answer>\n", depth=200))
     config.env.reward.ndcg_k = 200  # the world has ~2k documents: NDCG over everything retrieved
     config.rollout.update(dict(max_prompt_tokens=24, max_turn_tokens=16, max_len=40, chunk_steps=16))
     config.rollout.sampling.temperature = 1.0
@@ -155,8 +161,8 @@ PRESETS = {**FAMILIES, **{f"tiny_{name}": (lambda c, f=f: _tiny(f(c))) for name,
 def get_config(arg: str = "tiny"):
     preset, _, variant = arg.partition(",")
     if preset not in PRESETS or variant not in ("", "no_reasoning"):
-        raise ValueError(f"Unknown preset {arg!r} for configs/deepretrieval.py; expected one of {sorted(PRESETS)}, "
-                         "optionally followed by ',no_reasoning'")
+        raise ValueError(f"Unknown preset {arg!r} for configs/deepretrieval.py; expected one of "
+                         f"{sorted(PRESETS)}, optionally followed by ',no_reasoning'")
     config = PRESETS[preset](run_config.experiment_config("query_rewrite"))
     if variant:
         config.env.reasoning = False

@@ -1,4 +1,5 @@
-"""searchrl's entry point: `python -m searchrl.main --config configs/FILE.py:PRESET COMMAND [--config.x.y=v ...]`.
+"""searchrl's entry point:
+`python -m searchrl.main --config configs/FILE.py:PRESET COMMAND [--config.x.y=v ...]`.
 
 Commands: `info` (the resolved config, the device mesh and the model size), `train` (RL from the config:
 PPO/GRPO/... on its environment, resuming from config.workdir's latest checkpoint) and `sft` (a supervised

@@ -6,7 +6,8 @@ its BM25 index and a tokenizer; cold-starts a tiny policy with SFT on rewrites t
 word's candidate technical words at random (it knows the candidates, not which one the corpus uses); trains it
 with PPO on the gated NDCG reward (`query_rewrite`, task "classic"); evaluates the user's raw query, the cold
 start and the RL policy greedily on held-out topics. Writes `results.json` and `results.md` under the
-config's workdir (one subdirectory per seed, with its TensorBoard logs).
+config's workdir, and per seed (a subdirectory each) the evaluation reports `eval_sft/` and `eval_rl/` (with
+their predictions.jsonl, for `python -m searchrl.eval.rewrites`), metrics.jsonl and TensorBoard logs.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from searchrl.configlib import from_config
 from searchrl.data import datasets
 from searchrl.demo import rewrite_world
 from searchrl.demo.config import RewriteDemoConfig
-from searchrl.eval import harness
+from searchrl.eval import harness, report
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.rl import sft
 from searchrl.rl.config import SFTConfig
@@ -103,20 +104,23 @@ def run_seed(config: ml_collections.ConfigDict, demo: RewriteDemoConfig) -> dict
     tokens, loss_mask = sft.encode(built.tokenizer, examples, sft_config.max_len)
     mesh = models.mesh_from_config(from_config(models.MeshConfig, config.mesh, "config.mesh"))
     policy, losses = sft.train(built.model_cfg, built.policy, tokens, loss_mask, sft_config, mesh)
-    print(f"seed {config.seed}: SFT loss {losses[0]:.3f} -> {losses[-1]:.3f} ({time.perf_counter() - start:.0f}s)")
+    print(f"seed {config.seed}: SFT loss {losses[0]:.3f} -> {losses[-1]:.3f} "
+          f"({time.perf_counter() - start:.0f}s)")
 
-    def evaluate(params):
-        return held_out_metrics(harness.evaluate_policy(built.model_cfg, params, built.tokenizer, built.env,
-                                                        test, built.rollout, config.train.batch_size))
+    def evaluate(params, name):
+        results = harness.evaluate_policy(built.model_cfg, params, built.tokenizer, built.env, test,
+                                          built.rollout, config.train.batch_size)
+        report.write_report(results, os.path.join(config.workdir, f"eval_{name}"))
+        return held_out_metrics(results)
 
-    cold = evaluate(policy)
+    cold = evaluate(policy, "sft")
     trainer = Trainer(config, built.model_cfg, policy, built.tokenizer, built.env, built.train_examples)
     try:
         history = trainer.train()
         rl_params = jax.device_get(trainer.state.policy)
     finally:
         trainer.close()
-    rl = evaluate(rl_params)
+    rl = evaluate(rl_params, "rl")
     return {"raw": cold["raw"], "sft": cold["policy"], "rl": rl["policy"],
             "train_reward": [history[0]["reward/mean"], history[-1]["reward/mean"]],
             "sft_loss": [losses[0], losses[-1]], "seconds": time.perf_counter() - start}

@@ -63,8 +63,9 @@ def _concepts(rng: random.Random, namer: Namer, kind: str, count: int, num_candi
     return tuple(out)
 
 
-def generate_world(seed: int, *, concepts_per_kind: int = 24, num_candidates: int = 4, docs_per_topic: int = 3,
-                   posts_per_concept: int = 4, filler_words: int = 80, words_per_doc: int = 8,
+def generate_world(seed: int, *, concepts_per_kind: int = 24, num_candidates: int = 4,
+                   docs_per_topic: int = 3, posts_per_concept: int = 4, filler_words: int = 80,
+                   words_per_doc: int = 8,
                    lay_mention: float = 0.2, test_fraction: float = 0.25) -> RewriteWorld:
     """The world of one seed; see the module docstring."""
     if not 2 <= num_candidates <= concepts_per_kind:
@@ -128,14 +129,17 @@ def write_world(world: RewriteWorld, out_dir: str | pathlib.Path) -> dict[str, p
     """Writes the BEIR files and lexicon.json under `out_dir`; returns their paths."""
     out = pathlib.Path(out_dir)
     (out / "qrels").mkdir(parents=True, exist_ok=True)
-    paths = {"corpus": out / "corpus.jsonl", "queries": out / "queries.jsonl", "lexicon": out / "lexicon.json"}
+    paths = {"corpus": out / "corpus.jsonl", "queries": out / "queries.jsonl",
+             "lexicon": out / "lexicon.json"}
     _write_jsonl(paths["corpus"], world.docs)
     _write_jsonl(paths["queries"], [{"_id": q["_id"], "text": q["text"]}
                                     for split in SPLITS for q in world.queries[split]])
     for split in SPLITS:
         paths[split] = out / "qrels" / f"{split}.tsv"
-        lines = [f"{q['_id']}\t{doc}\t{rel}\n" for q in world.queries[split] for doc, rel in q["qrels"].items()]
+        lines = [f"{q['_id']}\t{doc}\t{rel}\n"
+                 for q in world.queries[split] for doc, rel in q["qrels"].items()]
         paths[split].write_text("query-id\tcorpus-id\tscore\n" + "".join(lines), encoding="utf-8")
     lexicon = {kind: [dataclasses.asdict(c) for c in world.concepts[kind]] for kind in KINDS}
-    paths["lexicon"].write_text(json.dumps({"seed": world.seed, **lexicon}, indent=1) + "\n", encoding="utf-8")
+    paths["lexicon"].write_text(json.dumps({"seed": world.seed, **lexicon}, indent=1) + "\n",
+                                encoding="utf-8")
     return paths

@@ -191,8 +191,9 @@ def markdown(results: Mapping[str, Any]) -> str:
         rows = [(r["dataset"], r["metric"], r["raw"], r["rewritten"], r["gain"])
                 for r in results["raw_vs_rewritten"]]
         parts += ["", "## Raw query vs rewritten query", "",
-                  "Each retrieval metric of the user's own query (raw) and of the policy's rewrite, on the same "
-                  "retriever.", "", markdown_table(("dataset", "metric", "raw", "rewritten", "gain"), rows)]
+                  "Each retrieval metric of the user's own query (raw) and of the policy's rewrite, on the "
+                  "same retriever.", "",
+                  markdown_table(("dataset", "metric", "raw", "rewritten", "gain"), rows)]
     if results["hops"]:
         header = ("dataset", "hops", "n", *metrics)
         rows = [(r["dataset"], r["hops"], r["n"], *(r[m] for m in metrics)) for r in results["hops"]]

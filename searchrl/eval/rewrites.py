@@ -1,6 +1,6 @@
-"""Query-rewriting analyses (DeepRetrieval) beyond the evaluation report (which has the raw query against the
-rewrite, the paper's Tables 1-3): the shapes of the rewarded queries at two checkpoints (its Figure 12) and the
-reasoning and query lengths over training (its Figure 4).
+"""Query-rewriting analyses (DeepRetrieval) beyond the evaluation report (which has the raw query
+against the rewrite, the paper's Tables 1-3): the shapes of the rewarded queries at two checkpoints
+(its Figure 12) and the reasoning and query lengths over training (its Figure 4).
 
     python -m searchrl.eval.rewrites --predictions A/predictions.jsonl,B/predictions.jsonl \
         [--metrics RUN/metrics.jsonl] [--out DIR] [--top 10]
@@ -71,7 +71,8 @@ def markdown(shapes: Mapping[str, Sequence[tuple[str, int, float]]],
         values = {name: dict(points) for name, points in curves.items()}
         every = max(1, len(steps) // 10)
         rows = [(s, *(values[n].get(s) for n in LENGTHS)) for s in steps[::every]]
-        parts += ["## Reasoning and query length over training", "", markdown_table(("step", *LENGTHS), rows), ""]
+        parts += ["## Reasoning and query length over training", "",
+                  markdown_table(("step", *LENGTHS), rows), ""]
     return "\n".join(parts)
 
 

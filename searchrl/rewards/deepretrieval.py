@@ -108,14 +108,15 @@ def check_structure(response: str, reasoning: bool = True) -> protocol.FormatChe
             return protocol.FormatCheck(False, f"{tag} appears {count} times, expected once")
     positions = [text.find(tag) for tag in structure_tags]
     if positions != sorted(positions):
-        expected = "".join(structure_tags[i] + (".." if i % 2 == 0 else "") for i in range(len(structure_tags)))
+        expected = "".join(structure_tags[i] + (".." if i % 2 == 0 else "")
+                           for i in range(len(structure_tags)))
         return protocol.FormatCheck(False, f"tags out of order, expected {expected}")
     return protocol.FormatCheck(True, "")
 
 
 def _unfenced(text: str) -> str:
-    """The inside of a Markdown code fence (```json ... ```) around the whole text, else the text (linear time:
-    string operations, no backtracking pattern)."""
+    """The inside of a Markdown code fence (```json ... ```) around the whole text, else the text
+    (linear time: string operations, no backtracking pattern)."""
     if len(text) < 2 * len(_FENCE) or not (text.startswith(_FENCE) and text.endswith(_FENCE)):
         return text
     inner = text[len(_FENCE):-len(_FENCE)]

@@ -1,4 +1,5 @@
-"""Prompts as text or as chat messages: an env returns either, the tokenizer's own chat template renders messages.
+"""Prompts as text or as chat messages: an env returns either, the tokenizer's own chat template
+renders messages.
 
 Instruct models are trained on their chat template; a prompt written as messages is rendered with
 `tokenizer.apply_chat_template` from the local tokenizer directory, so it matches the model byte for byte.
@@ -44,8 +45,10 @@ def render(tokenizer: Any, prompt: Prompt) -> str:
                          "template option off, or use an instruct model's tokenizer directory).")
     continues = prompt[-1]["role"] == "assistant"
     text = tokenizer.apply_chat_template([dict(m) for m in prompt], tokenize=False,
-                                         add_generation_prompt=not continues, continue_final_message=continues)
+                                         add_generation_prompt=not continues,
+                                         continue_final_message=continues)
     final = prompt[-1]["content"]
     if continues and not text.endswith(final) and text.endswith(final.rstrip()):
-        text += final[len(final.rstrip()):]  # some transformers versions cut the continued message's whitespace
+        # some transformers versions cut the continued message's whitespace
+        text += final[len(final.rstrip()):]
     return text

@@ -84,8 +84,8 @@ def test_sft_cold_starts_sql_on_gold_queries_and_saves_a_hugging_face_model(tmp_
     out = run_main("--config=configs/deepretrieval.py:tiny_sql", f"--config.workdir={workdir}",
                    f"--config.tokenizer={tmp_path / 'tok'}", f"--config.data.dir={tmp_path}",
                    "--config.data.train=spider", "--config.env.user_template={schema} {question}",
-                   "--config.env.reasoning=False", "--config.env.assistant_prefix=<answer>", "--config.sft.epochs=2",
-                   "--config.sft.batch_size=8",
+                   "--config.env.reasoning=False", "--config.env.assistant_prefix=<answer>",
+                   "--config.sft.epochs=2", "--config.sft.batch_size=8",
                    "--config.sft.max_len=256", "sft")
     assert out.returncode == 0, out.stderr
     assert "SFT on 8 examples, 2 steps" in out.stdout

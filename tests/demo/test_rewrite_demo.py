@@ -40,7 +40,8 @@ def test_raw_queries_fail_and_the_technical_rewrite_succeeds(world, tmp_path):
 
     def recall(rewrite):
         hits = retriever.search([rewrite(queries[ex["id"]]) for ex in test], 10)
-        return np.mean([metrics.recall_at_k([h.id for h in hs], ex["qrels"], 10) for hs, ex in zip(hits, test)])
+        return np.mean([metrics.recall_at_k([h.id for h in hs], ex["qrels"], 10)
+                        for hs, ex in zip(hits, test)])
 
     assert recall(lambda q: q["text"]) < 0.2
     assert recall(lambda q: rewrite_world.oracle_rewrite(world, q)) == 1.0
@@ -66,4 +67,5 @@ def test_demo_pipeline_writes_its_results(tmp_path):
             assert results["mean"][policy][metric] == seed[policy][metric]
     assert len(seed["train_reward"]) == 2 and len(seed["sft_loss"]) == 2
     assert os.path.exists(os.path.join(config.workdir, "results.md"))
-    assert os.path.exists(os.path.join(config.workdir, "seed3", "rewrite_world", "lexicon.json"))
+    for name in ("rewrite_world/lexicon.json", "eval_sft/predictions.jsonl", "eval_rl/results.md"):
+        assert os.path.exists(os.path.join(config.workdir, "seed3", name)), name

@@ -1,5 +1,5 @@
-"""DeepRetrieval's query-rewriting env: prompts, answer parsing, rewards against hand-computed values for every
-task family, one batched retrieval per batch, and the raw query scored next to the rewrite."""
+"""DeepRetrieval's query-rewriting env: prompts, answer parsing, rewards against hand-computed values
+for every task family, one batched retrieval per batch, and the raw query scored next to the rewrite."""
 from __future__ import annotations
 
 import math
@@ -47,12 +47,14 @@ def test_paper_prompts_keep_the_public_texts():
     env = qr.QueryRewriteEnv(qr.Config(task="evidence"), CountingRetriever({}))
     text = env.prompt({"question": "who wrote hamlet"})
     assert text.startswith("You are a helpful assistant. You first thinks about the reasoning process")
-    assert "Here's the user query:\nwho wrote hamlet\nAssistant: Let me rewrite the query with reasoning. \n<think>\n" \
-        in text and text.endswith("<think>\n")
+    assert ("Here's the user query:\nwho wrote hamlet\n"
+            "Assistant: Let me rewrite the query with reasoning. \n<think>\n") in text
+    assert text.endswith("<think>\n")
     sql = qr.QueryRewriteEnv(qr.Config(task="sql", reasoning=False), None)
-    bird = sql.prompt({"question": "How many?", "schema": "CREATE TABLE t (x INT)", "knowledge": "x is a count"})
-    assert "Database Schema:\nCREATE TABLE t (x INT)\nExternal Knowledge: x is a count\nNote: Using valid SQLite" \
-        in bird
+    bird = sql.prompt({"question": "How many?", "schema": "CREATE TABLE t (x INT)",
+                       "knowledge": "x is a count"})
+    assert ("Database Schema:\nCREATE TABLE t (x INT)\nExternal Knowledge: x is a count\n"
+            "Note: Using valid SQLite") in bird
     spider = sql.prompt({"question": "How many?", "schema": "CREATE TABLE t (x INT)", "knowledge": ""})
     assert "External Knowledge:" not in spider.split("Note:")[0]
     assert spider.endswith("How many?\nAssistant: Let me write the SQL query. \n<answer>\n")
@@ -61,7 +63,8 @@ def test_paper_prompts_keep_the_public_texts():
 def qwen_like_tokenizer() -> transformers.PreTrainedTokenizerFast:
     tok = Tokenizer(tok_models.WordLevel({"<unk>": 0, "<|im_end|>": 1}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    out = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", unk_token="<unk>")
+    out = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                               unk_token="<unk>")
     out.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     return out
@@ -72,7 +75,8 @@ def test_chat_template_renders_system_user_and_continues_the_assistant_prefix():
     rendered = chat.render(qwen_like_tokenizer(), env.prompt({"question": "q?"}))
     template = prompts.PROMPTS["classic", True]
     user = prompts.user_message(template.user, {"question": "q?"})
-    assert rendered == (f"<|im_start|>system\n{template.system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+    assert rendered == (f"<|im_start|>system\n{template.system}<|im_end|>\n"
+                        f"<|im_start|>user\n{user}<|im_end|>\n"
                         f"<|im_start|>assistant\n{template.assistant}")
     assert rendered.endswith("Let me think step by step. \n<think>\n")  # the trailing newline is kept
     with pytest.raises(ValueError, match="no chat template"):
@@ -94,10 +98,12 @@ def test_target_responses_parse_back_under_every_paper_prompt(task, reasoning):
 
 
 def test_evidence_rewards_follow_the_answer_rank_tiers():
-    passages = [Hit("a", 3.0, "Paris", "capital of France"), Hit("b", 2.0, "Hamlet", "written by Shakespeare")]
+    passages = [Hit("a", 3.0, "Paris", "capital of France"),
+                Hit("b", 2.0, "Hamlet", "written by Shakespeare")]
     retriever = CountingRetriever({"hamlet author": passages, "who wrote hamlet": passages[:1]})
     env = qr.QueryRewriteEnv(qr.Config(task="evidence"), retriever)
-    examples = [{"id": str(i), "question": "who wrote hamlet", "golden_answers": ["Shakespeare"]} for i in range(4)]
+    examples = [{"id": str(i), "question": "who wrote hamlet", "golden_answers": ["Shakespeare"]}
+                for i in range(4)]
     responses = [answer(env, "hamlet author"), "<answer>{}</answer>",
                  env.target_response("hamlet author").replace("{", "{{"), answer(env, "paris")]
     batch = trajectory(responses)
@@ -117,7 +123,8 @@ def test_evidence_rewards_follow_the_answer_rank_tiers():
 
 def test_classic_rewards_are_gated_ndcg():
     ranked = [Hit("b", 3.0), Hit("x", 2.0), Hit("a", 1.0)]
-    env = qr.QueryRewriteEnv(qr.Config(task="classic"), CountingRetriever({"good": ranked, "bad": [Hit("x", 1)]}))
+    env = qr.QueryRewriteEnv(qr.Config(task="classic"),
+                             CountingRetriever({"good": ranked, "bad": [Hit("x", 1)]}))
     examples = [{"id": str(i), "question": "q", "qrels": {"a": 2, "b": 1}} for i in range(3)]
     rewards = env.rewards(trajectory([answer(env, "good"), answer(env, "bad"), "nothing"]), examples)
     ideal = 2 + 1 / math.log2(3)

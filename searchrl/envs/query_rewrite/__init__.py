@@ -1,18 +1,22 @@
-"""DeepRetrieval query rewriting: one turn in which the policy rewrites the user's query (or writes SQL), and a
-reward from what a real retriever (or database) returns for it, with no reference query.
+"""DeepRetrieval query rewriting: one turn in which the policy rewrites the user's query (or writes SQL),
+and a reward from what a real retriever (or database) returns for it, with no reference query.
 
-The policy answers `<think>...</think><answer>{"query": "..."}</answer>` (`{"sql": ...}` for SQL; without
-reasoning just the answer). Four task families, each with its retriever, reward and evaluation metrics:
+The policy answers `<think>...</think><answer>{"query": "..."}</answer>` (`{"sql": ...}` for SQL;
+without reasoning just the answer). Four task families, each with its data format
+(`config.data.format`), retriever, reward (`rewards.deepretrieval`) and evaluation metrics:
 
-| task       | data (config.data.format)      | retriever                | reward (rewards.deepretrieval)    | eval                  |
-|------------|--------------------------------|--------------------------|-----------------------------------|-----------------------|
-| literature | literature: relevant ids       | PubMed / CT.gov engine   | tiered recall of the top `depth`  | recall@depth          |
-| evidence   | qa: gold answers               | BM25 over passages       | tiered rank of the first answer   | hit@1 / hit@5 / hit@20|
-| classic    | beir: graded qrels             | BM25 or dense (FAISS)    | gated NDCG@ndcg_k (3000)          | ndcg@10, recall@10/100|
-| sql        | spider / bird: gold SQL + db   | the example's SQLite db  | gated execution match             | execution_accuracy    |
+- literature: data `literature` (relevant ids); retriever: PubMed / CT.gov engine;
+  reward: tiered recall of the top `depth`; eval: recall@depth.
+- evidence: data `qa` (gold answers); retriever: BM25 over passages;
+  reward: tiered rank of the first answer; eval: hit@1 / hit@5 / hit@20.
+- classic: data `beir` (graded qrels); retriever: BM25 or dense (FAISS);
+  reward: gated NDCG@ndcg_k (3000); eval: ndcg@10, recall@10/100.
+- sql: data `spider` / `bird` (gold SQL + db); retriever: the example's SQLite db;
+  reward: gated execution match; eval: execution_accuracy.
 
-Rewards retrieve for the whole batch in one call; the metrics reuse those results and, with `compare_raw`,
-score the user's own query too (`raw_*`), so the evaluation prints raw and rewritten side by side.
+Rewards retrieve for the whole batch in one call; the metrics reuse those results and, with
+`compare_raw`, score the user's own query too (`raw_*`), so the evaluation prints raw and rewritten
+side by side.
 """
 from __future__ import annotations
 
@@ -108,7 +112,8 @@ class QueryRewriteEnv:
         """The response that writes `value` (a query or SQL) after the prompt's assistant prefix, in the
         public prompts' layout: `<think>\n...\n</think>\n<answer>\n{json}\n</answer>` (without the think
         block when the task has no reasoning). Cold starts train on it."""
-        answer = f"{tags.open_tag(tags.ANSWER)}\n{json.dumps({self.key: value})}\n{tags.close_tag(tags.ANSWER)}"
+        answer = (f"{tags.open_tag(tags.ANSWER)}\n{json.dumps({self.key: value})}\n"
+                  f"{tags.close_tag(tags.ANSWER)}")
         full = (f"{tags.open_tag(tags.THINK)}\n{reasoning}\n{tags.close_tag(tags.THINK)}\n" + answer
                 if self.config.reasoning else answer)
         prefix = self.template.assistant
@@ -178,7 +183,8 @@ class QueryRewriteEnv:
     def results(self, responses: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> list[RowResult]:
         """Each row's parsed answer and scores; the retrieval for the whole batch is one call."""
         parsed = [self.parse(r) for r in responses]
-        queries = [None if p.value is None else self.search_query(p.value, ex) for p, ex in zip(parsed, examples)]
+        queries = [None if p.value is None else self.search_query(p.value, ex)
+                   for p, ex in zip(parsed, examples)]
         hits = self._search([q for q in queries if q is not None]) if self.retriever else {}
         out = []
         for answer, query, example in zip(parsed, queries, examples):
@@ -189,7 +195,8 @@ class QueryRewriteEnv:
             out.append(RowResult(answer, metric, metrics))
         return out
 
-    def _batch_results(self, trajectory: Trajectory, examples: Sequence[Mapping[str, Any]]) -> list[RowResult]:
+    def _batch_results(self, trajectory: Trajectory,
+                       examples: Sequence[Mapping[str, Any]]) -> list[RowResult]:
         """`results` of a finished batch, computed once for its rewards and its metrics."""
         if self._last is None or self._last[0] is not trajectory or self._last[1] is not examples:
             responses = [trajectory.response_text(b) for b in range(len(examples))]
