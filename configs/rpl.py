@@ -1,11 +1,13 @@
 """Retrieval Program Learning: the policy writes programs over the retrieval SDK, run in the sandbox.
 
-Usage: python -m searchrl.main --config configs/rpl.py:PRESET[,ACTION_SPACE] train [--config.x.y=value ...]
+Usage: python -m searchrl.main --config configs/rpl.py:PRESET[,SPACE][,no_thinking] train [--config.x.y=...]
 Presets:
   tiny            CPU smoke runs and tests (a random tiny model; point tokenizer, data and index at local files).
   paper_qwen3_4b  Qwen3-4B, open-domain QA (NQ + HotpotQA) and GlobalQA, BM25 + e5 dense, the full SDK.
   paper_qwen3_8b  the same with Qwen3-8B.
-ACTION_SPACE (the paper's Table 4 rows): dense | dual | sdk (default). Program mutation (PM) runs on top of sdk.
+SPACE, the action space (the paper's Table 4 rows): dense | dual | sdk (default); program mutation (PM) runs
+on top of sdk.
+no_thinking: Qwen3's chat template with enable_thinking=False.
 The RPL paper gives no training hyper-parameters: the paper presets use the Search-R1 PPO defaults the other
 paper presets use ([R1] Search-R1's train_ppo.sh, as in configs/search_r1.py:paper), each cited below.
 """
@@ -29,6 +31,8 @@ def _paper(config, preset: str, path: str):
     config.retrieval.index_dir = "/data/indexes/wiki18_bm25"  # sparse_retrieval
     config.env.dense_index_dir = "/data/indexes/wiki18_e5_flat"  # dense_retrieval; rerank falls back to e5
     config.env.max_turns = 4  # program turns, as Search-R1's four search turns [R1]
+    config.env.chat_template = True  # Qwen3 is prompted through its chat template;
+    config.env.enable_thinking = True  # its thinking switch (",no_thinking" turns it off)
     return config
 
 
@@ -58,11 +62,15 @@ PRESETS = {"tiny": tiny, "paper_qwen3_4b": paper_qwen3_4b, "paper_qwen3_8b": pap
 
 
 def get_config(arg: str = "tiny"):
-    preset, _, space = arg.partition(",")
-    if preset not in PRESETS or (space and space not in ACTION_SPACES):
+    preset, *options = arg.split(",")
+    spaces = [o for o in options if o in ACTION_SPACES]
+    if preset not in PRESETS or len(spaces) > 1 or set(options) - set(spaces) - {"no_thinking"}:
         raise ValueError(f"Unknown preset {arg!r} for configs/rpl.py; expected one of {sorted(PRESETS)}, "
-                         f"optionally followed by ',' and an action space out of {sorted(ACTION_SPACES)}")
+                         f"optionally followed by ',<action space>' (one of {sorted(ACTION_SPACES)}) "
+                         "and ',no_thinking'")
     config = PRESETS[preset](run_config.experiment_config("program"))
-    if space:
-        config.env.action_space = space
+    if spaces:
+        config.env.action_space = spaces[0]
+    if "no_thinking" in options:
+        config.env.enable_thinking = False
     return config

@@ -26,7 +26,7 @@ from searchrl.configlib import from_config
 from searchrl.retrieval import RetrievalConfig, index_kind, load_retriever, make_retriever
 from searchrl.retrieval.ops import SDK_FUNCTIONS, RetrievalSDK
 from searchrl.rewards import qa
-from searchrl.text import tags
+from searchrl.text import chat, tags
 
 PROGRAM, ANSWER, INVALID = "program", "answer", "invalid"  # the action kinds
 ACTION_SPACES = {"dense": ("dense_retrieval",), "dual": ("sparse_retrieval", "dense_retrieval"),
@@ -54,6 +54,8 @@ class Config:
     max_turns: int = 2  # program turns; the turn after the last one must answer
     prompt_template: str = RPL_PROMPT  # fields: {question}, {functions}, {answer_hint}
     dense_index_dir: str = ""  # the dense index (config.retrieval's index is the sparse one)
+    chat_template: bool = False  # render the prompt as a user message with the tokenizer's chat template
+    enable_thinking: bool = True  # with the chat template: Qwen3's thinking switch
     limits: Limits = Limits()  # the sandbox's limits per program
 
 
@@ -101,11 +103,14 @@ class ProgramEnv:
         self.config, self.sdk = config, sdk
         self.stop_strings = (tags.close_tag(tags.PROGRAM), tags.close_tag(tags.ANSWER))
 
-    def prompt(self, example: Mapping[str, Any]) -> str:
+    def prompt(self, example: Mapping[str, Any]) -> str | chat.Chat:
         functions = ", ".join(SIGNATURES[name] for name in self.sdk.available)
         hint = GLOBALQA_HINT if is_globalqa(example) else ""
-        return (self.config.prompt_template.replace("{functions}", functions)
+        text = (self.config.prompt_template.replace("{functions}", functions)
                 .replace("{answer_hint}", hint).replace("{question}", example["question"]))
+        if not self.config.chat_template:
+            return text
+        return chat.Chat(tuple(chat.messages("", text)), {"enable_thinking": self.config.enable_thinking})
 
     def parse_action(self, turn_text: str, turn_index: int) -> Action:
         last_turn = turn_index >= self.config.max_turns

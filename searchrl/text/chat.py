@@ -3,14 +3,26 @@ renders messages.
 
 Instruct models are trained on their chat template; a prompt written as messages is rendered with
 `tokenizer.apply_chat_template` from the local tokenizer directory, so it matches the model byte for byte.
-A final "assistant" message is a prefix the model continues (e.g. "Let me think.\n<think>\n").
+A final "assistant" message is a prefix the model continues (e.g. "Let me think.\n<think>\n"). A `Chat`
+also carries the template's own switches, e.g. Qwen3's `enable_thinking`.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Sequence, Union
 
 Message = Mapping[str, str]  # {"role": "system" | "user" | "assistant", "content": ...}
-Prompt = Union[str, Sequence[Message]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Chat:
+    """Messages and the keyword arguments the chat template is rendered with (e.g. enable_thinking)."""
+
+    messages: tuple[Message, ...]
+    template_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+Prompt = Union[str, Sequence[Message], Chat]
 
 ROLES = ("system", "user", "assistant")
 
@@ -39,6 +51,8 @@ def render(tokenizer: Any, prompt: Prompt) -> str:
     generation prompt added, or the final assistant message continued."""
     if isinstance(prompt, str):
         return prompt
+    chat = prompt if isinstance(prompt, Chat) else Chat(tuple(prompt))
+    prompt = chat.messages
     _check(prompt)
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("The prompt is a chat, but the tokenizer has no chat template (set the env's chat "
@@ -46,7 +60,7 @@ def render(tokenizer: Any, prompt: Prompt) -> str:
     continues = prompt[-1]["role"] == "assistant"
     text = tokenizer.apply_chat_template([dict(m) for m in prompt], tokenize=False,
                                          add_generation_prompt=not continues,
-                                         continue_final_message=continues)
+                                         continue_final_message=continues, **chat.template_kwargs)
     final = prompt[-1]["content"]
     if continues and not text.endswith(final) and text.endswith(final.rstrip()):
         # some transformers versions cut the continued message's whitespace

@@ -137,3 +137,32 @@ def test_each_task_kind_trains_a_few_steps(index, tmp_path, examples):
     score = "env/em" if examples == "qa" else "env/answer_f1"
     assert score in history[-1] and "env/context_tokens" in history[-1] and "env/uses_rerank" in history[-1]
     assert all(0.0 <= m["reward/mean"] <= 1.0 for m in history)
+
+
+# The shape of Qwen3's template: role headers, and an empty think block when thinking is off.
+QWEN3_TEMPLATE = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}{%- endif %}")
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_qwen3_chat_template_and_its_thinking_switch_token_for_token(index, tmp_path, thinking):
+    from searchrl.text import chat
+    from searchrl.text.tokenizer import load_tokenizer
+
+    tokenizer = train_bpe_tokenizer(["Answer the given question. Where is Velo?"] * 10, 300,
+                                    special_tokens=("<|im_start|>", "<|im_end|>", "<think>", "</think>"))
+    tokenizer.chat_template = QWEN3_TEMPLATE
+    tokenizer.save_pretrained(tmp_path / "qwen3")
+    tokenizer = load_tokenizer(str(tmp_path / "qwen3"))
+    env = envs.build({"name": "program", "chat_template": True, "enable_thinking": thinking,
+                      "prompt_template": "Q: {question}"}, {"index_dir": str(index)})
+    text = chat.render(tokenizer, env.prompt({"question": "Where is Velo?"}))
+    expected = "<|im_start|>user\nQ: Where is Velo?<|im_end|>\n<|im_start|>assistant\n"
+    expected += "" if thinking else "<think>\n\n</think>\n\n"
+    assert text == expected
+    assert tokenizer(text)["input_ids"] == tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Q: Where is Velo?"}], add_generation_prompt=True, enable_thinking=thinking,
+        tokenize=True, return_dict=True)["input_ids"]
