@@ -2,7 +2,8 @@
 
 Usage: python -m searchrl.main --config configs/rpl.py:PRESET[,SPACE][,no_thinking] train [--config.x.y=...]
 Presets:
-  tiny            CPU smoke runs and tests (a random tiny model; point tokenizer, data and index at local files).
+  tiny            CPU smoke runs and tests (a random tiny model; point tokenizer, data and index at local
+                  files).
   paper_qwen3_4b  Qwen3-4B, open-domain QA (NQ + HotpotQA) and GlobalQA, BM25 + e5 dense, the full SDK.
   paper_qwen3_8b  the same with Qwen3-8B.
 SPACE, the action space (the paper's Table 4 rows): dense | dual | sdk (default); program mutation (PM) runs

@@ -3,7 +3,7 @@
 corpus.jsonl rows: {"_id", "title", "text", "metadata"?}; queries.jsonl rows: {"_id", "text", "metadata"?};
 qrels/{split}.tsv: a "query-id<TAB>corpus-id<TAB>score" header, then one integer-graded pair per line.
 The corpus and the qrels are read by the retrieval package's readers (`searchrl.retrieval.corpus.CorpusScan`,
-`searchrl.retrieval.metrics.read_beir_qrels`); this module adds the queries and the per-split view.
+`searchrl.retrieval.metrics.beir_judgements`); this module adds the queries and the per-split view.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pathlib
 from typing import TypedDict
 
 from searchrl.data.jsonl import DataFormatError, read_jsonl, string_field, unique_id
-from searchrl.retrieval.metrics import read_beir_qrels
+from searchrl.retrieval.metrics import beir_judgements
 
 
 class BeirDoc(TypedDict):
@@ -40,12 +40,13 @@ def read_beir_queries(path: str | pathlib.Path) -> dict[str, str]:
 
 
 def read_beir_split(root: str | pathlib.Path, split: str) -> list[BeirQuery]:
-    """The queries of `split` (those with qrels in qrels/{split}.tsv), in queries.jsonl order."""
+    """The queries of `split` (those with qrels in qrels/{split}.tsv), in queries.jsonl order. A judgement of
+    a query id that queries.jsonl lacks raises DataFormatError at its qrels line."""
     root = pathlib.Path(root)
-    qrels_path = root / "qrels" / f"{split}.tsv"
-    qrels = read_beir_qrels(qrels_path)
     queries = read_beir_queries(root / "queries.jsonl")
-    unknown = [qid for qid in qrels if qid not in queries]
-    if unknown:
-        raise DataFormatError(str(qrels_path), f"query ids not in queries.jsonl: {unknown[:5]}", "query-id")
+    qrels: dict[str, dict[str, int]] = {}
+    for where, qid, docid, score in beir_judgements(root / "qrels" / f"{split}.tsv"):
+        if qid not in queries:
+            raise DataFormatError(where, f"query id {qid!r} is not in queries.jsonl", "query-id")
+        qrels.setdefault(qid, {})[docid] = score
     return [BeirQuery(id=qid, text=text, qrels=qrels[qid]) for qid, text in queries.items() if qid in qrels]

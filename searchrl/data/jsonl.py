@@ -1,9 +1,10 @@
 """JSON Lines reading with errors that name the file, the line and the field."""
 from __future__ import annotations
 
-import json
 import pathlib
 from typing import Any, Iterator
+
+from searchrl.retrieval.corpus import JSONError, parse_json
 
 
 class DataFormatError(ValueError):
@@ -16,23 +17,20 @@ class DataFormatError(ValueError):
 
 
 def read_jsonl(path: str | pathlib.Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Yields ("file:line", JSON object) for every non-blank line; a bad line raises DataFormatError."""
+    """Yields ("file:line", JSON object) for every non-blank line; a bad line (not UTF-8, not JSON, nested too
+    deeply, an over-long integer, not an object) raises DataFormatError."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
     with path.open("rb") as f:
         for line_no, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
             location = f"{path}:{line_no}"
             try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataFormatError(location, f"not UTF-8 ({e.reason} at byte {e.start})") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataFormatError(location, f"invalid JSON ({e.msg} at column {e.colno})") from None
+                row = parse_json(raw)
+            except JSONError as e:
+                raise DataFormatError(location, str(e)) from None
             if not isinstance(row, dict):
                 raise DataFormatError(location, f"expected a JSON object, got {type(row).__name__}")
             yield location, row

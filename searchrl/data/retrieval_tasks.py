@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 import pathlib
 import sqlite3
 from typing import Any, Mapping, Sequence, TypedDict
 
 from searchrl.data import beir
 from searchrl.data.jsonl import DataFormatError, read_jsonl, string_field, unique_id
+from searchrl.retrieval.corpus import JSONError, parse_json
 
 PICO_KEYS = ("P", "I", "C", "O")
 SQL_FORMATS = ("spider", "bird")
@@ -135,11 +135,22 @@ def database_dirs(root: str | pathlib.Path, split: str) -> tuple[pathlib.Path, .
     return root / "database", root / f"{split}_databases", root / f"{split}_database"
 
 
+def _is_file(path: pathlib.Path) -> bool:
+    """path.is_file(), False too where the name is too long to look up."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
 def find_database(dirs: Sequence[str | pathlib.Path], db_id: str, location: str) -> pathlib.Path:
-    """The first dirs[k]/<db_id>/<db_id>.sqlite that exists; a DataFormatError naming every path tried."""
+    """The first dirs[k]/<db_id>/<db_id>.sqlite that exists; a DataFormatError naming every path tried. A
+    db_id is a plain name: one with a path separator, or "." or "..", is an error."""
+    if "/" in db_id or "\x00" in db_id or db_id in (".", ".."):
+        raise DataFormatError(location, f"not a database name (a plain folder name): {db_id!r}", "db_id")
     tried = [pathlib.Path(d).absolute() / db_id / f"{db_id}.sqlite" for d in dirs]
     for path in tried:
-        if path.is_file():
+        if _is_file(path):
             return path
     message = f"unknown db_id {db_id!r}: none of {[str(p) for p in tried]} exists"
     raise DataFormatError(location, message, "db_id")
@@ -194,11 +205,9 @@ def _json_list(path: pathlib.Path) -> list[Any]:
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
     try:
-        items = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as e:
-        raise DataFormatError(str(path), f"not UTF-8 ({e.reason} at byte {e.start})") from None
-    except json.JSONDecodeError as e:
-        raise DataFormatError(f"{path}:{e.lineno}", f"invalid JSON ({e.msg} at column {e.colno})") from None
+        items = parse_json(path.read_bytes())
+    except JSONError as e:
+        raise DataFormatError(f"{path}:{e.line}" if e.line else str(path), str(e)) from None
     if not isinstance(items, list):
         raise DataFormatError(str(path), f"expected a JSON list of questions, got {type(items).__name__}")
     return items

@@ -1,4 +1,5 @@
-"""Retrieval Program Learning: the policy writes programs over the retrieval SDK instead of one query per turn.
+"""Retrieval Program Learning: the policy writes programs over the retrieval SDK instead of one query a
+turn.
 
 A turn is `<program> ... </program>` (a program in `searchrl.programs`' language, run in its sandbox against
 the task's retrievers; the documents it `show`s come back in `<information>`) or the final `<answer>`. The
@@ -19,12 +20,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from searchrl.envs.search_qa import format_passages
 from searchrl.episode import Action, Observation, Trajectory, Turn
 from searchrl.programs import Limits, execute
 from searchrl.configlib import from_config
 from searchrl.retrieval import RetrievalConfig, index_kind, load_retriever, make_retriever
 from searchrl.retrieval.ops import SDK_FUNCTIONS, RetrievalSDK
+from searchrl.retrieval.types import Hit
 from searchrl.rewards import qa
 from searchrl.text import chat, tags
 
@@ -41,8 +42,9 @@ RPL_PROMPT = (
     "only shown documents enter your context. When you can answer, give the answer between <answer> and "
     "</answer>{answer_hint}. Question: {question}\n"
 )
-SIGNATURES = {"sparse_retrieval": "sparse_retrieval(q, top_k)", "dense_retrieval": "dense_retrieval(q, top_k)",
-              "fuse": "fuse(*lists, top_k=None)", "dedup": "dedup(docs)", "rerank": "rerank(q, docs, top_k=None)"}
+SIGNATURES = {  # how the prompt lists each SDK function
+    "sparse_retrieval": "sparse_retrieval(q, top_k)", "dense_retrieval": "dense_retrieval(q, top_k)",
+    "fuse": "fuse(*lists, top_k=None)", "dedup": "dedup(docs)", "rerank": "rerank(q, docs, top_k=None)"}
 GLOBALQA_HINT = " (for questions about documents, the ids of the documents, separated by commas)"
 
 
@@ -74,9 +76,16 @@ def program_source(content: str) -> str:
 
 
 def parse_ids(answer: str) -> list[str]:
-    """Document ids in an answer ("p12, p40", "[p12] [p40]"), in order, without repeats."""
-    words = "".join(c if c.isalnum() or c in "_-:" else " " for c in answer).split()
-    return list(dict.fromkeys(words))
+    """Document ids in an answer ("p12, p40", "[12] [40]", "Doc 12 and doc 40."), in order, without repeats:
+    every run of letters, digits, "_" and "-" that holds a digit, "-" stripped from its ends (one pass, no
+    regular expression)."""
+    words = "".join(c if c.isalnum() or c in "_-" else " " for c in answer).split()
+    return list(dict.fromkeys(w.strip("-") for w in words if any(c.isdigit() for c in w)))
+
+
+def format_documents(hits: Sequence[Hit]) -> str:
+    """Search-R1's passage lines with each document's id in place of its rank, so an answer can name it."""
+    return "".join(f"Doc {hit.id}(Title: {hit.title}) {hit.text}\n" for hit in hits)
 
 
 def set_f1(predicted: Sequence[str], gold: Sequence[str]) -> float:
@@ -125,7 +134,7 @@ class ProgramEnv:
     def run(self, source: str) -> Observation:
         """One program in the sandbox; what it showed (or its error) as the observation."""
         result = execute(program_source(source), self.sdk, self.config.limits)
-        shown = format_passages(result.shown).strip()
+        shown = format_documents(result.shown).strip()
         error = f"program error: {result.error}" if result.error else ""
         text = "\n".join(part for part in (shown, error) if part) or "the program showed nothing"
         info = {"doc_ids": tuple(hit.id for hit in result.shown), "retrieval_calls": result.retrieval_calls,
@@ -163,7 +172,8 @@ class ProgramEnv:
             programs = [t for t in turns if t.action.kind == PROGRAM]
             called = {name for t in programs for name in t.info.get("primitives", ())}
             rows.append({
-                "question": example["question"], "answer": final_answer(turns), **self._scores(turns, example),
+                "question": example["question"], "answer": final_answer(turns),
+                **self._scores(turns, example),
                 "context_tokens": int(context[b]), "program_turns": len(programs),
                 "retrieval_calls": sum(t.info.get("retrieval_calls", 0) for t in programs),
                 "program_errors": sum(t.info.get("error") is not None for t in programs),
@@ -187,11 +197,13 @@ def make(config: Config, retrieval: Mapping[str, Any]) -> ProgramEnv:
     """The env over config.retrieval's index (the sparse retriever, or the dense one when it is a dense
     index) and config.env.dense_index_dir, exposing the action space's functions."""
     if config.action_space not in ACTION_SPACES:
-        raise ValueError(f"config.env.action_space {config.action_space!r} is not one of {sorted(ACTION_SPACES)}")
+        raise ValueError(f"config.env.action_space {config.action_space!r} is not one of "
+                         f"{sorted(ACTION_SPACES)}")
     retrieval = from_config(RetrievalConfig, retrieval, "config.retrieval")
     first = make_retriever(retrieval)
     first_is_dense = retrieval.kind == "local" and index_kind(retrieval.index_dir) == "dense"
     sparse, dense = (None, first) if first_is_dense else (first, None)
     if config.dense_index_dir:
         dense = load_retriever(config.dense_index_dir)
-    return ProgramEnv(config, RetrievalSDK(sparse=sparse, dense=dense, available=ACTION_SPACES[config.action_space]))
+    sdk = RetrievalSDK(sparse=sparse, dense=dense, available=ACTION_SPACES[config.action_space])
+    return ProgramEnv(config, sdk)

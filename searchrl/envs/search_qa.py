@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from searchrl.episode import Action, Observation, SideBranch, Trajectory, Turn
 from searchrl.retrieval import make_retriever
+from searchrl.retrieval.client import RetrievalError, RetrievalUnavailable
 from searchrl.retrieval.types import Hit, Retriever
 from searchrl.rewards import autosearch, protocol, qa, search_r1
 from searchrl.text import tags
@@ -41,6 +42,7 @@ class Config:
 
     reward: str = "search_r1"  # one of REWARDS
     topk: int = 3  # passages per search
+    max_query_chars: int = 4096  # longer queries are not searched: the observation says so (server's limit)
     max_turns: int = 4  # search turns; the turn after the last one must answer
     prompt_template: str = SEARCH_R1_PROMPT
     intermediate_answers: bool = False  # answer after every search on a side branch (AutoSearch)
@@ -50,8 +52,31 @@ class Config:
 
 
 def format_passages(hits: Sequence[Hit]) -> str:
-    """Search-R1's `_passages2string`: one `Doc i(Title: ...) text` line per hit."""
-    return "".join(f"Doc {i + 1}(Title: {hit.title}) {hit.text}\n" for i, hit in enumerate(hits))
+    """Search-R1's `_passages2string`: per hit, `Doc i(Title: <first line of its contents>) <the rest>`, the
+    title line as stored (quotes and all)."""
+    lines = []
+    for i, hit in enumerate(hits):
+        title, _, text = hit.contents.partition("\n")
+        lines.append(f"Doc {i + 1}(Title: {title}) {text}\n")
+    return "".join(lines)
+
+
+def query_problem(query: str, max_chars: int) -> str | None:
+    """Why a query is not searched, or None."""
+    if not query.strip():
+        return "The search query is empty."
+    if len(query) > max_chars:
+        return f"The search query has {len(query)} characters, more than {max_chars}: use a shorter one."
+    return None
+
+
+def search_observation(outcome: Sequence[Hit] | str) -> Observation:
+    """A search's hits, or why it has none, in an `<information>` block; info: the doc ids and the error."""
+    if isinstance(outcome, str):
+        return Observation(f"\n\n{tags.block(tags.INFORMATION, outcome)}\n\n",
+                           {"doc_ids": (), "error": outcome})
+    text = f"\n\n{tags.block(tags.INFORMATION, format_passages(outcome).strip())}\n\n"
+    return Observation(text, {"doc_ids": tuple(h.id for h in outcome), "error": None})
 
 
 @dataclasses.dataclass
@@ -103,18 +128,46 @@ class SearchQAEnv:
         return Action(kind, content, done=kind == ANSWER or last_turn)
 
     def observe(self, actions: Sequence[Action]) -> list[Observation]:
-        """Retrieves for every search action in one batched call; invalid actions get Search-R1's message."""
-        queries = [a.content for a in actions if a.kind == SEARCH]
-        results = iter(self.retriever.search(queries, self.config.topk) if queries else [])
-        observations = []
-        for action in actions:
-            if action.kind == SEARCH:
-                hits = next(results)
-                text = f"\n\n{tags.block(tags.INFORMATION, format_passages(hits).strip())}\n\n"
-                observations.append(Observation(text, {"doc_ids": tuple(h.id for h in hits)}))
-            else:
-                observations.append(Observation(INVALID_ACTION))
-        return observations
+        """Retrieves for every search action in one batched call; invalid actions get Search-R1's message.
+
+        A search that cannot be made is the policy's observation, the same for every retriever: a query that
+        is empty, blank or over `max_query_chars` is not searched and the observation names the problem. When
+        the batched call raises `RetrievalError`, each query is searched alone and one whose search fails is
+        told why. The run stops instead (the error is raised) when the retriever is down: it raised
+        `RetrievalUnavailable` (its retries used up), or no query could be searched even alone.
+        """
+        outcomes = iter(self._search([a.content for a in actions if a.kind == SEARCH]))
+        return [search_observation(next(outcomes)) if a.kind == SEARCH else Observation(INVALID_ACTION)
+                for a in actions]
+
+    def _search(self, queries: list[str]) -> list[list[Hit] | str]:
+        """Each query's hits, or why it has none."""
+        problems = [query_problem(q, self.config.max_query_chars) for q in queries]
+        valid = [q for q, problem in zip(queries, problems) if problem is None]
+        results = iter(self._retrieve(valid) if valid else [])
+        return [next(results) if problem is None else problem for problem in problems]
+
+    def _retrieve(self, queries: list[str]) -> list[list[Hit] | str]:
+        """One batched search; when it fails, one search per query (see `observe` for when it raises)."""
+        try:
+            return self.retriever.search(queries, self.config.topk)
+        except RetrievalUnavailable:
+            raise
+        except RetrievalError:
+            alone = [self._search_alone(q) for q in queries]
+            if all(isinstance(outcome, RetrievalError) for outcome in alone):
+                raise
+            return [f"The search failed: {outcome}"[:500] if isinstance(outcome, RetrievalError) else outcome
+                    for outcome in alone]
+
+    def _search_alone(self, query: str) -> list[Hit] | RetrievalError:
+        """The query's hits, or the error that is its own (not the retriever being down)."""
+        try:
+            return self.retriever.search([query], self.config.topk)[0]
+        except RetrievalUnavailable:
+            raise
+        except RetrievalError as e:
+            return e
 
     def rewards(self, trajectory: Trajectory, examples: Sequence[Mapping[str, Any]]) -> list[list[float]]:
         """Outcome rewards (`em`, `search_r1`) on the last turn, or AutoSearch's turn-level rewards."""

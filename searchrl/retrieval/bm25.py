@@ -18,7 +18,7 @@ from bm25s.stopwords import STOPWORDS_EN
 from tqdm import tqdm
 
 from searchrl.retrieval import BM25_B, BM25_K1
-from searchrl.retrieval.corpus import CorpusStore, read_manifest, write_manifest
+from searchrl.retrieval.corpus import CorpusStore, building, read_manifest, write_manifest
 from searchrl.retrieval.types import Hit
 
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"  # bm25s' default splitter
@@ -52,22 +52,27 @@ class BM25Retriever:
     def build(cls, corpus_path: str | os.PathLike, out_dir: str | os.PathLike, k1: float = BM25_K1,
               b: float = BM25_B, stemmer: str = "english", skip_malformed: bool = False,
               show_progress: bool = True, n_threads: int = -1) -> "BM25Retriever":
-        """Indexes a JSONL corpus into `out_dir`, streaming passages from the corpus store."""
+        """Indexes a JSONL corpus into `out_dir`, streaming passages from the corpus store. The index is built
+        next to `out_dir` and moved there at the end (see `corpus.building`). A corpus without a single
+        indexable term (every word a stopword, one character long or punctuation) is an error."""
         if stemmer not in Stemmer.algorithms():
             raise ValueError(f"unknown stemmer {stemmer!r}; one of {Stemmer.algorithms()}")
-        out = Path(out_dir)
-        store = CorpusStore.build(corpus_path, out / "corpus", skip_malformed, show_progress)
-        if not len(store):
-            raise ValueError(f"{corpus_path}: no passages to index")
-        tokenizer = make_tokenizer(stemmer)
-        stream = tokenizer.streaming_tokenize(store.texts(), update_vocab=True)
-        token_ids = list(tqdm(stream, total=len(store), desc="tokenize", disable=not show_progress))
-        model = bm25s.BM25(k1=k1, b=b, method="lucene")
-        model.index((token_ids, tokenizer.get_vocab_dict()), show_progress=show_progress)
-        model.save(out / "bm25", show_progress=show_progress)
-        write_manifest(out, "bm25", store.source, k1=k1, b=b, stemmer=stemmer, stopwords="english",
-                       count=len(store))
-        return cls(out, n_threads=n_threads)
+        with building(out_dir) as out:
+            store = CorpusStore.build(corpus_path, out / "corpus", skip_malformed, show_progress)
+            if not len(store):
+                raise ValueError(f"{corpus_path}: no passages to index")
+            tokenizer = make_tokenizer(stemmer)
+            stream = tokenizer.streaming_tokenize(store.texts(), update_vocab=True)
+            token_ids = list(tqdm(stream, total=len(store), desc="tokenize", disable=not show_progress))
+            if not set(tokenizer.get_vocab_dict()) - {""}:  # bm25s gives empty passages the term ""
+                raise ValueError(f"{corpus_path}: no passage has an indexable term (all {len(store)} hold "
+                                 "only stopwords, one-character words or punctuation)")
+            model = bm25s.BM25(k1=k1, b=b, method="lucene")
+            model.index((token_ids, tokenizer.get_vocab_dict()), show_progress=show_progress)
+            model.save(out / "bm25", show_progress=show_progress)
+            write_manifest(out, "bm25", store.source, k1=k1, b=b, stemmer=stemmer, stopwords="english",
+                           count=len(store))
+        return cls(out_dir, n_threads=n_threads)
 
     def query_token_ids(self, query: str) -> list[int]:
         """The query's vocabulary ids, tokenized exactly as documents were; unknown terms are dropped."""

@@ -1,19 +1,93 @@
-"""A Retriever that calls a `/retrieve` server: searchrl's own (`searchrl.retrieval.serve`) or Search-R1's."""
+"""A Retriever that calls a `/retrieve` server over plain HTTP: searchrl's own (`searchrl.retrieval.serve`) or
+Search-R1's.
+
+What is retried (`retries` times, with exponential backoff, or the server's Retry-After when longer, up to
+MAX_RETRY_AFTER_S): connection errors, timeouts, broken or cut-short responses, bodies that are not UTF-8
+JSON, 408, 429 and 5xx. When the retries are used up the search raises `RetrievalUnavailable`. What is not
+retried: any other 4xx (the request itself is wrong) and a JSON answer of the wrong shape or with a
+non-finite score; they raise `RetrievalError`. Each attempt must be over (connect, send, the whole response)
+within `timeout` seconds, however slowly the server trickles bytes.
+"""
 from __future__ import annotations
 
+import http.client
 import json
+import math
 import socket
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from typing import Any, Sequence
 
 from searchrl.retrieval.corpus import split_contents
 from searchrl.retrieval.types import Hit
 
+MAX_RETRY_AFTER_S = 60.0  # the longest Retry-After honoured
+RETRIED_STATUSES = (408, 429)  # and every 5xx
+
 
 class RetrievalError(RuntimeError):
-    """A remote search that failed for good (a 4xx, a malformed response, or retries used up)."""
+    """A remote search that failed for good: the server refused the request (a 4xx) or answered nonsense."""
+
+
+class RetrievalUnavailable(RetrievalError):
+    """The server could not answer: failed connections, timeouts, 5xx or unreadable bodies outlasted the
+    retries."""
+
+
+class DeadlineSocket(socket.socket):
+    """A socket whose every receive and send times out when `deadline` (a `time.monotonic()` instant, None:
+    never) passes, however slowly the peer trickles bytes."""
+
+    deadline: float | None = None
+
+    @classmethod
+    def adopt(cls, sock: socket.socket) -> DeadlineSocket:
+        """`sock`'s connection as a DeadlineSocket (`sock` is detached from it)."""
+        return cls(fileno=sock.detach())
+
+    def _arm(self) -> None:
+        if self.deadline is None:
+            return self.settimeout(None)
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed")
+        self.settimeout(left)
+
+    def recv_into(self, *args: Any) -> int:
+        self._arm()
+        return super().recv_into(*args)
+
+    def sendall(self, *args: Any) -> None:
+        self._arm()
+        super().sendall(*args)
+
+
+class _Connection(http.client.HTTPConnection):
+    """An HTTP connection whose whole exchange must be over by `deadline`."""
+
+    def __init__(self, host: str, port: int | None, deadline: float):
+        super().__init__(host, port, timeout=max(deadline - time.monotonic(), 1e-3))
+        self.deadline = deadline
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock = DeadlineSocket.adopt(self.sock)
+        self.sock.deadline = self.deadline
+
+
+class _Transient(Exception):
+    """One attempt's failure that a retry may cure; `wait_s`: how long the server asked us to wait."""
+
+    def __init__(self, message: str, wait_s: float = 0.0):
+        super().__init__(message)
+        self.wait_s = wait_s
+
+
+def _finite(score: Any) -> bool:
+    try:
+        return isinstance(score, (int, float)) and not isinstance(score, bool) and math.isfinite(score)
+    except OverflowError:  # an int beyond float range
+        return False
 
 
 def parse_document(item: Any, where: str) -> Hit:
@@ -23,8 +97,10 @@ def parse_document(item: Any, where: str) -> Hit:
     if isinstance(item, dict) and isinstance(item.get("document"), dict):
         score = item.get("score", 0.0)
         item = item["document"]
-    if not isinstance(item, dict) or not isinstance(score, (int, float)):
-        raise RetrievalError(f"{where}: expected a document object (and a numeric score), got {item!r:.200}")
+    if not isinstance(item, dict):
+        raise RetrievalError(f"{where}: expected a document object, got {item!r:.200}")
+    if not _finite(score):
+        raise RetrievalError(f"{where}: the score must be a finite number, got {score!r:.50}")
     if isinstance(item.get("contents"), str):
         title, text = split_contents(item["contents"])
     elif isinstance(item.get("text"), str):
@@ -48,23 +124,33 @@ def parse_response(body: Any, n_queries: int) -> list[list[Hit]]:
     return out
 
 
-def _error_message(error: urllib.error.HTTPError) -> str:
+def _error_message(data: bytes) -> str:
     """The server's {"error": ...} message, else its raw body."""
-    text = error.read().decode(errors="replace")
+    text = data.decode(errors="replace")
     try:
         return str(json.loads(text)["error"])
-    except (json.JSONDecodeError, KeyError, TypeError):
+    except (ValueError, RecursionError, KeyError, TypeError):
         return text[:500]
 
 
+def _retry_after(response: http.client.HTTPResponse) -> float:
+    """The response's Retry-After in seconds (its delay-seconds form; 0 when absent or a date)."""
+    value = (response.getheader("Retry-After") or "").strip()
+    return min(float(value), MAX_RETRY_AFTER_S) if value.isascii() and value.isdigit() else 0.0
+
+
 class RemoteRetriever:
-    """Batched search over HTTP. Connection errors, timeouts and 5xx are retried `retries` times with
-    exponential backoff; 4xx are not (the request itself is wrong). Batches over `batch_size` are split."""
+    """Batched search over HTTP (see the module docstring for retries and errors). Batches over `batch_size`
+    are split; `timeout` bounds each attempt as a whole."""
 
     def __init__(self, url: str, timeout: float = 30.0, retries: int = 3, batch_size: int = 256,
                  backoff_s: float = 0.5):
         url = url.rstrip("/")
         self.url = url if url.endswith("/retrieve") else url + "/retrieve"
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"RemoteRetriever needs an http://HOST[:PORT] url, got {url!r}")
+        self._host, self._port, self._path = parts.hostname, parts.port, parts.path
         self.timeout = timeout
         self.retries = retries
         self.batch_size = batch_size
@@ -78,23 +164,32 @@ class RemoteRetriever:
 
     def _post(self, queries: list[str], k: int) -> list[list[Hit]]:
         payload = json.dumps({"queries": queries, "topk": k, "return_scores": True}).encode()
-        last: BaseException | None = None
         for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            request = urllib.request.Request(self.url, data=payload,
-                                             headers={"Content-Type": "application/json"})
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    body = json.loads(response.read())
-            except urllib.error.HTTPError as e:
-                if e.code < 500:
-                    raise RetrievalError(f"{self.url}: HTTP {e.code}: {_error_message(e)}") from None
+                return parse_response(self._attempt(payload), len(queries))
+            except _Transient as e:
                 last = e
-            except (urllib.error.URLError, ConnectionError, socket.timeout) as e:
-                last = e
-            except json.JSONDecodeError as e:
-                raise RetrievalError(f"{self.url}: response is not JSON ({e})") from None
-            else:
-                return parse_response(body, len(queries))
-        raise RetrievalError(f"{self.url}: failed after {self.retries + 1} attempts: {last}")
+            if attempt < self.retries:
+                time.sleep(max(self.backoff_s * 2 ** attempt, last.wait_s))
+        raise RetrievalUnavailable(f"{self.url}: failed after {self.retries + 1} attempts: {last}")
+
+    def _attempt(self, payload: bytes) -> Any:
+        """One POST, over within `timeout`: the decoded JSON of a 200."""
+        connection = _Connection(self._host, self._port, time.monotonic() + self.timeout)
+        try:
+            connection.request("POST", self._path, payload,
+                               {"Content-Type": "application/json", "Connection": "close"})
+            response = connection.getresponse()
+            data = response.read()
+        except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out, cut short, garbled
+            raise _Transient(f"{type(e).__name__}: {e}") from None
+        finally:
+            connection.close()
+        if response.status in RETRIED_STATUSES or response.status >= 500:
+            raise _Transient(f"HTTP {response.status}: {_error_message(data)}", _retry_after(response))
+        if response.status != 200:
+            raise RetrievalError(f"{self.url}: HTTP {response.status}: {_error_message(data)}")
+        try:
+            return json.loads(data)
+        except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deep
+            raise _Transient(f"response is not JSON ({e}): {data[:100]!r}") from None

@@ -1,16 +1,28 @@
 """Passage corpora: JSONL parsing (FlashRAG/Search-R1 and BEIR rows), an offset-indexed store over the JSONL
-file itself (O(1) random access, texts stay on disk), and the `searchrl_index.json` manifest of index dirs.
+file itself (O(1) random access, texts stay on disk), the `searchrl_index.json` manifest of index dirs and
+atomic index builds.
 
 Formats:
-  FlashRAG / Search-R1: {"id": ..., "contents": "title\\ntext"}  (the title is often wrapped in double quotes)
+  FlashRAG / Search-R1: {"id": ..., "contents": "title\\ntext"}  (wiki-18 wraps the title in double quotes)
   BEIR:                 {"_id": ..., "title": ..., "text": ...}
   plain:                {"id": ..., "title": ..., "text": ...}
+
+A passage is read as (id, title, text). FlashRAG `contents` are split by `split_contents` so that
+`join_contents(title, text)` (which is `Hit.contents`) gives back the stored string byte for byte: the title
+is the first line verbatim, quotes included (`"Evan Morris"`), as Search-R1's `_passages2string` reads it,
+and the server returns each row's `contents` exactly as stored. BEIR and plain rows have no `contents`:
+theirs is `join_contents(title, text)`. Indexes are built on these `contents` (bm25s, Lucene and dense alike,
+as Search-R1's index builder encodes the raw `contents`).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
+import re
+import secrets
+import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -21,17 +33,64 @@ from searchrl.retrieval.types import Hit
 
 MANIFEST = "searchrl_index.json"
 _STORE_META, _STORE_OFFSETS, _STORE_IDS = "store.json", "offsets.npy", "ids.txt"
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # a \u escape of a UTF-16 surrogate half
+
+
+class JSONError(ValueError):
+    """A JSON document that cannot be read: the message says why; `line` is the line of a syntax error in a
+    multi-line document (0 when there is none)."""
+
+    def __init__(self, reason: str, line: int = 0):
+        super().__init__(reason)
+        self.line = line
+
+
+def _check_unicode(value: Any, text: str) -> None:
+    """Raises JSONError when `\\u` escapes in `text` decoded to a lone surrogate (not a character)."""
+    if not _SURROGATE_ESCAPE.search(text):
+        return
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise JSONError("invalid JSON (a \\u escape of a lone UTF-16 surrogate, not a character)") from None
+    except RecursionError:
+        raise JSONError("invalid JSON (nested too deeply)") from None
+
+
+def parse_json(data: bytes | str) -> Any:
+    """One JSON document from UTF-8 bytes or text (a leading BOM is ignored). Everything that can be wrong
+    raises JSONError saying what: not UTF-8, a syntax error, nesting too deep for Python, an integer of more
+    than 4,300 digits (Python's int-string limit) or a lone surrogate."""
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError as e:
+        raise JSONError(f"not UTF-8 ({e.reason} at byte {e.start + 1})") from None
+    text = text.removeprefix("\ufeff").rstrip(" \t\r\n")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        line = e.lineno if "\n" in text else 0
+        raise JSONError(f"invalid JSON ({e.msg} at column {e.colno})", line) from None
+    except RecursionError:
+        raise JSONError("invalid JSON (nested too deeply)") from None
+    except ValueError as e:  # an integer over the int-string limit
+        raise JSONError(f"invalid JSON ({str(e).split(':')[0]})") from None
+    _check_unicode(value, text)
+    return value
 
 
 def split_contents(contents: str) -> tuple[str, str]:
-    """FlashRAG `contents` -> (title, text): the first line is the title, its wrapping quotes stripped."""
+    """FlashRAG `contents` -> (title, text), the inverse of `join_contents`: the first line verbatim (quotes
+    and all) and the rest when there is a non-empty first line and a second one; else ("", contents)."""
     title, sep, text = contents.partition("\n")
-    if not sep:  # a single line: no title
+    if not sep or not title:
         return "", contents
-    title = title.strip()
-    if len(title) >= 2 and title[0] == title[-1] == '"':
-        title = title[1:-1]
     return title, text
+
+
+def join_contents(title: str, text: str) -> str:
+    """(title, text) -> FlashRAG `contents` (what `Hit.contents` gives): title and text on separate lines."""
+    return f"{title}\n{text}" if title else text
 
 
 def parse_record(row: Any) -> tuple[str, str, str]:
@@ -60,12 +119,8 @@ def parse_record(row: Any) -> tuple[str, str, str]:
 
 
 def parse_line(line: bytes | str) -> tuple[str, str, str]:
-    """One JSONL line -> (id, title, text). Raises ValueError on malformed JSON or fields."""
-    try:
-        row = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"invalid JSON ({e})") from None
-    return parse_record(row)
+    """One JSONL line -> (id, title, text). Raises ValueError saying what is wrong with the line."""
+    return parse_record(parse_json(line))
 
 
 class CorpusScan:
@@ -176,9 +231,9 @@ class CorpusStore:
         return (self[i] for i in range(len(self)))
 
     def texts(self) -> Iterator[str]:
-        """Passage texts as indexed: title and text joined (what a Lucene JsonCollection `contents` holds)."""
+        """Passage texts as indexed: each passage's `contents` (see `join_contents`)."""
         for _, title, text in self:
-            yield f"{title}\n{text}" if title else text
+            yield join_contents(title, text)
 
     @property
     def ids(self) -> list[str]:
@@ -217,9 +272,78 @@ def read_manifest(index_dir: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"not a searchrl index dir (no {MANIFEST}): {index_dir}")
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: invalid JSON ({e})") from None
+        manifest = parse_json(path.read_bytes())
+    except JSONError as e:
+        raise ValueError(f"{path}: {e}") from None
     if not isinstance(manifest, dict) or "kind" not in manifest:
         raise ValueError(f'{path}: expected an object with a "kind" field')
     return manifest
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """`path` and those of its parents that do not exist, deepest first."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    return missing
+
+
+def _check_replaceable(out: Path) -> None:
+    """An index build may replace `out` only when it is missing, an empty dir or a searchrl index dir."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ValueError(f"cannot build an index at {out}: it exists and is not a directory")
+    if any(out.iterdir()) and not (out / MANIFEST).is_file():
+        raise ValueError(f"cannot build an index at {out}: a non-empty directory that is not a searchrl "
+                         f"index dir (no {MANIFEST}); remove it or choose another path")
+
+
+def _new_dir(parent: Path, prefix: str, suffix: str) -> Path:
+    """A new empty dir `parent/<prefix><random><suffix>`, with the usual permissions (mkdtemp's are 0o700)."""
+    while True:
+        path = parent / f"{prefix}{secrets.token_hex(4)}{suffix}"
+        with contextlib.suppress(FileExistsError):
+            path.mkdir()
+            return path
+
+
+def _replace_dir(new: Path, out: Path) -> None:
+    """Moves dir `new` to `out`, replacing what is there; the old `out` is deleted only once `new` is in."""
+    if not out.exists():
+        os.rename(new, out)
+        return
+    old = out.with_name(f".{out.name}.{secrets.token_hex(4)}.old")
+    os.rename(out, old)
+    try:
+        os.rename(new, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def building(out_dir: str | os.PathLike) -> Iterator[Path]:
+    """Builds an index dir atomically: yields a new temporary dir next to `out_dir` to write the index into,
+    and moves it to `out_dir` when the block succeeds, replacing an index already there.
+
+    A failed (or interrupted) build removes the temporary dir and any parent dirs it created, and leaves an
+    existing index at `out_dir` untouched. A non-empty `out_dir` that is not an index dir is refused, not
+    replaced.
+    """
+    out = Path(out_dir).absolute()
+    _check_replaceable(out)
+    created = _missing_dirs(out.parent)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _new_dir(out.parent, f".{out.name}.", ".building")
+    try:
+        yield tmp
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for path in created:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        raise

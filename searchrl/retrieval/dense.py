@@ -16,7 +16,7 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
-from searchrl.retrieval.corpus import CorpusStore, read_manifest, write_manifest
+from searchrl.retrieval.corpus import CorpusStore, building, read_manifest, write_manifest
 from searchrl.retrieval.encoder import DenseEncoder, check_texts
 from searchrl.retrieval.types import Hit
 
@@ -88,36 +88,38 @@ class DenseRetriever:
               batch_size: int = 64, dtype: str | None = None, chunk_size: int = 8192,
               train_size: int = 100_000, use_gpu: bool = False, nprobe: int = 32, ef_search: int = 128,
               skip_malformed: bool = False, show_progress: bool = True, seed: int = 0) -> "DenseRetriever":
-        """Encodes every passage of a JSONL corpus (title and text, as `Hit.contents`) into a FAISS index.
+        """Encodes every passage of a JSONL corpus (its `contents`, as stored) into a FAISS index.
 
         Passages are encoded and added `chunk_size` at a time. Indexes that need training (IVF, PQ) are
-        trained first on a random sample of `train_size` passages.
+        trained first on a random sample of `train_size` passages. The index is built next to `out_dir` and
+        moved there at the end (see `corpus.building`).
         """
-        out = Path(out_dir)
-        store = CorpusStore.build(corpus_path, out / "corpus", skip_malformed, show_progress)
-        if not len(store):
-            raise ValueError(f"{corpus_path}: no passages to index")
-        encoder = DenseEncoder.from_pretrained(encoder_path, pooling=pooling, normalize=normalize,
-                                               query_prefix=query_prefix, passage_prefix=passage_prefix,
-                                               max_length=max_length, batch_size=batch_size, dtype=dtype)
-        cpu_index = make_index(encoder.dim, factory)
-        index = to_gpu(cpu_index, use_gpu)
-        if not index.is_trained:
-            rng = np.random.default_rng(seed)
-            sample = np.sort(rng.choice(len(store), min(len(store), train_size), replace=False))
-            log.info("training %s on %d passages", factory, len(sample))
-            index.train(encoder.encode_passages([store.hit(int(i), 0.0).contents for i in sample]))
-        with tqdm(total=len(store), desc=f"encode {factory}", unit="doc", disable=not show_progress) as bar:
-            for texts in _chunks(store.texts(), chunk_size):
-                index.add(encoder.encode_passages(texts))
-                bar.update(len(texts))
-        if index is not cpu_index:
-            cpu_index = faiss.index_gpu_to_cpu(index)
-        faiss.write_index(cpu_index, str(out / INDEX_FILE))
-        write_manifest(out, "dense", store.source, factory=factory, dim=encoder.dim, count=len(store),
-                       index_file=INDEX_FILE, encoder=encoder.settings())
+        with building(out_dir) as out:
+            store = CorpusStore.build(corpus_path, out / "corpus", skip_malformed, show_progress)
+            if not len(store):
+                raise ValueError(f"{corpus_path}: no passages to index")
+            encoder = DenseEncoder.from_pretrained(encoder_path, pooling=pooling, normalize=normalize,
+                                                   query_prefix=query_prefix, passage_prefix=passage_prefix,
+                                                   max_length=max_length, batch_size=batch_size, dtype=dtype)
+            cpu_index = make_index(encoder.dim, factory)
+            index = to_gpu(cpu_index, use_gpu)
+            if not index.is_trained:
+                rng = np.random.default_rng(seed)
+                sample = np.sort(rng.choice(len(store), min(len(store), train_size), replace=False))
+                log.info("training %s on %d passages", factory, len(sample))
+                index.train(encoder.encode_passages([store.hit(int(i), 0.0).contents for i in sample]))
+            with tqdm(total=len(store), desc=f"encode {factory}", unit="doc",
+                      disable=not show_progress) as bar:
+                for texts in _chunks(store.texts(), chunk_size):
+                    index.add(encoder.encode_passages(texts))
+                    bar.update(len(texts))
+            if index is not cpu_index:
+                cpu_index = faiss.index_gpu_to_cpu(index)
+            faiss.write_index(cpu_index, str(out / INDEX_FILE))
+            write_manifest(out, "dense", store.source, factory=factory, dim=encoder.dim, count=len(store),
+                           index_file=INDEX_FILE, encoder=encoder.settings())
         set_search_params(cpu_index, nprobe, ef_search)
-        return cls(to_gpu(cpu_index, use_gpu), encoder, store)
+        return cls(to_gpu(cpu_index, use_gpu), encoder, CorpusStore.open(Path(out_dir) / "corpus"))
 
     @classmethod
     def load(cls, index_dir: str | os.PathLike, use_gpu: bool = False, nprobe: int = 32, ef_search: int = 128,

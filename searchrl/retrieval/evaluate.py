@@ -24,8 +24,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
                                        flag_values=values)
     qrels_path = flags.DEFINE_string("qrels", None, "qrels: BEIR tsv or TREC", required=True,
                                      flag_values=values)
-    k = flags.DEFINE_integer("k", 100, "depth searched and cut-off of recall", flag_values=values)
-    batch_size = flags.DEFINE_integer("batch-size", 256, "queries per search call", flag_values=values)
+    k = flags.DEFINE_integer("k", 100, "depth searched and cut-off of recall", lower_bound=1,
+                            flag_values=values)
+    batch_size = flags.DEFINE_integer("batch-size", 256, "queries per search call", lower_bound=1,
+                                      flag_values=values)
     cli.parse(values, argv, __doc__)
 
     from searchrl.retrieval import load_retriever

@@ -6,6 +6,8 @@
       [--pooling mean|cls] [--no-normalize] [--query-prefix "query: " --passage-prefix "passage: "] (e5)
 
 Every index dir gets a searchrl_index.json manifest; `searchrl.retrieval.load_retriever(DIR)` opens any kind.
+The index is built in a temporary dir next to --out and moved there once complete: a failed build leaves
+nothing behind and an index already at --out as it was.
 """
 from __future__ import annotations
 
@@ -24,8 +26,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     kind = flags.DEFINE_enum("kind", None, KINDS, "index kind", required=True, flag_values=values)
     corpus = flags.DEFINE_string("corpus", None, "corpus JSONL", required=True, flag_values=values)
     out = flags.DEFINE_string("out", None, "index dir to write", required=True, flag_values=values)
-    k1 = flags.DEFINE_float("k1", BM25_K1, "BM25 k1 (bm25, lucene)", flag_values=values)
-    b = flags.DEFINE_float("b", BM25_B, "BM25 b (bm25, lucene)", flag_values=values)
+    k1 = flags.DEFINE_float("k1", BM25_K1, "BM25 k1 (bm25, lucene)", lower_bound=0, flag_values=values)
+    b = flags.DEFINE_float("b", BM25_B, "BM25 b (bm25, lucene)", lower_bound=0, upper_bound=1,
+                           flag_values=values)
     stemmer = flags.DEFINE_string("stemmer", "english", "PyStemmer algorithm (bm25)", flag_values=values)
     threads = flags.DEFINE_integer("threads", -1, "indexing threads, -1: one per CPU (lucene)",
                                    flag_values=values)
@@ -43,8 +46,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "query-prefix", "", 'prepended to queries, e.g. "query: " for e5 (dense)', flag_values=values)
     passage_prefix = flags.DEFINE_string(
         "passage-prefix", "", 'prepended to passages, e.g. "passage: " (dense)', flag_values=values)
-    max_length = flags.DEFINE_integer("max-length", 256, "encoder max tokens (dense)", flag_values=values)
-    batch_size = flags.DEFINE_integer("batch-size", 64, "encoder batch size (dense)", flag_values=values)
+    max_length = flags.DEFINE_integer("max-length", 256, "encoder max tokens (dense)", lower_bound=1,
+                                      flag_values=values)
+    batch_size = flags.DEFINE_integer("batch-size", 64, "encoder batch size (dense)", lower_bound=1,
+                                      flag_values=values)
+    flags.register_validator("threads", lambda n: n == -1 or n >= 1,
+                             "--threads must be -1 (one per CPU) or a positive integer", flag_values=values)
     flags.register_multi_flags_validator(["kind", "encoder"],
                                          lambda f: f["kind"] != "dense" or bool(f["encoder"]),
                                          "--kind dense needs --encoder", flag_values=values)

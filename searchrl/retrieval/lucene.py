@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from searchrl.retrieval import BM25_B, BM25_K1
-from searchrl.retrieval.corpus import MANIFEST, CorpusScan, parse_line, read_manifest, split_contents, \
-    write_manifest
+from searchrl.retrieval.corpus import MANIFEST, CorpusScan, building, join_contents, parse_line, \
+    read_manifest, split_contents, write_manifest
 from searchrl.retrieval.types import Hit
 
 MIN_JAVA = 17
@@ -128,36 +128,35 @@ class LuceneRetriever:
               b: float = BM25_B, n_threads: int = -1, skip_malformed: bool = False, show_progress: bool = True
               ) -> "LuceneRetriever":
         """Indexes a JSONL corpus (any format `CorpusScan` reads) into `out_dir` with `n_threads` indexing
-        (and later search) threads."""
+        (and later search) threads. Each passage is stored as {"id", "contents"}, its `contents` as in the
+        corpus. The index is built next to `out_dir` and moved there at the end (see `corpus.building`)."""
         java = require_java()
-        out = Path(out_dir)
-        scan = CorpusScan(corpus_path, skip_malformed, show_progress)
-        collection = out / "collection"
-        collection.mkdir(parents=True, exist_ok=True)
-        count = 0
-        with open(collection / "docs.jsonl", "w", encoding="utf-8") as f:
-            for _, doc_id, title, text in scan:
-                contents = f"{title}\n{text}" if title else text
-                f.write(json.dumps({"id": doc_id, "contents": contents}, ensure_ascii=False) + "\n")
-                count += 1
-        if not count:
-            raise ValueError(f"{corpus_path}: no passages to index")
-        lucene_dir = out / "lucene"
-        shutil.rmtree(lucene_dir, ignore_errors=True)
-        cmd = [str(java), "-cp", str(anserini_jar()), "io.anserini.index.IndexCollection",
-               "-collection", "JsonCollection", "-generator", "DefaultLuceneDocumentGenerator",
-               "-input", str(collection), "-index", str(lucene_dir), "-threads", str(_threads(n_threads)),
-               "-storeRaw"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        shutil.rmtree(collection)
-        if proc.returncode != 0:
-            raise RuntimeError(f"Lucene indexing of {corpus_path} failed (exit {proc.returncode}):\n"
-                               f"{(proc.stdout + proc.stderr)[-4000:]}")
-        write_manifest(out, "lucene", scan.path, k1=k1, b=b, count=count, skipped=scan.skipped)
-        retriever = cls(out, n_threads=n_threads)
-        if len(retriever) != count:
-            raise RuntimeError(f"Lucene indexed {len(retriever)} of {count} passages of {corpus_path}")
-        return retriever
+        with building(out_dir) as out:
+            scan = CorpusScan(corpus_path, skip_malformed, show_progress)
+            collection = out / "collection"
+            collection.mkdir()
+            count = 0
+            with open(collection / "docs.jsonl", "w", encoding="utf-8") as f:
+                for _, doc_id, title, text in scan:
+                    row = {"id": doc_id, "contents": join_contents(title, text)}
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                    count += 1
+            if not count:
+                raise ValueError(f"{corpus_path}: no passages to index")
+            cmd = [str(java), "-cp", str(anserini_jar()), "io.anserini.index.IndexCollection",
+                   "-collection", "JsonCollection", "-generator", "DefaultLuceneDocumentGenerator",
+                   "-input", str(collection), "-index", str(out / "lucene"),
+                   "-threads", str(_threads(n_threads)), "-storeRaw"]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            shutil.rmtree(collection)
+            if proc.returncode != 0:
+                raise RuntimeError(f"Lucene indexing of {corpus_path} failed (exit {proc.returncode}):\n"
+                                   f"{(proc.stdout + proc.stderr)[-4000:]}")
+            write_manifest(out, "lucene", scan.path, k1=k1, b=b, count=count, skipped=scan.skipped)
+            indexed = len(cls(out, n_threads=n_threads))
+            if indexed != count:
+                raise RuntimeError(f"Lucene indexed {indexed} of {count} passages of {corpus_path}")
+        return cls(out_dir, n_threads=n_threads)
 
     @staticmethod
     def _hit(result: Any) -> Hit:

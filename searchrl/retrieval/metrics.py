@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 Qrels = dict[str, dict[str, int]]
 
@@ -66,47 +66,70 @@ def evaluate(run: Mapping[str, Sequence[str]], qrels: Qrels, metrics: Sequence[s
     return out
 
 
-def _add(qrels: Qrels, where: str, qid: str, docid: str, rel: str) -> None:
+def _lines(path: str | os.PathLike) -> Iterator[tuple[str, str]]:
+    """("file:line", text) for each non-blank line of a text file; a line that is not UTF-8 raises
+    `ValueError("file:line: not UTF-8 ...")`."""
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:
+        for lineno, line in enumerate(f, start=1):
+            try:
+                line.encode("utf-8")
+            except UnicodeEncodeError as e:  # undecodable bytes came back as lone surrogates
+                raise ValueError(f"{path}:{lineno}: not UTF-8 (at character {e.start + 1})") from None
+            if line.strip():
+                yield f"{path}:{lineno}", line
+
+
+Judgement = tuple[str, str, str, int]  # ("file:line", query id, doc id, relevance)
+
+
+def _relevance(where: str, rel: str) -> int:
     try:
-        qrels.setdefault(qid, {})[docid] = int(rel)
+        return int(rel)
     except ValueError:
-        raise ValueError(f"{where}: relevance must be an integer, got {rel!r}") from None
+        raise ValueError(f"{where}: relevance must be an integer, got {rel[:50]!r}") from None
+
+
+def beir_judgements(path: str | os.PathLike) -> Iterator[Judgement]:
+    """The judgements of a BEIR qrels tsv: a `query-id<TAB>corpus-id<TAB>score` header, then one a line."""
+    for i, (where, line) in enumerate(_lines(path)):
+        fields = line.rstrip("\r\n").split("\t")
+        if i == 0 and fields[0].strip().lower() in ("query-id", "query_id", "qid"):
+            continue
+        if len(fields) != 3:
+            raise ValueError(f"{where}: expected query-id<TAB>corpus-id<TAB>score, got {line[:200]!r}")
+        yield where, fields[0].strip(), fields[1].strip(), _relevance(where, fields[2].strip())
+
+
+def trec_judgements(path: str | os.PathLike) -> Iterator[Judgement]:
+    """The judgements of a TREC qrels file: `qid iteration docid rel`, whitespace separated."""
+    for where, line in _lines(path):
+        fields = line.split()
+        if len(fields) != 4:
+            raise ValueError(f"{where}: expected 'qid 0 docid rel', got {line[:200]!r}")
+        yield where, fields[0], fields[2], _relevance(where, fields[3])
+
+
+def to_qrels(judgements: Iterable[Judgement]) -> Qrels:
+    """Judgements as {query id: {doc id: relevance}}; a repeated pair keeps its last relevance."""
+    qrels: Qrels = {}
+    for _, qid, docid, rel in judgements:
+        qrels.setdefault(qid, {})[docid] = rel
+    return qrels
 
 
 def read_beir_qrels(path: str | os.PathLike) -> Qrels:
-    """BEIR qrels tsv: a `query-id<TAB>corpus-id<TAB>score` header, then one judgement a line."""
-    qrels: Qrels = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            fields = line.rstrip("\n").split("\t")
-            if lineno == 1 and fields[0].strip().lower() in ("query-id", "query_id", "qid"):
-                continue
-            if len(fields) != 3:
-                raise ValueError(f"{path}:{lineno}: expected query-id<TAB>corpus-id<TAB>score, got {line!r}")
-            _add(qrels, f"{path}:{lineno}", fields[0].strip(), fields[1].strip(), fields[2].strip())
-    return qrels
+    """A BEIR qrels tsv (see `beir_judgements`)."""
+    return to_qrels(beir_judgements(path))
 
 
 def read_trec_qrels(path: str | os.PathLike) -> Qrels:
-    """TREC qrels: `qid iteration docid rel`, whitespace separated."""
-    qrels: Qrels = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            fields = line.split()
-            if len(fields) != 4:
-                raise ValueError(f"{path}:{lineno}: expected 'qid 0 docid rel', got {line!r}")
-            _add(qrels, f"{path}:{lineno}", fields[0], fields[2], fields[3])
-    return qrels
+    """A TREC qrels file (see `trec_judgements`)."""
+    return to_qrels(trec_judgements(path))
 
 
 def read_qrels(path: str | os.PathLike) -> Qrels:
-    """BEIR tsv when lines are tab separated with three fields, else TREC."""
-    with open(path, encoding="utf-8") as f:
-        first = next((line for line in f if line.strip()), "")
-    if len(first.rstrip("\n").split("\t")) == 3:
+    """BEIR tsv when the first non-blank line is tab separated with three fields, else TREC."""
+    first = next((line for _, line in _lines(path)), "")
+    if len(first.rstrip("\r\n").split("\t")) == 3:
         return read_beir_qrels(path)
     return read_trec_qrels(path)

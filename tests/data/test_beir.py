@@ -43,7 +43,7 @@ def test_bad_queries(tmp_path, rows, message):
 
 def test_qrels_for_unknown_query(tmp_path):
     root = _beir(tmp_path / "toy")
-    (root / "qrels" / "test.tsv").write_text("q9\td1\t1\n")
-    unknown = r"test.tsv: field 'query-id': query ids not in queries.jsonl: \['q9'\]"
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq9\td1\t1\n")
+    unknown = r"test.tsv:3: field 'query-id': query id 'q9' is not in queries.jsonl"
     with pytest.raises(DataFormatError, match=unknown):
         read_beir_split(root, "test")

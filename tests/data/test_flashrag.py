@@ -42,6 +42,9 @@ def test_read_flashrag(tmp_path):
     (b'{"id": true, "question": "q", "golden_answers": ["x"]}',
      "test.jsonl:2: field 'id': expected a string"),
     (b'{"id": "b", "question": "\xff"}', "test.jsonl:2: not UTF-8"),
+    (b'{"id": "b", "metadata": ' + b"[" * 100_000, "test.jsonl:2: invalid JSON (nested too deeply)"),
+    (b'{"id": ' + b"1" * 4301 + b"}", "test.jsonl:2: invalid JSON (Exceeds the limit (4300 digits)"),
+    (b'{"id": "b", "question": "\\udfff"}', "test.jsonl:2: invalid JSON (a \\u escape of a lone UTF-16"),
 ])
 def test_malformed_rows(tmp_path, bad, message):
     path = _write(tmp_path / "test.jsonl", json.dumps(GOOD), bad)

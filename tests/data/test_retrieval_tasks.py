@@ -165,6 +165,9 @@ def test_unknown_db_id_names_the_paths_tried(tmp_path):
     ('[\n{"db_id": "shop"},\n{"db_id": }\n]', "dev.json:3", "invalid JSON"),
     ('[{"db_id": "shop", "question": "q", "evidence": "", "SQL": "S"}, "q2"]', r"dev.json\[1\]",
      "expected a JSON object, got str"),
+    ("[" * 100_000, "dev.json", r"invalid JSON \(nested too deeply\)"),
+    ('[\n{"db_id": ' + "9" * 4301 + "}]", "dev.json", r"invalid JSON \(Exceeds the limit \(4300 digits\)"),
+    ('[{"db_id": "\\udbff"}]', "dev.json", r"invalid JSON \(a \\u escape of a lone UTF-16 surrogate"),
 ])
 def test_bad_sql_files(tmp_path, text, where, message):
     root = bird_dir(tmp_path)

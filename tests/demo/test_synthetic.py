@@ -59,7 +59,8 @@ def test_readers_accept_the_files(world, paths, tmp_path):
     assert len(store) == len(world.passages) >= 1000
     for i in (0, len(store) // 2, len(store) - 1):
         p = world.passages[i]
-        assert store[i] == (p.id, p.title, p.text)
+        assert store[i] == (p.id, f'"{p.title}"', p.text)  # the stored title line, quotes and all
+        assert store.hit(i, 0.0).contents == p.to_json()["contents"]
     for split in SPLITS:
         assert read_flashrag_jsonl(paths[split]) == world.questions[split]
 

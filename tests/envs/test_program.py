@@ -17,8 +17,10 @@ from searchrl.rl.trainer import Trainer
 from searchrl.text import tags
 from searchrl.text.tokenizer import PROTOCOL_TAGS, train_bpe_tokenizer
 
-DOCS = [("p1", "Velo", "Velo Press is headquartered in Arno."), ("p2", "Kiru", "Kiru Guild is headquartered in Arno."),
-        ("p3", "Mado", "Mado Trust is headquartered in Beni."), ("p4", "Arno", "Arno is a city on the coast.")]
+DOCS = [("p1", "Velo", "Velo Press is headquartered in Arno."),
+        ("p2", "Kiru", "Kiru Guild is headquartered in Arno."),
+        ("p3", "Mado", "Mado Trust is headquartered in Beni."),
+        ("p4", "Arno", "Arno is a city on the coast.")]
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +42,10 @@ def test_a_program_runs_in_the_sandbox_and_its_shown_documents_come_back(env):
     action = env.parse_action(f"<think>look</think><program>{source}</program>", 0)
     assert action == Action(rpl.PROGRAM, source, done=False)
     [observation] = env.observe([action])
-    assert observation.text.startswith("\n\n<information>Doc 1(Title: ")
+    assert observation.text.startswith("\n\n<information>Doc p1(Title: Velo) Velo Press is headquartered")
     assert set(observation.info["doc_ids"]) == {"p1", "p2"}
-    assert observation.info["retrieval_calls"] == 1 and observation.info["primitives"] == ("sparse_retrieval",)
+    assert observation.info["retrieval_calls"] == 1
+    assert observation.info["primitives"] == ("sparse_retrieval",)
     assert observation.info["error"] is None
 
 
@@ -60,7 +63,8 @@ def test_errors_and_unavailable_functions_become_observations(index):
 
 @pytest.mark.parametrize("text, turn, expected", [
     ("<answer> Arno </answer>", 0, Action(rpl.ANSWER, "Arno", done=True)),
-    ("<program>show([])</program>", 2, Action(rpl.INVALID, "no more programs: this turn must answer", done=True)),
+    ("<program>show([])</program>", 2,
+     Action(rpl.INVALID, "no more programs: this turn must answer", done=True)),
     ("nothing", 0, Action(rpl.INVALID, "no complete <program> or <answer> block", done=False)),
     ("nothing", 2, Action(rpl.INVALID, "no complete <program> or <answer> block", done=True)),
 ])
@@ -81,7 +85,8 @@ def trajectory(rows: list[list[Turn]], context: list[int]) -> Trajectory:
 
 def test_qa_and_globalqa_scores_rewards_and_metrics(env):
     program = Turn(0, 1, "", Action(rpl.PROGRAM, "..."), info={
-        "doc_ids": ("p1", "p3"), "retrieval_calls": 2, "primitives": ("fuse", "sparse_retrieval"), "error": None})
+        "doc_ids": ("p1", "p3"), "retrieval_calls": 2, "primitives": ("fuse", "sparse_retrieval"),
+        "error": None})
     rows = [[program, Turn(1, 2, "", Action(rpl.ANSWER, "p1, p2, p9", done=True))],
             [Turn(0, 1, "", Action(rpl.ANSWER, "Arno", done=True))]]
     globalqa = {"question": "Which organisations are headquartered in Arno?", "golden_answers": ["p1", "p2"],
@@ -100,15 +105,15 @@ def test_qa_and_globalqa_scores_rewards_and_metrics(env):
 
 
 def test_parse_ids_and_set_f1():
-    assert rpl.parse_ids("[p12] p40, p12; doc-7") == ["p12", "p40", "doc-7"]
+    assert rpl.parse_ids("[p12] p40, p12; doc-7 and Doc 9.") == ["p12", "p40", "doc-7", "9"]
     assert rpl.set_f1([], ["a"]) == 0.0 and rpl.set_f1(["a", "b"], ["a", "b"]) == 1.0
 
 
 @pytest.mark.parametrize("examples", ["qa", "globalqa"])
 def test_each_task_kind_trains_a_few_steps(index, tmp_path, examples):
     texts = [t + " " + x for _, t, x in DOCS] + ["show(sparse_retrieval('Arno', 2)) p1, p2"]
-    tokenizer = train_bpe_tokenizer(texts * 20, 400, special_tokens=(*PROTOCOL_TAGS, tags.open_tag(tags.PROGRAM),
-                                                                     tags.close_tag(tags.PROGRAM)))
+    program_tags = (tags.open_tag(tags.PROGRAM), tags.close_tag(tags.PROGRAM))
+    tokenizer = train_bpe_tokenizer(texts * 20, 400, special_tokens=(*PROTOCOL_TAGS, *program_tags))
     config = run_config.experiment_config("program")
     config.workdir = str(tmp_path)
     config.env.update(dict(max_turns=1, prompt_template="{question}"))
@@ -164,5 +169,5 @@ def test_qwen3_chat_template_and_its_thinking_switch_token_for_token(index, tmp_
     expected += "" if thinking else "<think>\n\n</think>\n\n"
     assert text == expected
     assert tokenizer(text)["input_ids"] == tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Q: Where is Velo?"}], add_generation_prompt=True, enable_thinking=thinking,
-        tokenize=True, return_dict=True)["input_ids"]
+        [{"role": "user", "content": "Q: Where is Velo?"}], add_generation_prompt=True,
+        enable_thinking=thinking, tokenize=True, return_dict=True)["input_ids"]

@@ -1,6 +1,8 @@
 """The Search-R1 / AutoSearch environment: action parsing, batched observations, rewards and metrics."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -8,6 +10,8 @@ from searchrl.envs import search_qa
 from searchrl.envs.search_qa import (INTERMEDIATE_ANSWER, INVALID_ACTION, Config, SearchQAEnv,
                                      autosearch_record)
 from searchrl.episode import Action, Trajectory, Turn
+from searchrl.retrieval.client import RemoteRetriever, RetrievalError, RetrievalUnavailable
+from searchrl.retrieval.server import Limits, RetrievalServer
 from searchrl.retrieval.types import Hit
 from searchrl.rewards import autosearch
 
@@ -41,9 +45,81 @@ def test_observe_batches_every_search_into_one_call():
     assert retriever.calls == [["a", "b"]]
     assert obs[0].text == ("\n\n<information>Doc 1(Title: T0) text about a\nDoc 2(Title: T1) text about a"
                            "</information>\n\n")
-    assert obs[0].info == {"doc_ids": ("a-0", "a-1")}
+    assert obs[0].info == {"doc_ids": ("a-0", "a-1"), "error": None}
     assert obs[1].text == INVALID_ACTION and obs[1].info == {}
-    assert obs[2].info == {"doc_ids": ("b-0", "b-1")}
+    assert obs[2].info == {"doc_ids": ("b-0", "b-1"), "error": None}
+
+
+def information(text):
+    return f"\n\n<information>{text}</information>\n\n"
+
+
+def test_empty_blank_and_overlong_queries_are_answered_without_searching():
+    retriever = CountingRetriever()
+    env = SearchQAEnv(retriever, Config(topk=1, max_query_chars=10))
+    obs = env.observe([Action("search", ""), Action("search", " \n\t"), Action("search", "x" * 11),
+                       Action("search", "ok"), Action("invalid", "x")])
+    assert retriever.calls == [["ok"]]
+    empty = "The search query is empty."
+    long = "The search query has 11 characters, more than 10: use a shorter one."
+    assert [o.text for o in obs[:3]] == [information(empty), information(empty), information(long)]
+    assert [o.info for o in obs[:3]] == [{"doc_ids": (), "error": empty}, {"doc_ids": (), "error": empty},
+                                         {"doc_ids": (), "error": long}]
+    assert obs[3].info == {"doc_ids": ("ok-0",), "error": None} and obs[4].text == INVALID_ACTION
+    assert SearchQAEnv(retriever).observe([Action("search", " ")])[0].text == information(empty)
+    assert retriever.calls == [["ok"]]
+
+
+class FailingRetriever(CountingRetriever):
+    """Raises `error` for any batch holding a query that starts with "bad"; `error` None: raises for all."""
+
+    def __init__(self, error=RetrievalError("HTTP 400: rejected")):
+        super().__init__()
+        self.error = error
+
+    def search(self, queries, k):
+        hits = super().search(queries, k)
+        if any(q.startswith("bad") for q in queries):
+            raise self.error
+        return hits
+
+
+def test_a_failing_query_is_retried_alone_and_told_why():
+    retriever = FailingRetriever()
+    obs = SearchQAEnv(retriever, Config(topk=1)).observe(
+        [Action("search", "a"), Action("search", "bad one"), Action("invalid", "x"), Action("search", "b")])
+    assert retriever.calls == [["a", "bad one", "b"], ["a"], ["bad one"], ["b"]]
+    assert obs[0].info == {"doc_ids": ("a-0",), "error": None} and obs[3].info == {"doc_ids": ("b-0",),
+                                                                                  "error": None}
+    failed = "The search failed: HTTP 400: rejected"
+    assert obs[1].text == information(failed) and obs[1].info == {"doc_ids": (), "error": failed}
+
+
+@pytest.mark.parametrize("error, queries, calls", [
+    (RetrievalUnavailable("down"), ["a", "bad"], [["a", "bad"]]),  # no query-by-query hammering
+    (RetrievalError("HTTP 404"), ["bad1", "bad2"], [["bad1", "bad2"], ["bad1"], ["bad2"]]),  # none works
+    (RetrievalError("HTTP 400"), ["bad"], [["bad"], ["bad"]]),
+    (RuntimeError("a bug"), ["a", "bad"], [["a", "bad"]]),  # not a retrieval error: not caught
+])
+def test_a_retriever_that_is_down_stops_the_run(error, queries, calls):
+    retriever = FailingRetriever(error)
+    with pytest.raises(type(error), match=str(error)):
+        SearchQAEnv(retriever).observe([Action("search", q) for q in queries])
+    assert retriever.calls == calls
+
+
+def test_remote_retrieval_failures_become_observations():
+    """The issue's case: a bad <search> against a remote server used to raise out of observe."""
+    local = SearchQAEnv(CountingRetriever(), Config(topk=1))
+    with RetrievalServer(CountingRetriever(), port=0, limits=Limits(max_query_chars=20)).start() as server:
+        remote = SearchQAEnv(RemoteRetriever(server.url, retries=0), Config(topk=1))
+        actions = [Action("search", ""), Action("search", "q" * 21), Action("search", "fine")]
+        obs = remote.observe(actions)
+    assert obs[0] == local.observe(actions[:1])[0]  # the same for every retriever
+    assert obs[1].info["doc_ids"] == () and re.fullmatch(
+        r'The search failed: http://\S+/retrieve: HTTP 400: "queries"\[0\] has 21 characters, more than 20',
+        obs[1].info["error"])
+    assert obs[2] == local.observe(actions[2:])[0]
 
 
 def _trajectory(turns: list[list[Turn]], side_branch: str | None = INTERMEDIATE_ANSWER) -> Trajectory:

@@ -111,7 +111,8 @@ def test_flashrag_corpus_and_bm25_params(tmp_path):
     retriever = BM25Retriever.build(corpus, tmp_path / "idx", k1=1.2, b=0.75, show_progress=False)
     assert json.loads((tmp_path / "idx" / "searchrl_index.json").read_text())["k1"] == 1.2
     hit = retriever.search(["beta"], 2)[0][0]
-    assert (hit.id, hit.title, hit.text) == ("1", "Title 1", "body beta")
+    assert (hit.id, hit.title, hit.text) == ("1", '"Title 1"', "body beta")  # the title line as stored
+    assert hit.contents == '"Title 1"\nbody beta'
     # One matching term, df = 1 of N = 3, every doc 3 tokens long (= avgdl): idf * 1 / (1 + k1).
     assert hit.score == pytest.approx(math.log(1 + 2.5 / 1.5) / 2.2, rel=1e-6)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from searchrl.retrieval import evaluate, index, read_manifest, search
+from searchrl.retrieval import evaluate, index, load_retriever, read_manifest, search
 
 CORPUS = [
     {"_id": "turing", "title": "Alan Turing", "text": "Turing formalised computation with his machine."},
@@ -55,12 +55,18 @@ def test_search_cli(data, capsys):
 @pytest.mark.parametrize("line, reason", [
     ("{oops", "invalid JSON"),
     ('{"_id": "q9"}', 'no string "text" or "question"'),
-    ('{"text": "no id"}', 'no string "_id" or "id"'),
+    ('{"text": "no id"}', 'no non-empty string \\(or integer\\) "_id" or "id"'),
+    ('{"_id": "", "text": "empty id"}', 'no non-empty string'),
     ("[1]", "expected a JSON object"),
+    ('{"_id": "ok", "text": "again"}', r"duplicate query id 'ok' \(first at line 1\)"),
+    ('{"_id": "q", "text": "caf\xe9"}'.encode("latin-1"), r"not UTF-8 \(invalid continuation byte"),
+    ("[" * 50_000, r"invalid JSON \(nested too deeply\)"),
+    ('{"_id": ' + "1" * 4301 + ', "text": "t"}', r"invalid JSON \(Exceeds the limit \(4300 digits\)"),
 ])
 def test_bad_query_lines_name_file_and_line(data, tmp_path, line, reason):
     queries = tmp_path / "q.jsonl"
-    queries.write_text(json.dumps({"_id": "ok", "text": "fine"}) + "\n" + line + "\n")
+    line = line if isinstance(line, bytes) else line.encode()
+    queries.write_bytes(json.dumps({"_id": "ok", "text": "fine"}).encode() + b"\n" + line + b"\n")
     with pytest.raises(ValueError, match=rf"{queries}:2: {reason}"):
         search.main(["--index", str(data / "index"), "--queries", str(queries)])
 
@@ -76,6 +82,35 @@ def test_evaluate_cli(data, capsys):
     assert result["mrr@10"] == 1.0
     assert result["recall@3"] == pytest.approx((1 + 0.5) / 2)
     assert result["ndcg@10"] == pytest.approx((1 + 1 / (1 + 1 / 1.5849625007)) / 2, rel=1e-9)
+
+
+@pytest.mark.parametrize("tool, flags, message", [
+    ("evaluate", ["-k", "0"], "flag --k=0: 0 is not a positive integer"),
+    ("evaluate", ["--batch-size", "0"], "flag --batch-size=0: 0 is not a positive integer"),
+    ("search", ["-k", "-3"], "flag --k=-3: -3 is not a positive integer"),
+    ("search", ["--batch-size", "0"], "flag --batch-size=0: 0 is not a positive integer"),
+    ("index", ["--batch-size", "0"], "flag --batch-size=0: 0 is not a positive integer"),
+    ("index", ["--max-length", "0"], "flag --max-length=0: 0 is not a positive integer"),
+    ("index", ["--threads", "0"], "--threads must be -1 (one per CPU) or a positive integer"),
+    ("index", ["--b", "1.5"], "flag --b=1.5: 1.5 is not"),
+])
+def test_numeric_flags_are_checked(data, tmp_path, capsys, tool, flags, message):
+    required = {"evaluate": ["--index", str(data / "index"), "--queries", str(data / "beir.jsonl"),
+                             "--qrels", str(data / "qrels.tsv")],
+                "search": ["--index", str(data / "index"), "--queries", str(data / "beir.jsonl")],
+                "index": ["--kind", "bm25", "--corpus", str(data / "corpus.jsonl"),
+                          "--out", str(tmp_path / "i")]}
+    with pytest.raises(SystemExit) as exit_:
+        {"evaluate": evaluate, "search": search, "index": index}[tool].main(required[tool] + flags)
+    assert exit_.value.code == 1 and message in capsys.readouterr().err
+    assert not (tmp_path / "i").exists()
+
+
+def test_search_all_checks_k_and_batch_size(data):
+    retriever = load_retriever(data / "index")
+    for k, batch_size in ((0, 1), (1, 0)):
+        with pytest.raises(ValueError, match="k and batch_size must be >= 1"):
+            search.search_all(retriever, [("q", "radium")], k, batch_size, show_progress=False)
 
 
 def test_index_cli_errors(data, tmp_path, capsys):

@@ -9,6 +9,7 @@ import pytest
 
 from searchrl.retrieval import index_kind, load_retriever
 from searchrl.retrieval.bm25 import BM25Retriever
+from searchrl.retrieval import lucene
 from searchrl.retrieval.lucene import LuceneRetriever, java_major_version, require_java
 
 DOCS = {  # id -> (title, text); tokens after analysis in the comments
@@ -35,7 +36,7 @@ def test_index_and_search(lucene_dir):
     assert isinstance(retriever, LuceneRetriever) and len(retriever) == 5
     cat, fish, stop = retriever.search(["cat", "fish", "the and"], 10)
     assert [h.id for h in cat] == ["b", "a"]  # tf 2 in a 3-token doc beats tf 1 in a 2-token doc
-    assert fish[0].id == "d" and (fish[0].title, fish[0].text) == ("Fish", "fish bird green tree")
+    assert fish[0].id == "d" and (fish[0].title, fish[0].text) == ('"Fish"', "fish bird green tree")
     assert stop == []
     # BM25 of "cat" in b: N=5, df=2, tf=2, dl=3, avgdl=14/5; Anserini rounds scores to 4 decimals.
     idf = math.log(1 + (5 - 2 + 0.5) / (2 + 0.5))
@@ -49,7 +50,18 @@ def test_bare_lucene_index_dir_loads(lucene_dir):
     bare = lucene_dir / "lucene"
     assert index_kind(bare) == "lucene"
     hit = load_retriever(bare).search(["green"], 1)[0][0]
-    assert (hit.id, hit.title, hit.text) == ("d", "Fish", "fish bird green tree")
+    assert (hit.id, hit.title, hit.text) == ("d", '"Fish"', "fish bird green tree")
+    assert hit.contents == '"Fish"\nfish bird green tree'  # as stored in the corpus
+
+
+def test_failed_rebuild_keeps_the_index(lucene_dir, monkeypatch):
+    files = sorted(p.relative_to(lucene_dir.parent) for p in lucene_dir.parent.rglob("*"))
+    monkeypatch.setattr(lucene, "anserini_jar", lambda: lucene_dir / "no-such.jar")
+    corpus = lucene_dir.parent / "corpus.jsonl"
+    with pytest.raises(RuntimeError, match="Lucene indexing of .* failed"):
+        LuceneRetriever.build(corpus, lucene_dir, show_progress=False)
+    assert sorted(p.relative_to(lucene_dir.parent) for p in lucene_dir.parent.rglob("*")) == files
+    assert load_retriever(lucene_dir).search(["green"], 1)[0][0].id == "d"
 
 
 def test_java_checks(tmp_path, monkeypatch):

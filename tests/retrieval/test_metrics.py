@@ -89,3 +89,15 @@ def test_qrels_readers(tmp_path):
     bad.write_text("q1 0 d1 1\nq1 d2 1\n")
     with pytest.raises(ValueError, match=rf"{bad}:2: expected 'qid 0 docid rel'"):
         read_qrels(bad)
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b"q1\td1\t1\nq2\td\xff2\t1\n", r":2: not UTF-8 \(at character 5\)"),
+    (b"q1 0 d1 1\r\nq1 0 d2 " + b"7" * 5000 + b"\r\n", r":2: relevance must be an integer, got '7777"),
+    (b"query-id\tcorpus-id\tscore\n\n\nq1\td1\n", r":4: expected query-id<TAB>corpus-id<TAB>score"),
+])
+def test_qrels_hazards_name_file_and_line(tmp_path, content, reason):
+    bad = tmp_path / "bad.qrels"
+    bad.write_bytes(content)
+    with pytest.raises(ValueError, match=rf"{bad}{reason}"):
+        read_qrels(bad)

@@ -2,6 +2,8 @@
 import http.client
 import json
 import re
+import select
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -11,7 +13,7 @@ import pytest
 
 from searchrl.retrieval import make_retriever
 from searchrl.retrieval.client import RemoteRetriever, RetrievalError, parse_response
-from searchrl.retrieval.server import Limits, RetrievalServer
+from searchrl.retrieval.server import Batcher, Limits, RequestError, RetrievalServer, parse_request
 from searchrl.retrieval.types import Hit
 
 
@@ -39,7 +41,7 @@ def fake():
 @pytest.fixture
 def server(fake):
     with RetrievalServer(fake, port=0, limits=Limits(max_queries=8, max_query_chars=50, max_topk=20,
-                                                     max_body_bytes=4096)).start() as srv:
+                                                     max_body_bytes=200_000)).start() as srv:
         yield srv
 
 
@@ -87,7 +89,7 @@ def test_retrieve_with_and_without_scores(server):
     ({"queries": ["q"], "topk": True}, 400, '"topk" must be'),
     ({"queries": ["q"], "topk": 2.5}, 400, '"topk" must be'),
     ({"queries": ["q"], "return_scores": "yes"}, 400, '"return_scores" must be a boolean'),
-    (b"x" * 5000, 413, "exceeds 4096"),
+    (b"x" * 200_001, 413, "exceeds 200000"),
 ])
 def test_bad_requests_get_4xx_and_server_keeps_serving(server, fake, body, status, message):
     got_status, got = request(server, "POST", "/retrieve", body)
@@ -116,6 +118,131 @@ def test_search_failure_is_500_and_server_recovers(server, fake):
     assert status == 500 and "index exploded" in body["error"]
     fake.fail = False
     assert request(server, "POST", "/retrieve", {"queries": ["q"]})[0] == 200
+
+
+def post(body: bytes, length: bytes | None = None) -> bytes:
+    """The raw bytes of a POST /retrieve with `body` (and a Content-Length of `length`, default its size)."""
+    length = str(len(body)).encode() if length is None else length
+    return b"POST /retrieve HTTP/1.1\r\nHost: t\r\nContent-Length: " + length + b"\r\n\r\n" + body
+
+
+def exchange(server, data: bytes) -> tuple[http.client.HTTPResponse, dict]:
+    """Sends raw bytes on a new connection; the response (read) and its decoded JSON body."""
+    with socket.create_connection(server.server_address[:2], timeout=10) as sock:
+        sock.sendall(data)
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        return response, json.loads(response.read())
+
+
+@pytest.mark.parametrize("data, status, message", [
+    (post(b'{"queries": ["q"], "topk": ' + b"1" * 5000), 400, "invalid JSON: Exceeds the limit"),
+    (post(b"[" * 100_000), 400, "invalid JSON: maximum recursion depth"),
+    (post(b"{}", length=b"\xb2"), 400, "Content-Length must be decimal digits"),  # latin-1 superscript two
+    (post(b"{}", length=b"\xd9\xa2"), 400, "Content-Length must be decimal digits"),  # UTF-8 Arabic-Indic two
+    (post(b"x" * 9_000_000), 413, "body of 9000000 bytes exceeds 200000"),
+    (post(b"{}", length=b"9" * 5000), 413, "body of 9{20} bytes exceeds 200000"),
+    (b"FOO /retrieve HTTP/1.1\r\nHost: t\r\n\r\n", 405, "/retrieve takes POST, not FOO"),
+    (b"DELETE /health HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\nabc", 405, "/health takes GET"),
+    (b"GET /retrieve HTTP/1.1\r\nHost: t\r\n\r\n", 405, "/retrieve takes POST, not GET"),
+    (b"POST /retrieve HTTP/1.1\r\nHost: t\r\n" + b"X: y\r\n" * 200 + b"\r\n", 431, "Too many headers"),
+])
+def test_malformed_requests_get_a_4xx_the_client_can_read(server, fake, data, status, message):
+    response, body = exchange(server, data)
+    assert response.status == status and re.search(message, body["error"])
+    assert response.getheader("Connection") == "close"
+    if status == 405:
+        assert response.getheader("Allow") in ("GET", "POST")
+    assert fake.calls == []
+    assert request(server, "POST", "/retrieve", {"queries": ["ok"], "topk": 1})[0] == 200
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closes `sock` (EOF or reset) within `seconds`."""
+    if not select.select([sock], [], [], seconds)[0]:
+        return False
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def trickle(sock: socket.socket, data: bytes, interval: float) -> float:
+    """Sends `data` a byte every `interval` s; the time at which the server closed the connection."""
+    for byte in data:
+        try:
+            sock.send(bytes([byte]))
+        except OSError:
+            return time.monotonic()
+        if closed_within(sock, interval):
+            return time.monotonic()
+    raise AssertionError("the server kept a trickling connection open")
+
+
+def test_stalled_connections_time_out_and_excess_ones_get_503(fake):
+    limits = Limits(timeout_s=1.0, max_connections=3, linger_s=0.2)
+    with RetrievalServer(fake, port=0, limits=limits).start() as server:
+        address = server.server_address[:2]
+        start = time.monotonic()
+        idle = socket.create_connection(address)
+        partial = socket.create_connection(address)
+        partial.sendall(post(b'{"queries": ["q"]}')[:-3])
+        slow = socket.create_connection(address)
+        busy, body = exchange(server, post(b'{"queries": ["q"]}'))  # a fourth connection: refused at once
+        assert (busy.status, busy.getheader("Retry-After"), body) == \
+            (503, "1", {"error": "too many connections; retry later"})
+        assert time.monotonic() - start < 0.8
+        closed = trickle(slow, post(b'{"queries": ["' + b"q" * 100 + b'"]}'), 0.05)
+        assert 0.9 < closed - start < 2.5, "a trickling client is cut off at the deadline"
+        assert closed_within(idle, 1.0) and closed_within(partial, 1.0)
+        for sock in (idle, partial, slow):
+            sock.close()
+        deadline = time.monotonic() + 5
+        while (status := request(server, "POST", "/retrieve", {"queries": ["q"]})[0]) == 503:
+            assert time.monotonic() < deadline, "the slots of closed connections were not freed"
+            time.sleep(0.02)
+        assert status == 200 and fake.calls == [(["q"], 3)]
+
+
+def test_non_finite_scores_are_a_500_not_invalid_json(server, fake, monkeypatch):
+    monkeypatch.setattr(fake, "search", lambda queries, k: [[Hit("x", float("nan"))] for _ in queries])
+    status, body = request(server, "POST", "/retrieve", {"queries": ["q"], "return_scores": True})
+    assert status == 500 and "Out of range float values" in body["error"]
+
+
+def test_work_and_response_size_per_request_are_bounded(fake):
+    with pytest.raises(RequestError, match='1024 queries x "topk" 1000 = 1024000 hits, more than 100000'):
+        parse_request({"queries": ["q"] * 1024, "topk": 1000}, Limits())  # the issue's 578 MB response
+    limits = Limits(max_hits=20, max_response_bytes=1000)
+    with RetrievalServer(fake, port=0, limits=limits).start() as server:
+        status, body = request(server, "POST", "/retrieve", {"queries": ["a", "b", "c"], "topk": 7})
+        assert status == 413 and body["error"] == '3 queries x "topk" 7 = 21 hits, more than 20'
+        assert fake.calls == []
+        status, body = request(server, "POST", "/retrieve",
+                               {"queries": ["a", "b", "c", "d"], "topk": 5, "return_scores": True})
+        assert status == 413 and re.fullmatch(r"the response is \d+ bytes, more than 1000: ask for fewer "
+                                              r'queries or a smaller "topk"', body["error"])
+        assert request(server, "POST", "/retrieve", {"queries": ["a"], "topk": 5})[0] == 200
+
+
+def test_batches_never_exceed_max_hits():
+    fake = FakeRetriever(delay_s=0.01)
+    batcher = Batcher(fake, max_batch=256, max_wait_s=0.05, max_hits=12)
+    asked = [(["a", "b"], 3), (["c"], 10), (["d", "e"], 2), (["f"], 1), (["g", "h", "i"], 4)]
+    results = [None] * len(asked)
+
+    def worker(i):
+        results[i] = batcher.search(*asked[i])
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(asked))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    batcher.close()
+    assert all(len(queries) * k <= 12 for queries, k in fake.calls), fake.calls
+    assert sorted(q for queries, _ in fake.calls for q in queries) == list("abcdefghi")
+    for (queries, k), hits in zip(asked, results):
+        assert [[h.id for h in row] for row in hits] == [[f"{q}-{j}" for j in range(k)] for q in queries]
 
 
 def test_concurrent_requests_are_batched():
@@ -159,7 +286,7 @@ class FlakyHandler(BaseHTTPRequestHandler):
         if self.server.requests <= self.server.failures:
             status, body = self.server.fail_status, {"error": "busy"}
         else:
-            document = {"id": "7", "contents": '"Paris"\nCapital of France.'}
+            document = {"id": "7", "contents": "Paris\nCapital of France."}
             status, body = 200, {"result": [[{"document": document, "score": 3.5}]]}
         data = json.dumps(body).encode()
         self.send_response(status)
@@ -214,7 +341,7 @@ def test_client_retries_connection_errors():
 
 
 def test_parse_search_r1_response_shapes():
-    docs = [{"id": "1", "contents": '"A"\nalpha'}, {"title": "B", "text": "beta"}]
+    docs = [{"id": "1", "contents": "A\nalpha"}, {"title": "B", "text": "beta"}]
     assert parse_response({"result": [docs]}, 1) == [[Hit("1", 0.0, "A", "alpha"), Hit("", 0.0, "B", "beta")]]
     assert parse_response([[{"document": docs[0], "score": 1}]], 1) == [[Hit("1", 1.0, "A", "alpha")]]
     with pytest.raises(RetrievalError, match="for each of 2 queries"):
@@ -235,5 +362,5 @@ def test_make_retriever_remote_and_errors(server):
         make_retriever({"kind": "remote"})
     with pytest.raises(ValueError, match='"index_dir"'):
         make_retriever({"kind": "local"})
-    with pytest.raises(ValueError, match='"local" or "remote"'):
+    with pytest.raises(ValueError, match='"local", "remote", "pubmed" or "ctgov"'):
         make_retriever({"kind": "cloud"})

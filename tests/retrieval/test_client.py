@@ -1,0 +1,156 @@
+"""RemoteRetriever against raw misbehaving servers: what is retried, what is refused, and the per-attempt
+deadline."""
+import socket
+import threading
+import time
+
+import pytest
+
+from searchrl.retrieval.client import RemoteRetriever, RetrievalError, RetrievalUnavailable
+from searchrl.retrieval.types import Hit
+
+OK_BODY = b'{"result": [[{"document": {"id": "7", "contents": "Paris\\nCapital."}, "score": 3.5}]]}'
+
+
+def response(status: str, body: bytes, *headers: str) -> bytes:
+    head = "".join(f"{h}\r\n" for h in (f"HTTP/1.1 {status}", f"Content-Length: {len(body)}", *headers))
+    return head.encode() + b"\r\n" + body
+
+
+OK = response("200 OK", OK_BODY)
+
+
+def read_request(conn: socket.socket) -> None:
+    """Reads one request (headers, then a Content-Length body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536)
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += conn.recv(65536)
+
+
+def trickled(data: bytes, interval: float = 0.1):
+    """A reply that sends `data` a byte every `interval` seconds."""
+    def reply(conn: socket.socket) -> None:
+        for byte in data:
+            conn.sendall(bytes([byte]))
+            time.sleep(interval)
+    return reply
+
+
+class ScriptedServer:
+    """Serves connections one at a time: the i-th gets replies[i] (the last one from then on), raw bytes sent
+    whole or a function of the socket, after its request has been read."""
+
+    def __init__(self, *replies):
+        self.replies, self.connections = replies, 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # shut down
+                return
+            reply = self.replies[min(self.connections, len(self.replies) - 1)]
+            self.connections += 1
+            with conn:
+                try:
+                    read_request(conn)
+                    reply(conn) if callable(reply) else conn.sendall(reply)
+                except OSError:  # the client gave up
+                    pass
+
+    def close(self) -> None:
+        self.sock.shutdown(socket.SHUT_RDWR)  # wakes accept()
+        self.sock.close()
+        self.thread.join()
+
+
+@pytest.fixture
+def scripted():
+    servers = []
+
+    def make(*replies):
+        servers.append(ScriptedServer(*replies))
+        return servers[-1]
+    yield make
+    for server in servers:
+        server.close()
+
+
+TRANSIENT = {
+    "incomplete read": (response("200 OK", OK_BODY)[:-20], "IncompleteRead"),
+    "bad status line": (b"garbage\r\n\r\n", "BadStatusLine"),
+    "closed without answer": (b"", "RemoteDisconnected"),
+    "not UTF-8": (response("200 OK", b'{"result": "\xff\xfe"}'), "response is not JSON"),
+    "not JSON": (response("200 OK", b"<html>"), "response is not JSON"),
+    "503": (response("503 Service Unavailable", b'{"error": "busy"}'), "HTTP 503: busy"),
+    "429": (response("429 Too Many Requests", b"slow down"), "HTTP 429: slow down"),
+    "408": (response("408 Request Timeout", b""), "HTTP 408"),
+}
+
+
+@pytest.mark.parametrize("name", TRANSIENT)
+def test_transient_failures_are_retried(scripted, name):
+    reply, _ = TRANSIENT[name]
+    server = scripted(reply, OK)
+    client = RemoteRetriever(server.url, retries=1, backoff_s=0.01, timeout=5)
+    assert client.search(["q"], 1) == [[Hit("7", 3.5, "Paris", "Capital.")]]
+    assert server.connections == 2
+
+
+@pytest.mark.parametrize("name", TRANSIENT)
+def test_transient_failures_end_unavailable_naming_the_cause(scripted, name):
+    reply, message = TRANSIENT[name]
+    server = scripted(reply)
+    client = RemoteRetriever(server.url, retries=1, backoff_s=0.01, timeout=5)
+    with pytest.raises(RetrievalUnavailable, match=f"failed after 2 attempts: .*{message}"):
+        client.search(["q"], 1)
+    assert server.connections == 2
+
+
+def test_trickling_server_is_cut_off_at_the_deadline(scripted):
+    server = scripted(trickled(OK, interval=0.1))
+    client = RemoteRetriever(server.url, retries=0, timeout=0.5)
+    start = time.monotonic()
+    with pytest.raises(RetrievalUnavailable, match="TimeoutError"):
+        client.search(["q"], 1)
+    assert time.monotonic() - start < 1.5
+
+
+def test_retry_after_is_honoured(scripted):
+    server = scripted(response("429 Too Many Requests", b"", "Retry-After: 1"), OK)
+    client = RemoteRetriever(server.url, retries=1, backoff_s=0.01, timeout=5)
+    start = time.monotonic()
+    assert client.search(["q"], 1)[0][0].id == "7"
+    assert 1.0 <= time.monotonic() - start < 3.0
+
+
+@pytest.mark.parametrize("score", [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"1" * 400, b"true"])
+def test_non_finite_scores_are_a_malformed_response(scripted, score):
+    body = b'{"result": [[{"document": {"id": "1", "contents": "x"}, "score": ' + score + b"}]]}"
+    server = scripted(response("200 OK", body), OK)
+    client = RemoteRetriever(server.url, retries=2, backoff_s=0.01, timeout=5)
+    with pytest.raises(RetrievalError, match=r"result\[0\]\[0\]: the score must be a finite number") as error:
+        client.search(["q"], 1)
+    assert not isinstance(error.value, RetrievalUnavailable)
+    assert server.connections == 1  # a well-formed answer of the wrong shape is not retried
+
+
+def test_refusals_are_not_retried_and_only_http_is_spoken(scripted):
+    server = scripted(response("400 Bad Request", b'{"error": "no"}'))
+    with pytest.raises(RetrievalError, match="HTTP 400: no$") as error:
+        RemoteRetriever(server.url, retries=3, backoff_s=0.01).search(["q"], 1)
+    assert not isinstance(error.value, RetrievalUnavailable) and server.connections == 1
+    with pytest.raises(ValueError, match="http://HOST"):
+        RemoteRetriever("https://example.org")
