@@ -12,8 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from searchrl.episode import Action, Observation, SideBranch, Trajectory, Turn
 from searchrl.retrieval import make_retriever
-from searchrl.retrieval.client import RetrievalError, RetrievalUnavailable
-from searchrl.retrieval.types import Hit, Retriever
+from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable, Retriever
 from searchrl.rewards import autosearch, protocol, qa, search_r1
 from searchrl.text import tags
 

@@ -19,19 +19,10 @@ import urllib.parse
 from typing import Any, Sequence
 
 from searchrl.retrieval.corpus import split_contents
-from searchrl.retrieval.types import Hit
+from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable
 
 MAX_RETRY_AFTER_S = 60.0  # the longest Retry-After honoured
 RETRIED_STATUSES = (408, 429)  # and every 5xx
-
-
-class RetrievalError(RuntimeError):
-    """A remote search that failed for good: the server refused the request (a 4xx) or answered nonsense."""
-
-
-class RetrievalUnavailable(RetrievalError):
-    """The server could not answer: failed connections, timeouts, 5xx or unreadable bodies outlasted the
-    retries."""
 
 
 class DeadlineSocket(socket.socket):

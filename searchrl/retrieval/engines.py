@@ -23,7 +23,7 @@ import urllib.request
 import warnings
 from typing import Any, Callable, Protocol, Sequence
 
-from searchrl.retrieval.types import Hit
+from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable
 
 Cursor = int | str | None  # the next page: ESearch's retstart or CT.gov's pageToken; None: the first page
 PUBMED_URL = "https://eutils.ncbi.nlm.nih.gov/entrez/eutils/"
@@ -36,9 +36,12 @@ CTGOV_PAGE_SIZE = 1_000  # the largest page API v2 serves (a larger pageSize is 
 _HEADERS = {"User-Agent": "searchrl", "Accept": "application/json"}
 
 
-class SearchEngineError(RuntimeError):
-    """A search that failed for good: a refused request (4xx other than 429, an E-utilities ERROR), or
-    transient failures (429, 5xx, timeouts, dropped connections, malformed bodies) outlasting the retries."""
+class SearchEngineError(RetrievalError):
+    """A search that failed for good: a refused request (4xx other than 429, an E-utilities ERROR)."""
+
+
+class SearchEngineUnavailable(SearchEngineError, RetrievalUnavailable):
+    """Transient failures (429, 5xx, timeouts, dropped connections, malformed bodies) outlasted the retries."""
 
 
 class Malformed(ValueError):
@@ -396,7 +399,7 @@ class SearchEngine:
                 return self._attempt(request, cursor, where)
             except _Transient as e:
                 last = e
-        raise SearchEngineError(f"{where}: failed after {self.retries + 1} attempts; last: {last}")
+        raise SearchEngineUnavailable(f"{where}: failed after {self.retries + 1} attempts; last: {last}")
 
     def _attempt(self, request: urllib.request.Request, cursor: Cursor,
                  where: str) -> tuple[list[str], Cursor]:

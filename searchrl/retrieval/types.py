@@ -1,4 +1,4 @@
-"""The one retrieval interface every backend implements and every env calls."""
+"""The one retrieval interface every backend implements and every env calls, and its errors."""
 from __future__ import annotations
 
 import dataclasses
@@ -26,3 +26,12 @@ class Retriever(Protocol):
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         """Returns, for each query, up to k hits sorted by descending score."""
         ...
+
+
+class RetrievalError(RuntimeError):
+    """A remote search that failed for good: the server refused the request (a 4xx) or answered nonsense."""
+
+
+class RetrievalUnavailable(RetrievalError):
+    """The server could not answer: failed connections, timeouts, 5xx or unreadable bodies outlasted the
+    retries."""

@@ -10,7 +10,8 @@ from searchrl.envs import search_qa
 from searchrl.envs.search_qa import (INTERMEDIATE_ANSWER, INVALID_ACTION, Config, SearchQAEnv,
                                      autosearch_record)
 from searchrl.episode import Action, Trajectory, Turn
-from searchrl.retrieval.client import RemoteRetriever, RetrievalError, RetrievalUnavailable
+from searchrl.retrieval.client import RemoteRetriever
+from searchrl.retrieval.types import RetrievalError, RetrievalUnavailable
 from searchrl.retrieval.server import Limits, RetrievalServer
 from searchrl.retrieval.types import Hit
 from searchrl.rewards import autosearch

@@ -12,7 +12,8 @@ import ml_collections
 import pytest
 
 from searchrl.retrieval import make_retriever
-from searchrl.retrieval.client import RemoteRetriever, RetrievalError, parse_response
+from searchrl.retrieval.client import RemoteRetriever, parse_response
+from searchrl.retrieval.types import RetrievalError
 from searchrl.retrieval.server import Batcher, Limits, RequestError, RetrievalServer, parse_request
 from searchrl.retrieval.types import Hit
 
