@@ -6,8 +6,8 @@ Presets:
                   files).
   paper_qwen3_4b  Qwen3-4B, open-domain QA (NQ + HotpotQA) and GlobalQA, BM25 + e5 dense, the full SDK.
   paper_qwen3_8b  the same with Qwen3-8B.
-SPACE, the action space (the paper's Table 4 rows): dense | dual | sdk (default); program mutation (PM) runs
-on top of sdk.
+SPACE, the action space (the paper's Table 4 rows): dense | dual | sdk (default) | pm (sdk plus program
+mutation at step 200, config.mutation).
 no_thinking: Qwen3's chat template with enable_thinking=False.
 The RPL paper gives no training hyper-parameters: the paper presets use the Search-R1 PPO defaults the other
 paper presets use ([R1] Search-R1's train_ppo.sh, as in configs/search_r1.py:paper), each cited below.
@@ -20,7 +20,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # config files i
 import search_r1  # noqa: E402
 
 from searchrl import run_config  # noqa: E402
+from searchrl.configlib import to_config  # noqa: E402
 from searchrl.envs.program import ACTION_SPACES  # noqa: E402
+from searchrl.rl.config import MutationConfig  # noqa: E402
+
+VARIANTS = (*ACTION_SPACES, "pm", "no_thinking")  # ",<variant>" suffixes of a preset
 
 
 def _paper(config, preset: str, path: str):
@@ -34,6 +38,7 @@ def _paper(config, preset: str, path: str):
     config.env.max_turns = 4  # program turns, as Search-R1's four search turns [R1]
     config.env.chat_template = True  # Qwen3 is prompted through its chat template;
     config.env.enable_thinking = True  # its thinking switch (",no_thinking" turns it off)
+    config.mutation.sft.max_len = config.rollout.max_prompt_tokens + config.rollout.max_turn_tokens
     return config
 
 
@@ -64,14 +69,18 @@ PRESETS = {"tiny": tiny, "paper_qwen3_4b": paper_qwen3_4b, "paper_qwen3_8b": pap
 
 def get_config(arg: str = "tiny"):
     preset, *options = arg.split(",")
-    spaces = [o for o in options if o in ACTION_SPACES]
-    if preset not in PRESETS or len(spaces) > 1 or set(options) - set(spaces) - {"no_thinking"}:
+    spaces = [o for o in options if o in (*ACTION_SPACES, "pm")]
+    if preset not in PRESETS or len(spaces) > 1 or set(options) - set(VARIANTS):
         raise ValueError(f"Unknown preset {arg!r} for configs/rpl.py; expected one of {sorted(PRESETS)}, "
-                         f"optionally followed by ',<action space>' (one of {sorted(ACTION_SPACES)}) "
+                         f"optionally followed by ',<action space>' (one of {sorted(ACTION_SPACES)} or pm) "
                          "and ',no_thinking'")
-    config = PRESETS[preset](run_config.experiment_config("program"))
+    config = run_config.experiment_config("program")
+    config.mutation = to_config(MutationConfig())
+    config = PRESETS[preset](config)
     if spaces:
-        config.env.action_space = spaces[0]
+        config.env.action_space = "sdk" if spaces[0] == "pm" else spaces[0]
+    if "pm" in spaces:
+        config.mutation.at_step = 200  # mutation at step 200, then RL resumes [the RPL paper]
     if "no_thinking" in options:
         config.env.enable_thinking = False
     return config

@@ -9,12 +9,22 @@ previous checkpoints intact and the partial one is never listed (and is removed 
 `Checkpointer` on the directory). Saves are asynchronous: the arrays are copied to host, then written in the
 background; call `wait_until_finished` (or `close`) before exiting.
 
+Once a save has finished, `<step>/checksums.json` records the sha256 of each of its files (written when the
+next save starts, or by `wait_until_finished` / `close`; atomically). Restores verify them. Restoring the
+latest step falls back to the newest intact one, with a logged warning, when newer ones are corrupt (changed
+or missing files) or fail to restore; a writable Checkpointer renames those `<step>.corrupt` (kept for
+inspection, no longer listed) so that the run can save those steps again. A step without checksums (saved
+before they existed, or by a run that crashed before writing them) restores unverified, with a warning.
+
     python -m searchrl.checkpoint export --checkpoint DIR [--step N] --out DIR
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,6 +32,7 @@ from typing import Any
 
 from absl import flags
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
@@ -30,6 +41,14 @@ from searchrl import cli, models
 
 STATE, META = "state", "meta"
 MODEL_CONFIG = "model_config"  # key of the ModelConfig in the JSON record
+CHECKSUMS = "checksums.json"  # in each step directory: {"sha256": {relative path: hex digest}}
+CORRUPT = ".corrupt"  # suffix of a step directory set aside as unusable
+
+log = logging.getLogger(__name__)
+
+
+class CorruptCheckpointError(RuntimeError):
+    """A checkpoint step whose files do not match its checksums, or no usable step at all."""
 
 
 def model_config_to_json(cfg: models.ModelConfig) -> dict:
@@ -57,6 +76,48 @@ def _jsonable(x):
     return x
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_checksums(step_dir: Path) -> None:
+    """Writes `step_dir`/checksums.json, the sha256 of each file under `step_dir`, atomically."""
+    own = {step_dir / CHECKSUMS, step_dir / f"{CHECKSUMS}.tmp"}
+    files = sorted(p for p in step_dir.rglob("*") if p.is_file() and p not in own)
+    sums = {p.relative_to(step_dir).as_posix(): _sha256(p) for p in files}
+    tmp = step_dir / f"{CHECKSUMS}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"sha256": sums}, f, indent=0, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, step_dir / CHECKSUMS)
+
+
+def checksum_problems(step_dir: Path, items: Sequence[str]) -> list[str] | None:
+    """The files of `items` (subdirectories; "" for the step's own files) that are missing or changed
+    since `write_checksums`: [] when intact, None when `step_dir` has no checksums."""
+    try:
+        sums = json.loads((step_dir / CHECKSUMS).read_text(encoding="utf-8"))["sha256"]
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as error:
+        return [f"unreadable {CHECKSUMS} ({error!r})"]
+    problems = []
+    for name, expected in sorted(sums.items()):
+        if (name.split("/")[0] if "/" in name else "") not in items:
+            continue
+        path = step_dir / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+        elif _sha256(path) != expected:
+            problems.append(f"{name} has changed")
+    return problems
+
+
 class Checkpointer:
     """Saves and restores training states under `directory`, keeping the newest `max_to_keep` steps.
 
@@ -71,22 +132,48 @@ class Checkpointer:
             max_to_keep=max_to_keep, enable_async_checkpointing=async_save and not read_only,
             cleanup_tmp_directories=not read_only, create=not read_only, read_only=read_only)
         self.directory = Path(directory).absolute()
+        self._read_only, self._async = read_only, async_save and not read_only
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=(STATE, META))
+        self._unsealed: list[int] = []  # saved steps without checksums yet
 
     def save(self, step: int, state: Any, *, model: models.ModelConfig,
              record: Mapping[str, Any] | None = None) -> None:
         """Starts writing `state` and the JSON `record` (+ the model config) as checkpoint `step`."""
+        self._seal()
         meta = {**_jsonable(dict(record or {})), MODEL_CONFIG: model_config_to_json(model)}
-        self._manager.save(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(state),
-                                                            META: ocp.args.JsonSave(meta)}))
+        if self._manager.save(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(state),
+                                                               META: ocp.args.JsonSave(meta)})):
+            self._unsealed.append(step)
+        if not self._async:
+            self._seal()
 
     def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict]:
-        """(state, record) of `step` (default: the latest), with arrays placed as `target`'s shardings say.
+        """(state, record) of `step` (default: the newest usable step), with arrays placed as `target`'s
+        shardings say; see the module docstring for corrupt steps.
 
         `target` is an abstract state (`train_state.abstract_train_state`): the mesh may differ from the one
-        that saved it.
+        that saved it. A given `step` that is corrupt raises CorruptCheckpointError.
         """
-        step = self._resolve(step)
+        if step is not None:
+            return self._restore_step(target, self._resolve(step))
+        failed: list[tuple[int, Exception]] = []
+        for candidate in reversed(self.all_steps()):
+            try:
+                restored = self._restore_step(target, candidate)
+            except Exception as error:  # orbax and tensorstore raise many types for unreadable files
+                log.warning("checkpoint step %d in %s is unusable, trying the previous step: %s", candidate,
+                            self.directory, error)
+                failed.append((candidate, error))
+                continue
+            self._set_aside([bad for bad, _ in failed])
+            return restored
+        if not failed:
+            raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
+        reasons = "; ".join(f"step {bad}: {error}" for bad, error in failed)
+        raise CorruptCheckpointError(f"no usable checkpoint in {self.directory}: {reasons}") from failed[0][1]
+
+    def _restore_step(self, target: Any, step: int) -> tuple[Any, dict]:
+        self._verify(step, ("", STATE, META))
         restored = self._manager.restore(step, args=ocp.args.Composite(
             **{STATE: ocp.args.StandardRestore(target), META: ocp.args.JsonRestore()}))
         return restored[STATE], restored[META]
@@ -94,12 +181,14 @@ class Checkpointer:
     def record(self, step: int | None = None) -> dict:
         """The JSON record of `step` (default: the latest) alone."""
         step = self._resolve(step)
+        self._verify(step, (META,))
         return self._manager.restore(step, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))[META]
 
     def restore_policy(self, step: int | None = None, model: models.ModelConfig | None = None) -> dict:
         """The policy params of `step` as host numpy arrays (model config: from the record unless given)."""
         step = self._resolve(step)
         model = model or model_config_from_json(self.record(step)[MODEL_CONFIG])
+        self._verify(step, (STATE,))
         abstract = jax.eval_shape(functools.partial(models.init_params, model), jax.random.key(0))
         as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), abstract)
         # A separate manager: restoring a subtree needs the PyTree handler, this one has the Standard one.
@@ -117,10 +206,12 @@ class Checkpointer:
         return sorted(self._manager.all_steps())
 
     def wait_until_finished(self) -> None:
-        self._manager.wait_until_finished()
+        """Waits for the save in flight and writes its checksums."""
+        self._seal()
 
     def close(self) -> None:
-        """Waits for pending saves, then releases the manager."""
+        """Waits for pending saves and writes their checksums, then releases the manager."""
+        self._seal()
         self._manager.close()
 
     def __enter__(self) -> Checkpointer:
@@ -128,6 +219,47 @@ class Checkpointer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def _step_dir(self, step: int) -> Path:
+        return self.directory / str(step)
+
+    def _seal(self) -> None:
+        """Waits for the save in flight, then writes the checksums of the steps saved since the last call
+        (process 0; a step may already be gone, rotated out by orbax)."""
+        self._manager.wait_until_finished()
+        steps, self._unsealed = self._unsealed, []
+        if jax.process_index() == 0:
+            for step in steps:
+                if self._step_dir(step).is_dir():
+                    write_checksums(self._step_dir(step))
+
+    def _verify(self, step: int, items: Sequence[str]) -> None:
+        """Raises CorruptCheckpointError if the files of `items` in `step` do not match their checksums."""
+        problems = checksum_problems(self._step_dir(step), items)
+        if problems is None:
+            log.warning("checkpoint step %d in %s has no %s: restoring it unverified", step, self.directory,
+                        CHECKSUMS)
+        elif problems:
+            more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+            raise CorruptCheckpointError(f"checkpoint step {step} in {self.directory} is corrupt: "
+                                         f"{', '.join(problems[:5])}{more}")
+
+    def _set_aside(self, steps: Sequence[int]) -> None:
+        """Renames the unusable `steps` `<step>.corrupt` (writable Checkpointers only; never deletes)."""
+        if not steps or self._read_only:
+            return
+        if jax.process_index() == 0:
+            for step in steps:
+                source, n = self._step_dir(step), 0
+                target = source.with_name(f"{step}{CORRUPT}")
+                while target.exists():
+                    n += 1
+                    target = source.with_name(f"{step}{CORRUPT}-{n}")
+                source.rename(target)
+                log.warning("set aside unusable checkpoint step %d as %s", step, target)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices("searchrl.checkpoint: set aside unusable steps")
+        self._manager.reload()
 
     def _resolve(self, step: int | None) -> int:
         steps = self.all_steps()

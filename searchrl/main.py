@@ -34,9 +34,12 @@ def info(config: ml_collections.ConfigDict) -> None:
 
 
 def train(config: ml_collections.ConfigDict) -> None:
-    """Builds the run from its config and trains until config.train.steps."""
-    from searchrl import distributed, experiment
+    """Builds the run from its config and trains until config.train.steps (with program mutation at
+    config.mutation.at_step when the config has that group and the step is set)."""
+    from searchrl import distributed, experiment, program_mutation
+    from searchrl.configlib import from_config
     from searchrl.data import datasets
+    from searchrl.rl.config import MutationConfig
     from searchrl.rl.trainer import Trainer
 
     distributed.initialize(config)
@@ -46,8 +49,13 @@ def train(config: ml_collections.ConfigDict) -> None:
     eval_examples = [r for records in eval_sets.values() for r in records[: config.data.eval_limit or None]]
     trainer = Trainer(config, built.model_cfg, built.policy, built.tokenizer, built.env, built.train_examples,
                       eval_examples)
+    mutation = (from_config(MutationConfig, config.mutation, "config.mutation") if "mutation" in config
+                else None)
     try:
-        trainer.train()
+        if mutation is not None and mutation.at_step > 0:
+            program_mutation.train_with_mutation(trainer, mutation)
+        else:
+            trainer.train()
     finally:
         trainer.close()
 

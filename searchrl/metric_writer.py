@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from typing import Mapping
@@ -9,17 +10,24 @@ from typing import Mapping
 import jax
 from tensorboardX import SummaryWriter
 
+log = logging.getLogger(__name__)
+
 
 class MetricWriter:
     """Writes scalars from process 0 only; other processes get a no-op writer."""
 
-    def __init__(self, workdir: str, enabled: bool | None = None):
+    def __init__(self, workdir: str, enabled: bool | None = None, resume_step: int | None = None):
+        """`resume_step`: the step a resumed run restarts from; the rows logged after it, which the run is
+        about to log again, are dropped from the JSONL file and hidden in TensorBoard."""
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self.path = os.path.join(workdir, "metrics.jsonl")
         if self.enabled:
             os.makedirs(workdir, exist_ok=True)
+            if resume_step is not None and os.path.exists(self.path):
+                drop_rows_after(self.path, resume_step)
             self._jsonl = open(self.path, "a", encoding="utf-8")
-            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+            purge = None if resume_step is None else resume_step + 1
+            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=purge)
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         """Appends one step's scalars (non-finite values are kept in JSONL as strings, never dropped)."""
@@ -44,3 +52,26 @@ def read_metrics(path: str) -> list[dict]:
     """The rows a MetricWriter wrote, in order."""
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def drop_rows_after(path: str, step: int) -> None:
+    """Rewrites the JSONL file `path` without its rows past `step` (and without a line torn by a crash), by
+    an atomic replace: a crash leaves the old file or the new one."""
+    kept, torn = [], 0
+    with open(path, encoding="utf-8") as f:
+        for line in filter(str.strip, f):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                torn += 1
+                continue
+            if row["step"] <= step:
+                kept.append(line.rstrip("\n") + "\n")
+    if torn:
+        log.warning("%s: dropped %d torn line(s)", path, torn)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(kept)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -47,6 +47,11 @@ class TrainConfig:
     checkpoint_every: int = 10
     keep_checkpoints: int = 3
     async_checkpoints: bool = True
+    max_nonfinite_steps: int = 3  # this many non-finite (skipped) updates in a row stop the run with an error
+
+    def __post_init__(self):
+        if self.max_nonfinite_steps < 1:
+            raise ValueError(f"train.max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,3 +121,16 @@ class SFTConfig:
     def num_steps(self, examples: int) -> int:
         """`steps`, or with `epochs` set, the steps that many passes over `examples` take."""
         return math.ceil(self.epochs * examples / self.batch_size) if self.epochs > 0 else self.steps
+
+
+@dataclasses.dataclass(frozen=True)
+class MutationConfig:
+    """`config.mutation`: Retrieval Program Learning's program mutation inside an RL run
+    (`searchrl.program_mutation`)."""
+
+    at_step: int = 0  # the RL step after which mutation and distillation run once (0: never; the paper: 200)
+    episodes: int = 64  # training questions whose programs are rolled out and mutated
+    max_variants: int = 64  # single-edit variants verified per program
+    max_shown: int = 10  # a verified variant shows at most this many documents (the context budget)
+    sft: SFTConfig = SFTConfig(steps=50, batch_size=8, max_len=1024,
+                               optim=OptimConfig(lr=1e-5, warmup_steps=5))

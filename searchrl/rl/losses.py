@@ -12,7 +12,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from searchrl.rl.advantages import check_shapes, masked_mean, masked_sum
+from searchrl.rl.advantages import as_mask, check_shapes, masked_mean, masked_sum
 from searchrl.rl.kl import kl_estimate
 
 Metrics = dict[str, jax.Array]
@@ -26,12 +26,14 @@ LOG_RATIO_CLAMP = 20.0  # as verl: log(pi / pi_old) clamped to [-20, 20] before 
 def agg_loss(
     loss_mat: jax.Array, mask: jax.Array, mode: str = "token-mean", max_length: int | None = None
 ) -> jax.Array:
-    """[B, T] per-token losses to a scalar, as verl's agg_loss.
+    """[B, T] per-token losses to a scalar, as verl's agg_loss (0.6.1 on) given the whole batch.
 
     token-mean: mean over all policy tokens of the batch. seq-mean-token-sum: mean over rows of each row's
-    token sum. seq-mean-token-mean: mean over rows of each row's token mean. seq-mean-token-sum-norm
-    (Dr.GRPO): mean over rows of token sum / max_length, a constant (default T; pass the generation budget
-    so it stays fixed when T is a padded bucket). Seq means divide by B, all rows, as verl does by default.
+    token sum. seq-mean-token-mean: mean over rows of each row's token mean. Both seq means count only the
+    rows with a policy token, so fully masked rows change nothing. seq-mean-token-sum-norm (Dr.GRPO): the
+    sum of the row sums / max_length, a constant (default T, the mask's width; pass the generation budget so
+    it stays fixed when T is a padded bucket), not divided by the number of rows. A batch without policy
+    tokens gives 0 in every mode (verl 0.7: NaN).
     """
     if mode not in AGG_MODES:
         raise ValueError(f"unknown loss aggregation mode {mode!r}; known: {list(AGG_MODES)}")
@@ -39,11 +41,17 @@ def agg_loss(
     if mode == "token-mean":
         return masked_mean(loss_mat, mask)
     row_sum = masked_sum(loss_mat, mask, axis=-1)
+    if mode == "seq-mean-token-sum-norm":
+        return jnp.sum(row_sum) / (loss_mat.shape[-1] if max_length is None else max_length)
+    rows = nonempty_rows(mask)
     if mode == "seq-mean-token-sum":
-        return jnp.mean(row_sum)
-    if mode == "seq-mean-token-mean":
-        return jnp.mean(masked_mean(loss_mat, mask, axis=-1))
-    return jnp.mean(row_sum) / (loss_mat.shape[-1] if max_length is None else max_length)
+        return masked_mean(row_sum, rows)
+    return masked_mean(masked_mean(loss_mat, mask, axis=-1), rows)
+
+
+def nonempty_rows(mask: jax.Array) -> jax.Array:
+    """[B] bool: the rows of a [B, T] mask with at least one policy token (the seq-mean modes' rows)."""
+    return jnp.any(as_mask(mask) > 0, axis=-1)
 
 
 def register_policy_loss(name: str) -> Callable[[LossFn], LossFn]:

@@ -14,8 +14,16 @@ index 0 is 0. loss_mask is > 0 on policy tokens only; positions are slots (arang
 no holes).
 
 Every loss is aggregated with `losses.agg_loss` over the *minibatch*: a micro-batch's aggregate is rescaled
-by its share of the minibatch (tokens for token-mean, rows for the seq-mean modes), so the accumulated
-gradient is exactly the full-minibatch gradient whatever the micro-batch size.
+by its share of the minibatch (policy tokens for token-mean, rows with a policy token for seq-mean-token-sum
+and -mean; seq-mean-token-sum-norm is a sum and adds up as it is), so the accumulated gradient is exactly the
+full-minibatch gradient whatever the micro-batch size. verl's dp_actor aggregates each micro-batch on its
+own and scales it by 1 / (micro-batches per minibatch): the same result with one micro-batch per minibatch,
+a result that depends on the micro-batch size with more.
+
+Non-finite values are never applied: non-finite rewards skip the whole update, and the first minibatch whose
+losses or gradients are non-finite skips its optimizer step and every later one of the update (the earlier
+minibatches stay applied: undoing them would need a copy of the whole state, twice its memory). The step
+counter and RNG advance either way; the metric `train/nonfinite` is 1 on such a step.
 """
 from __future__ import annotations
 
@@ -150,11 +158,20 @@ class _Share(NamedTuple):
     loss: jax.Array
 
 
-def _share(config: PPOConfig, loss_mask: jax.Array, minibatch_tokens: jax.Array) -> _Share:
-    """Token-mean losses normalise by policy tokens, the seq-mean modes by rows."""
-    tokens = jnp.sum(loss_mask) / jnp.maximum(minibatch_tokens, 1.0)
-    rows = loss_mask.shape[0] / config.rl.minibatch_size
-    return _Share(tokens, tokens if config.rl.loss_agg_mode == "token-mean" else jnp.float32(rows))
+def _counts(loss_mask: jax.Array) -> _Share:
+    """(policy tokens, rows with a policy token): the normalisers of token-mean and the seq-mean modes."""
+    return _Share(jnp.sum(loss_mask), jnp.sum(losses.nonempty_rows(loss_mask)).astype(jnp.float32))
+
+
+def _share(config: PPOConfig, loss_mask: jax.Array, minibatch: _Share) -> _Share:
+    """`loss_mask`'s share of the `minibatch` counts; seq-mean-token-sum-norm, a sum, needs no rescaling."""
+    mine = _counts(loss_mask)
+    tokens = mine.tokens / jnp.maximum(minibatch.tokens, 1.0)
+    if config.rl.loss_agg_mode == "token-mean":
+        return _Share(tokens, tokens)
+    if config.rl.loss_agg_mode == "seq-mean-token-sum-norm":
+        return _Share(tokens, jnp.float32(1.0))
+    return _Share(tokens, mine.loss / jnp.maximum(minibatch.loss, 1.0))
 
 
 def _loss(config: PPOConfig, policy: dict, critic: dict | None, x: dict, temperature, share: _Share):
@@ -190,15 +207,31 @@ def _split(x: jax.Array, parts: int, rules) -> jax.Array:
     return constrain(y, (None,) + _ROWS[:y.ndim - 1], rules)
 
 
+def all_finite(tree) -> jax.Array:
+    """Whether every floating-point value of `tree` is finite (a bool scalar; True for an empty tree)."""
+    arrays = [jnp.asarray(x) for x in jax.tree.leaves(tree)]
+    flags = [jnp.all(jnp.isfinite(x)) for x in arrays if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(flags)) if flags else jnp.bool_(True)
+
+
+def _keep_if(ok: jax.Array, new, old):
+    """`new` where `ok`, else `old` (pytrees of the same structure); elementwise, so it fuses into the
+    update that made `new` (no extra copy of the state)."""
+    return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+
 def _minibatch_step(config: PPOConfig, temperature, lrs, carry, mb: dict):
-    """Accumulates gradients over the minibatch's micro-batches, then takes one optimizer step per model."""
-    policy, critic, actor_opt, critic_opt = carry
+    """Accumulates gradients over the minibatch's micro-batches, then takes one optimizer step per model,
+    unless this or an earlier minibatch of the update (or the rewards) were non-finite: `carry` ends with
+    that flag."""
+    *before, ok = carry
+    policy, critic, actor_opt, critic_opt = before
     n_micro = config.rl.minibatch_size // config.rl.micro_batch_size
-    minibatch_tokens = jnp.sum(mb["loss_mask"].astype(jnp.float32))
+    minibatch = _counts(mb["loss_mask"].astype(jnp.float32))
     grad_fn = jax.grad(functools.partial(_loss, config), argnums=(0, 1), has_aux=True)
 
     def micro_grads(x):
-        return grad_fn(policy, critic, x, temperature, _share(config, x["loss_mask"], minibatch_tokens))
+        return grad_fn(policy, critic, x, temperature, _share(config, x["loss_mask"], minibatch))
 
     def micro_step(acc, x):
         return jax.tree.map(jnp.add, acc, micro_grads(x)), None
@@ -214,10 +247,13 @@ def _minibatch_step(config: PPOConfig, temperature, lrs, carry, mb: dict):
         critic, critic_opt, critic_norm = apply_gradients(make_optimizer(config.spec.critic), critic,
                                                           critic_grads, critic_opt, lrs[1])
         metrics["critic/grad_norm"] = critic_norm
-    return (policy, critic, actor_opt, critic_opt), metrics
+    ok = ok & all_finite(metrics)  # the losses and the gradients' norms
+    return (*_keep_if(ok, (policy, critic, actor_opt, critic_opt), tuple(before)), ok), metrics
 
 
-def _ppo_update(config: PPOConfig, state: TrainState, batch: PPOBatch) -> tuple[TrainState, dict]:
+def _ppo_update(config: PPOConfig, state: TrainState, batch: PPOBatch,
+                finite_inputs: jax.Array | bool = True) -> tuple[TrainState, dict]:
+    """The update; `finite_inputs` False (non-finite rewards) skips every optimizer step."""
     arrays = {k: v for k, v in batch._asdict().items() if k != "temperature" and v is not None}
     num_rows = batch.tokens.shape[0]
     n_mini = num_rows // config.rl.minibatch_size
@@ -231,10 +267,11 @@ def _ppo_update(config: PPOConfig, state: TrainState, batch: PPOBatch) -> tuple[
         step = functools.partial(_minibatch_step, config, batch.temperature, lrs)
         return jax.lax.scan(step, carry, minibatches)
 
-    carry = (state.policy, state.critic, state.actor_opt, state.critic_opt)
-    (policy, critic, actor_opt, critic_opt), metrics = jax.lax.scan(
+    carry = (state.policy, state.critic, state.actor_opt, state.critic_opt, jnp.asarray(finite_inputs))
+    (policy, critic, actor_opt, critic_opt, finite), metrics = jax.lax.scan(
         epoch, carry, jax.random.split(shuffle_key, config.rl.ppo_epochs))
     metrics = jax.tree.map(jnp.mean, metrics)
+    metrics["train/nonfinite"] = 1.0 - finite.astype(jnp.float32)
     metrics["actor/lr"] = jnp.asarray(lrs[0], jnp.float32)
     if config.spec.critic:
         metrics["critic/lr"] = jnp.asarray(lrs[1], jnp.float32)
@@ -303,8 +340,9 @@ def ppo_update(state: TrainState, batch: PPOBatch, config: PPOConfig, mesh: Mesh
     """The update alone: `ppo_epochs` epochs over shuffled minibatches (one optimizer step each, per model).
 
     `state` is donated. Returns the new state and a dict of scalar metrics (device arrays) averaged over the
-    minibatches: actor/{pg_loss, entropy, pg_clipfrac, ppo_kl, ..., kl_loss, grad_norm, lr} and, with a
-    critic, critic/{vf_loss, vf_clipfrac, vpred_mean, grad_norm, lr}.
+    minibatches: actor/{pg_loss, entropy, pg_clipfrac, ppo_kl, ..., kl_loss, grad_norm, lr}, with a
+    critic, critic/{vf_loss, vf_clipfrac, vpred_mean, grad_norm, lr}, and train/nonfinite (1: a non-finite
+    loss or gradient stopped the update, see the module docstring).
     """
     _check_update_batch(batch, config)
     return _run(_ppo_update, state, batch, config, mesh, donate=True)
@@ -359,12 +397,12 @@ def _learn(config: PPOConfig, state: TrainState, batch: Batch) -> tuple[TrainSta
     rl = config.rl
     mask = batch.loss_mask.astype(jnp.float32)
     logprobs, values, ref = _score(config, state, batch.tokens, batch.attention_mask, batch.temperature)
-    rewards, metrics = batch.token_rewards, {}
+    rewards, metrics, kl_state = batch.token_rewards, {}, state.kl
     if rl.kl_in_reward:
         rewards, kl = kl_lib.apply_kl_penalty(rewards, logprobs, ref, mask, state.kl.coef,
                                               rl.kl_reward_estimator)
         controller = kl_lib.make_kl_controller(rl.kl_controller, rl.kl_coef, rl.kl_target, rl.kl_horizon)
-        state = state._replace(kl=controller.update(state.kl, kl["kl"], batch.tokens.shape[0]))
+        kl_state = controller.update(state.kl, kl["kl"], batch.tokens.shape[0])
         metrics |= {"rollout/kl": kl["kl"], "rollout/kl_coef": kl["kl_coef"]}
     advantages, returns = adv_lib.compute_advantages(
         rl.advantage, rewards=rewards, values=values, mask=mask, group_ids=batch.group_ids,
@@ -372,9 +410,10 @@ def _learn(config: PPOConfig, state: TrainState, batch: Batch) -> tuple[TrainSta
     if rl.whiten_advantages:
         advantages = adv_lib.masked_whiten(advantages, mask)
     critic = values is not None
-    state, update_metrics = _ppo_update(config, state, PPOBatch(
+    new_state, update_metrics = _ppo_update(config, state, PPOBatch(
         batch.tokens, batch.attention_mask, mask, logprobs, advantages, returns=returns if critic else None,
-        old_values=values, ref_logprobs=ref, temperature=batch.temperature))
+        old_values=values, ref_logprobs=ref, temperature=batch.temperature), all_finite(rewards))
+    state = new_state._replace(kl=_keep_if(update_metrics["train/nonfinite"] == 0, kl_state, state.kl))
     gap = jnp.where(mask > 0, jnp.abs(logprobs - batch.sampler_logprobs), 0.0)
     metrics |= update_metrics | {"rollout/logprob_gap_max": jnp.max(gap)}
     if critic:
@@ -385,6 +424,7 @@ def _learn(config: PPOConfig, state: TrainState, batch: Batch) -> tuple[TrainSta
 def learn(state: TrainState, batch: Batch, config: PPOConfig, mesh: Mesh) -> tuple[TrainState, dict]:
     """One RL step on a rollout batch as one jitted, sharded program: score -> KL penalty -> advantages ->
     PPO epochs. `state` is donated. Returns the new state and scalar metrics (device arrays): `ppo_update`'s,
-    rollout/{logprob_gap_max, kl, kl_coef} and critic/vf_explained_var."""
+    rollout/{logprob_gap_max, kl, kl_coef} and critic/vf_explained_var. Non-finite rewards (KL penalty
+    included) skip the update and keep the KL controller's state; train/nonfinite is then 1."""
     _check_rows(batch, config)
     return _run(_learn, state, batch, config, mesh, donate=True)

@@ -3,7 +3,12 @@ checkpoint. One `Trainer.step` is one RL iteration; `Trainer.train` runs them wi
 
 Everything a step depends on is a function of (config, checkpoint): the rollout key is folded from the seed and
 step, the data order from the seed and the data position, the update's shuffling from the state's RNG. A run
-stopped at step n and resumed therefore continues exactly as if it had not stopped.
+stopped at step n and resumed therefore continues exactly as if it had not stopped; the metrics it logged
+past its checkpoint are dropped, as it logs those steps again.
+
+A step whose rewards, losses or gradients are non-finite is skipped (`ppo.learn` applies no such value; the
+metrics train/nonfinite and train/nonfinite_in_a_row count them); `train.max_nonfinite_steps` such steps
+in a row stop the run with NonFiniteError. A non-finite state is never saved.
 """
 from __future__ import annotations
 
@@ -28,6 +33,13 @@ from searchrl.rl.train_state import abstract_train_state, init_train_state
 from searchrl.rollout.config import RolloutConfig, SamplingParams
 from searchrl.rollout.engine import RolloutEngine, RolloutStats
 from searchrl.shapes import padded_width
+
+
+class NonFiniteError(RuntimeError):
+    """Training produced non-finite values: too many skipped updates in a row, or a non-finite state."""
+
+
+_all_finite = jax.jit(ppo.all_finite)
 
 
 class DataOrder:
@@ -77,8 +89,9 @@ class Trainer:
         self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),
                                          max_to_keep=self.train_config.keep_checkpoints,
                                          async_save=self.train_config.async_checkpoints)
-        self.writer = MetricWriter(self.workdir)
         self.state, self.data_position = self._restore_or_init(policy)
+        self.writer = MetricWriter(self.workdir, resume_step=self.step_count)
+        self.nonfinite_in_a_row = 0
 
     def _restore_or_init(self, policy: dict):
         if self.checkpointer.latest_step() is not None:
@@ -116,6 +129,8 @@ class Trainer:
                           temperature=traj.logprob_temperature)
         self.state, learned = ppo.learn(self.state, batch, self.ppo, self.mesh)
         metrics = {k: float(v) for k, v in jax.device_get(learned).items()}
+        self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if metrics["train/nonfinite"] else 0
+        metrics["train/nonfinite_in_a_row"] = float(self.nonfinite_in_a_row)
         metrics |= {
             "reward/mean": float(np.mean([sum(r) for r in turn_rewards])),
             "rollout/response_tokens": float(traj.response_lengths.mean()),
@@ -124,6 +139,11 @@ class Trainer:
         }
         metrics |= {f"env/{k}": v for k, v in mean_metrics(self.env.metrics(traj, examples)).items()}
         self.writer.write(step + 1, metrics)
+        if self.nonfinite_in_a_row >= self.train_config.max_nonfinite_steps:
+            raise NonFiniteError(
+                f"steps {step + 2 - self.nonfinite_in_a_row}..{step + 1}: non-finite rewards, losses or "
+                f"gradients {self.nonfinite_in_a_row} steps in a row (train.max_nonfinite_steps="
+                f"{self.train_config.max_nonfinite_steps}); no update applied them. Stopping.")
         return metrics
 
     def evaluate(self, examples: Sequence[dict] | None = None) -> dict[str, float]:
@@ -139,6 +159,9 @@ class Trainer:
         return mean_metrics(rows)
 
     def save(self) -> None:
+        """Checkpoints the state (never a non-finite one: that raises NonFiniteError)."""
+        if not bool(_all_finite(self.state)):
+            raise NonFiniteError(f"the training state at step {self.step_count} is not finite; not saved.")
         self.checkpointer.save(self.step_count, self.state, model=self.model_cfg,
                                record={"data_position": self.data_position})
 

@@ -13,7 +13,7 @@ LAYERS = [
     {"checkpoint", "distributed", "episode", "data", "programs"},
     {"rollout", "envs"},
     {"rl"},
-    {"run_config", "experiment"},
+    {"run_config", "experiment", "program_mutation"},
     {"eval", "benchmarks"},
     {"demo", "main"},
 ]

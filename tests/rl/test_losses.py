@@ -16,8 +16,8 @@ LOSS_MASK = jnp.array([[1, 1, 0], [1, 0, 0]], jnp.float32)
     ("token-mean", None, (1 + 2 + 4) / 3),  # mean over the 3 policy tokens
     ("seq-mean-token-sum", None, (3 + 4) / 2),  # row sums 3 and 4, mean over rows
     ("seq-mean-token-mean", None, (1.5 + 4) / 2),  # row means 1.5 and 4
-    ("seq-mean-token-sum-norm", None, (3 + 4) / 2 / 3),  # row sums / T = 3, mean over rows
-    ("seq-mean-token-sum-norm", 10, (3 + 4) / 2 / 10),  # constant normaliser (Dr.GRPO's max tokens)
+    ("seq-mean-token-sum-norm", None, (3 + 4) / 3),  # sum of the row sums / T = 3 (verl)
+    ("seq-mean-token-sum-norm", 10, (3 + 4) / 10),  # constant normaliser (Dr.GRPO's max tokens)
 ])
 def test_agg_loss_hand_computed(mode, max_length, expected):
     np.testing.assert_allclose(losses.agg_loss(LOSS_MAT, LOSS_MASK, mode, max_length), expected, rtol=1e-6)

@@ -1,0 +1,105 @@
+"""Program mutation inside an RL run: weak programs are mutated and verified against the real BM25 index,
+the verified mutants are distilled into the trainer's policy, and RL resumes from it."""
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from searchrl import envs, models, program_mutation, run_config
+from searchrl.configlib import from_config
+from searchrl.envs import program as rpl
+from searchrl.episode import Action, Turn
+from searchrl.metric_writer import read_metrics
+from searchrl.programs import execute
+from searchrl.retrieval.bm25 import BM25Retriever
+from searchrl.rl.config import MutationConfig
+from searchrl.rl.trainer import Trainer
+from searchrl.text import tags
+from searchrl.text.tokenizer import PROTOCOL_TAGS, train_bpe_tokenizer
+
+CITIES = ("arno", "beni", "cora", "dune")
+DOCS = [(f"{c}{i}", f"Org{i} {c}", f"organisation {i} is headquartered in {c}")
+        for c in CITIES for i in range(4)]
+WEAK = "show(sparse_retrieval('headquartered {city}', 2))"  # shows 2 of the city's 4 documents
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pm")
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": i, "contents": f"{t}\n{x}"}) + "\n" for i, t, x in DOCS))
+    BM25Retriever.build(corpus, root / "index", show_progress=False)
+    program_tags = (tags.open_tag(tags.PROGRAM), tags.close_tag(tags.PROGRAM))
+    texts = [x for _, _, x in DOCS] + [WEAK.format(city=c) for c in CITIES]
+    tokenizer = train_bpe_tokenizer(texts * 10, 400, special_tokens=(*PROTOCOL_TAGS, *program_tags))
+    config = run_config.experiment_config("program")
+    config.workdir = str(root / "run")
+    config.env.update(dict(max_turns=1, prompt_template="{question}"))
+    config.retrieval.index_dir = str(root / "index")
+    config.train.update(dict(steps=3, batch_size=8, checkpoint_every=0, async_checkpoints=False))
+    config.rollout.update(dict(max_prompt_tokens=16, max_turn_tokens=8, max_obs_tokens=16, obs_buckets=(16,),
+                               max_len=16 + 8 + 16 + 8, chunk_steps=8))
+    config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
+    env = envs.build(config.env, config.retrieval)
+    ids = {c: [f"{c}{i}" for i in range(4)] for c in CITIES}
+    examples = [{"question": f"which organisations are in {c}", "golden_answers": ids[c],
+                 "metadata": {"type": "count", "evidence_ids": ids[c]}} for c in CITIES]
+    cfg = models.get_preset("tiny")
+    cfg = type(cfg)(**{**cfg.__dict__, "vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id})
+    out = Trainer(config, cfg, models.init_params(cfg, jax.random.key(0)), tokenizer, env, examples * 2)
+    yield out
+    out.close()
+
+
+class ScriptedEngine:
+    """Stands in for the rollout engine: every row's first turn is the weak program of its city."""
+
+    def __init__(self, engine):
+        self.tokenizer = engine.tokenizer
+
+    def run(self, params, examples, key):
+        programs = [WEAK.format(city=ex["question"][-4:]) for ex in examples]
+        turns = [[Turn(0, 1, "<think>go</think>" + tags.block(tags.PROGRAM, p), Action(rpl.PROGRAM, p))]
+                 for p in programs]
+        return type("Rows", (), {"turns": turns})()
+
+
+def test_weak_programs_are_mutated_verified_and_turned_into_sft_examples(trainer):
+    config = MutationConfig(max_variants=64, max_shown=4)
+    real_engine, trainer.engine = trainer.engine, ScriptedEngine(trainer.engine)
+    try:
+        segments, counts = program_mutation.mutation_examples(trainer, trainer.train_examples[:4], config,
+                                                              jax.random.key(0))
+    finally:
+        trainer.engine = real_engine
+    assert counts == {"programs": 4.0, "weak": 4.0, "improved": 4.0}
+    for (prompt, is_prompt_policy), (turn, is_policy) in segments:
+        assert not is_prompt_policy and is_policy and turn.startswith("<think>go</think><program>")
+        source = turn.split("<program>")[1].split("</program>")[0]
+        result = execute(source, trainer.env.sdk, trainer.env.config.limits)
+        city = prompt.strip()[-4:]
+        assert result.error is None and len(result.shown) <= 4
+        assert rpl.set_f1([h.id for h in result.shown], [f"{city}{i}" for i in range(4)]) > 2 / 3  # was 2/3
+
+
+def test_distillation_updates_the_policy_in_place_and_rl_resumes(trainer):
+    sft = {"steps": 2, "batch_size": 8, "max_len": 48}
+    config = from_config(MutationConfig, {"at_step": 1, "episodes": 8, "sft": sft}, "config.mutation")
+    before = jax.device_get(trainer.state.policy)
+    segments = [[("which organisations are in arno\n", False),
+                 (tags.block(tags.PROGRAM, "show(sparse_retrieval('arno', 4))"), True)]] * 8
+    losses = program_mutation.distill(trainer, segments, config)
+    assert len(losses) == 2 and np.isfinite(losses).all()
+    after = trainer.state.policy
+    changed = jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != b)), after, before))
+    assert any(changed)
+    shardings = jax.tree.leaves(jax.tree.map(lambda a: a.sharding, after))
+    assert all(s.mesh.shape == trainer.mesh.shape for s in shardings)
+    history = program_mutation.train_with_mutation(trainer, config)
+    assert len(history) >= 1 and trainer.step_count == trainer.train_config.steps
+    rows = read_metrics(f"{trainer.workdir}/metrics.jsonl")
+    mutation_rows = [r for r in rows if "mutation/programs" in r]
+    assert len(mutation_rows) == 1 and mutation_rows[0]["step"] == 1
