@@ -19,6 +19,11 @@ is a parse error (the public code scores it as format-only); answers are matched
 (`qa.has_answer`, as DPR's has_answers); the ideal NDCG ranking sorts the qrels by relevance (the public
 code takes them in the given order); an SQL query that runs out of time is an error scoring 0 (the public
 code compares an empty result, which can match an empty gold result).
+
+Model output never raises out of a reward: an answer whose JSON cannot be read (too deeply nested, an
+integer too long to convert) is a parse error, and model-written SQL runs in `sql_sandbox`'s worker process
+(read-only, allowed functions only, bounded in time, rows, result bytes and memory), where any failure scores
+0 with its reason.
 """
 from __future__ import annotations
 
@@ -26,18 +31,15 @@ import dataclasses
 import json
 import pathlib
 import re
-import sqlite3
-import time
+import reprlib
 from typing import Sequence
 
-from searchrl.rewards import protocol, qa
+from searchrl.rewards import protocol, qa, sql_sandbox
 from searchrl.text import tags
 
 _FENCE = "```"
-_SQL_MAX_VALUE_BYTES = 10_000_000  # the largest string or blob one SQL value may hold
-_FENCE_LANGUAGE = re.compile(r"[\w-]*")
-_SQL_ALLOWED = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
-                          sqlite3.SQLITE_RECURSIVE})
+_FENCE_LANGUAGE = re.compile(r"[\w-]*")  # anchored at the text's start: linear time
+_SQL_MAX_RESULT_BYTES = 128_000_000  # the default cap on the bytes of one query's fetched values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,9 +81,11 @@ class RewardConfig:
     # gated SQL: the score of a predicted query that executes but returns other rows (bird.py: 0.3; spider.py:
     # 0, so a query that runs but is wrong scores like one that fails).
     sql_executes_score: float = 0.0
-    # SQL execution: wall-clock limit per query and the most rows one query may return.
+    # SQL execution: wall-clock limit per query, the most rows one query may return and the most bytes its
+    # values may hold (as Python objects).
     sql_timeout_s: float = 30.0
     sql_max_rows: int = 100_000
+    sql_max_result_bytes: int = _SQL_MAX_RESULT_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,13 +134,13 @@ def _json_field(answer: str | None, key: str) -> tuple[str | None, str]:
     text = _unfenced(answer.strip())
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as e:
+    except (ValueError, RecursionError) as e:  # also nesting too deep, integers too long to convert
         return None, f"answer is not valid JSON: {e}"
     if not isinstance(data, dict) or key not in data:
         return None, f'answer JSON has no "{key}" field'
     value = data[key]
     if not isinstance(value, str) or not value.strip():
-        return None, f'"{key}" must be a non-empty string, got {value!r}'
+        return None, f'"{key}" must be a non-empty string, got {reprlib.repr(value)}'
     return value.strip(), ""
 
 
@@ -203,43 +207,36 @@ def recall_score(value: float, cfg: RewardConfig = RewardConfig()) -> float:
     return float(cfg.recall_miss)
 
 
-def _authorize_read(action: int, *_args) -> int:
-    """sqlite3 authorizer: reads only (no ATTACH, PRAGMA or writes)."""
-    return sqlite3.SQLITE_OK if action in _SQL_ALLOWED else sqlite3.SQLITE_DENY
-
-
-def run_sql(db_path: str | pathlib.Path, sql: str, *, timeout_s: float, max_rows: int) -> list[tuple]:
-    """Runs one read-only statement; raises sqlite3.Error on a bad query, a timeout or too many rows."""
+def _database(db_path: str | pathlib.Path) -> pathlib.Path:
+    """The resolved path of an existing database file; FileNotFoundError otherwise (a setup error)."""
     path = pathlib.Path(db_path).resolve()
     if not path.is_file():
         raise FileNotFoundError(f"SQL database not found: {path}")
-    # immutable: no locks and no -wal/-shm files; temporary tables and sorts stay in memory; results and
-    # strings are capped, so nothing is written to disk and no query can hold gigabytes.
-    conn = sqlite3.connect(f"{path.as_uri()}?mode=ro&immutable=1", uri=True)
-    try:
-        conn.execute("PRAGMA temp_store = MEMORY")
-        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, _SQL_MAX_VALUE_BYTES)
-        conn.set_authorizer(_authorize_read)
-        deadline = time.monotonic() + timeout_s
-        conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
-        rows = conn.execute(sql).fetchmany(max_rows + 1)
-    finally:
-        conn.close()
-    if len(rows) > max_rows:
-        raise sqlite3.OperationalError(f"query returned more than {max_rows} rows")
-    return rows
+    return path
+
+
+def run_sql(db_path: str | pathlib.Path, sql: str, *, timeout_s: float, max_rows: int,
+            max_result_bytes: int = _SQL_MAX_RESULT_BYTES) -> list[tuple]:
+    """Runs one read-only statement in the SQL worker; raises sql_sandbox.SqlError when it fails or
+    overruns a limit."""
+    # immutable: no locks and no -wal/-shm files, so nothing is written next to the database.
+    uri = f"{_database(db_path).as_uri()}?mode=ro&immutable=1"
+    return sql_sandbox.WORKER.run(uri, sql, sql_sandbox.Limits(timeout_s, max_rows, max_result_bytes))
 
 
 def sql_execution_match(db_path: str | pathlib.Path, pred_sql: str, gold_sql: str,
                         cfg: RewardConfig = RewardConfig()) -> tuple[float, str]:
     """1.0 when both queries return the same set of rows; `cfg.sql_executes_score` when the prediction runs
-    but returns other rows; 0.0 when either query fails. The reason says why it is not 1."""
+    but returns other rows; 0.0 when either query fails, whatever the failure. The reason says why it is
+    not 1. Raises only when the database is missing."""
+    _database(db_path)
     results = {}
     for name, sql in (("predicted", pred_sql), ("gold", gold_sql)):
         try:
-            results[name] = set(run_sql(db_path, sql, timeout_s=cfg.sql_timeout_s, max_rows=cfg.sql_max_rows))
-        except sqlite3.Error as e:
-            return 0.0, f"{name} SQL failed: {e}"
+            results[name] = set(run_sql(db_path, sql, timeout_s=cfg.sql_timeout_s, max_rows=cfg.sql_max_rows,
+                                        max_result_bytes=cfg.sql_max_result_bytes))
+        except Exception as e:  # noqa: BLE001 -- model SQL may fail in any way (e.g. a lone surrogate)
+            return 0.0, f"{name} SQL failed: {sql_sandbox.error_message(e)}"
     if results["predicted"] != results["gold"]:
         return float(cfg.sql_executes_score), "result rows differ"
     return 1.0, ""

@@ -41,8 +41,12 @@ _TURN_ACCEPT = {"search": "after_search", "answer": "end"}
 # The assistant turn starts after one of these chat-template headers (ChatML for Qwen, Llama 3).
 _ASSISTANT_MARKERS = ("<|im_start|>assistant", "<|start_header_id|>assistant<|end_header_id|>")
 # End-of-turn / padding tokens a decoded response may carry at its end.
-_TRAILING_SPECIALS = re.compile(r"(?:\s|<\|im_end\|>|<\|eot_id\|>|<\|endoftext\|>|<\|end_of_text\|>)+\Z")
-_INFORMATION_BLOCK = tags.block_pattern(tags.INFORMATION)
+_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>")
+# Whitespace and end tokens, read backwards from the end of a response: one possessive match at the start
+# of the reversed text takes linear time (searching the text for a run that ends at its end is quadratic).
+# No end token ends another, so the run read backwards is the longest one.
+_TRAILING_SPECIALS_REVERSED = re.compile(
+    r"(?:\s+|" + "|".join(re.escape(token[::-1]) for token in _END_TOKENS) + ")*+")
 
 
 class FormatCheck(NamedTuple):
@@ -63,7 +67,7 @@ def response_part(text: str) -> str:
         if start >= 0:
             text = text[start + len(marker):]
             break
-    return _TRAILING_SPECIALS.sub("", text)
+    return text[:len(text) - _TRAILING_SPECIALS_REVERSED.match(text[::-1]).end()]
 
 
 def _walk(text: str, state: str) -> tuple[str, str]:
@@ -104,7 +108,7 @@ def check_turn(text: str, kind: Literal["search", "answer"]) -> FormatCheck:
 
 def _outside_information(text: str) -> str:
     """The response with retrieved passages removed, so tags quoted by a document are never parsed."""
-    return _INFORMATION_BLOCK.sub(" ", response_part(text))
+    return tags.replace_blocks(response_part(text), tags.INFORMATION, " ")
 
 
 def extract_answer(text: str) -> str | None:

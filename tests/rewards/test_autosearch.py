@@ -1,6 +1,7 @@
 """AutoSearch turn rewards on hand-worked trajectories."""
 import dataclasses
 import math
+import time
 
 import numpy as np
 import pytest
@@ -122,3 +123,17 @@ def test_record_validation():
         au.AutoSearchRecord([search("q")], answer("x"), [], GOLDS)
     with pytest.raises(ValueError, match="at least one turn"):
         au.AutoSearchRecord([], None, [], GOLDS)
+
+
+MB = 1_000_000
+
+
+@pytest.mark.parametrize("text", ["a" * MB, "ab " * (MB // 3), " ".join(f"w{i}" for i in range(MB // 8)),
+                                  "<answer>" * (MB // 8)])
+def test_rewards_take_linear_time(text):
+    start = time.perf_counter()
+    au.is_redundant(text, [text[:1000], "paris"], 0.8)
+    record = au.AutoSearchRecord([au.SearchTurn(text, text[:1000], True)], au.AnswerTurn(text, True), [text],
+                                 GOLDS)
+    au.autosearch_rewards(record)
+    assert time.perf_counter() - start < 1.0

@@ -1,11 +1,15 @@
 """DeepRetrieval parsing, reward tables, NDCG and SQL execution match."""
 import math
 import sqlite3
+import time
 
 import pytest
 
 from searchrl.retrieval import metrics
 from searchrl.rewards import deepretrieval as dr
+from searchrl.rewards import sql_sandbox
+
+MB = 1_000_000
 
 
 def _response(answer: str, think: str = "<think>plan</think>") -> str:
@@ -47,6 +51,9 @@ def test_no_reasoning_answers_need_only_the_answer_tags():
     ('{"q": "x"}', 'answer JSON has no "query" field'),
     ('{"query": 3}', '"query" must be a non-empty string, got 3'),
     ('{"query": "  "}', '"query" must be a non-empty string'),
+    ("[" * 100_000, "answer is not valid JSON: maximum recursion depth exceeded"),
+    ('{"query": ' + "1" * 5000 + "}", "answer is not valid JSON: Exceeds the limit (4300 digits)"),
+    ('{"query": [' + "1, " * MB + "1]}", '"query" must be a non-empty string, got [1, 1, 1, 1, 1, 1, ...]'),
 ])
 def test_parse_errors(answer, reason):
     parsed = dr.parse_query_answer(_response(answer))
@@ -169,3 +176,81 @@ def test_sql_limits(db):
     assert dr.sql_execution_match(db, "SELECT 1", "SELECT bad", cfg)[1].startswith("gold SQL failed")
     with pytest.raises(FileNotFoundError, match="SQL database not found"):
         dr.sql_execution_match(db.parent / "missing.db", "SELECT 1", "SELECT 1")
+
+
+@pytest.mark.parametrize("answer", [
+    "[" * MB,
+    '{"query": "' + "a" * MB + '"}',
+    "```" + "-" * MB,
+    "```" + "-" * MB + "```",
+    "```json\n" + " " * MB + "```",
+    '"' + "\\u0041" * (MB // 6) + '"',
+    "1." + "1" * MB,
+    "<answer>" * (MB // 8),
+    "</answer><think>" * (MB // 16),
+])
+def test_parsing_takes_linear_time(answer):
+    start = time.perf_counter()
+    for reasoning in (True, False):
+        dr.parse_sql_answer(f"<think>x</think><answer>{answer}</answer>", reasoning)
+        dr.check_structure(answer, reasoning)
+    assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize("pred, reason", [
+    ("SELECT '\ud800'",
+     "'utf-8' codec can't encode character '\\ud800' in position 8: surrogates not allowed"),
+    ("SELECT fts3_tokenizer('simple')", "not authorized to use function: fts3_tokenizer"),
+    ("SELECT load_extension('evil.so')", "not authorized to use function: load_extension"),
+    ("SELECT zeroblob(500000000) FROM item", "not authorized to use function: zeroblob"),
+    ("SELECT randomblob(9000000) FROM item", "not authorized to use function: randomblob"),
+    ("SELECT sqlite_version()", "not authorized to use function: sqlite_version"),
+    ("SELECT length(printf('%.*c', 5000000, 'x') || printf('%.*c', 5000001, 'x'))", "string or blob too big"),
+    ("SELECT 1\x00", "the query contains a null character"),
+])
+def test_model_sql_never_raises(db, pred, reason):
+    assert dr.sql_execution_match(db, pred, "SELECT 1") == (0.0, f"predicted SQL failed: {reason}")
+
+
+def test_gold_style_functions_run(db):
+    gold = ("SELECT name, count(*), avg(price), sum(price), total(price), max(price), min(price), "
+            "group_concat(id), length(name), upper(substr(name, 1, 1)) || lower(substring(name, 2)), "
+            "instr(name, 'e'), replace(name, 'e', 'a'), trim(' ' || name || ' '), round(avg(price), 1), "
+            "coalesce(NULL, name), ifnull(NULL, 1), nullif(1, 1), iif(count(*) > 1, 'many', 'one'), "
+            "CAST(sum(price) AS INTEGER), abs(-1), typeof(price), printf('%.2f', sum(price)), "
+            "strftime('%Y', '2024-03-01'), date('2024-03-01', '+1 day'), julianday('2024-03-01') > 0, "
+            "name LIKE 'p%', name GLOB 'b*', rank() OVER (ORDER BY sum(price) DESC), "
+            "CASE WHEN max(price) > 5 THEN 'dear' ELSE 'cheap' END "
+            "FROM item GROUP BY name ORDER BY name")
+    assert dr.sql_execution_match(db, gold, gold) == (1.0, "")
+
+
+def test_sql_results_are_capped_in_bytes(db):
+    cfg = dr.RewardConfig(sql_max_result_bytes=1_000_000)
+    big = "SELECT printf('%.*c', 400000 + id, 'x') FROM item"
+    assert dr.sql_execution_match(db, big, "SELECT 1", cfg) == (
+        0.0, "predicted SQL failed: the result holds more than 1000000 bytes")
+
+
+@pytest.fixture
+def quick_kill(monkeypatch):
+    worker = sql_sandbox.Worker(kill_grace_s=0.3)
+    monkeypatch.setattr(sql_sandbox, "WORKER", worker)
+    yield
+    worker.close()
+
+
+@pytest.mark.parametrize("pred", [
+    # 20 rows of a call that loops 10**8 times: 14 s against this deadline, checked every 1,000 VM steps.
+    "WITH RECURSIVE n(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM n LIMIT 20) "
+    "SELECT printf('%.*c', 100000000 + k, 'x') FROM n",
+    # One quadratic call: minutes.
+    "SELECT instr(printf('%.*c', 3000000, 'a'), printf('%.*c', 1500000, 'a') || 'b')",
+])
+def test_slow_sql_stops_near_its_deadline(db, quick_kill, pred):
+    cfg = dr.RewardConfig(sql_timeout_s=0.5)
+    start = time.perf_counter()
+    score, reason = dr.sql_execution_match(db, pred, "SELECT 1", cfg)
+    assert time.perf_counter() - start < 2.0
+    assert score == 0.0 and reason.startswith("predicted SQL failed: ")
+    assert dr.sql_execution_match(db, "SELECT 1", "SELECT 1", cfg) == (1.0, "")

@@ -1,5 +1,9 @@
 """The search-QA tag grammar, answer and query extraction."""
+import re
+import time
+
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from searchrl.rewards import protocol
 
@@ -74,3 +78,49 @@ def test_extract_queries_and_information():
 ])
 def test_check_turn(text, kind, ok):
     assert protocol.check_turn(text, kind).ok is ok
+
+
+# The pattern response_part used to strip with (quadratic: 40,000 spaces and a letter took 21 s).
+OLD_TRAILING = re.compile(r"(?:\s|<\|im_end\|>|<\|eot_id\|>|<\|endoftext\|>|<\|end_of_text\|>)+\Z")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("<answer>x</answer><|im_end|>\n<|endoftext|> <|endoftext|>", "<answer>x</answer>"),
+    ("a <|eot_id|>\n<|end_of_text|>", "a"),
+    ("a<|im_end|>b<|im_end|>", "a<|im_end|>b"),
+    ("a<|im_end|", "a<|im_end|"),
+    (" <|im_end|> ", ""),
+])
+def test_response_part_strips_trailing_end_tokens(text, expected):
+    assert protocol.response_part(text) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>", "<|im_end",
+                                 "|>", "text", " ", "\n", "\u3000", "x"]), max_size=12).map("".join))
+def test_response_part_strips_as_the_old_pattern(text):
+    assert protocol.response_part(text) == OLD_TRAILING.sub("", text)
+
+
+MB = 1_000_000
+
+
+@pytest.mark.parametrize("text", [
+    " " * MB + "x",
+    "\n" * MB,
+    "<|im_end|>" * (MB // 10) + "x",
+    "<|im_end|" * (MB // 9),
+    "<think>" * (MB // 7),
+    "<information>" * (MB // 13) + "</answer>",
+    "<answer>" * (MB // 8) + "<|im_end|>" * 10,
+    "<" * MB,
+    "<|im_start|>assistant" * (MB // 21),
+])
+def test_protocol_parsers_take_linear_time(text):
+    start = time.perf_counter()
+    protocol.check_sequence(text)
+    protocol.check_turn(text, "search")
+    protocol.extract_answer(text)
+    protocol.extract_queries(text)
+    protocol.information_blocks(text)
+    assert time.perf_counter() - start < 1.0

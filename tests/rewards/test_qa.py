@@ -1,4 +1,6 @@
 """QA metrics on hand-computed cases."""
+import time
+
 import pytest
 
 from searchrl.rewards import qa
@@ -64,3 +66,15 @@ def test_f1_empty_and_bad_golds():
     assert qa.f1("x", []) == 0.0
     with pytest.raises(TypeError, match="strings"):
         qa.f1("x", [1])
+
+
+MB = 1_000_000
+
+
+@pytest.mark.parametrize("metric", [qa.exact_match, qa.cover_em, qa.has_answer, qa.f1])
+@pytest.mark.parametrize("text", ["a " * (MB // 2), "the " * (MB // 4), "a" * MB, "!" * MB,
+                                  "ab " * (MB // 3)])
+def test_metrics_take_linear_time(metric, text):
+    start = time.perf_counter()
+    metric(text, ["a b", text[:100]])
+    assert time.perf_counter() - start < 1.0

@@ -1,4 +1,6 @@
 """Search-R1 rewards: every row of the qa_em_format.py table."""
+import time
+
 import pytest
 
 from searchrl.rewards import search_r1
@@ -55,3 +57,21 @@ def test_em_reward():
 def test_retrieval_hit():
     assert search_r1.retrieval_hit(_valid("x", info=HIT), GOLDS)
     assert not search_r1.retrieval_hit(_valid("x"), GOLDS)
+
+
+MB = 1_000_000
+
+
+@pytest.mark.parametrize("response", [
+    " " * (40_000) + "x",  # 21 s when end tokens were stripped with a searching pattern
+    " " * MB + "x",
+    "<|endoftext|>" * (MB // 13) + "x",
+    "<information>" * (MB // 13),
+    _valid("x" * MB, HIT * 1000),
+    "<answer>" * (MB // 8) + "</answer>",
+])
+def test_rewards_take_linear_time(response):
+    start = time.perf_counter()
+    search_r1.search_r1_reward(response, GOLDS)
+    search_r1.search_r1_em_reward(response, GOLDS)
+    assert time.perf_counter() - start < 1.0
