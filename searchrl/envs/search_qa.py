@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 from searchrl.episode import Action, Observation, SideBranch, Trajectory, Turn
 from searchrl.retrieval import make_retriever
-from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable, Retriever
+from searchrl.retrieval.types import Hit, RetrievalError, Retriever, search_each
 from searchrl.rewards import autosearch, protocol, qa, search_r1
 from searchrl.text import tags
 
@@ -147,26 +147,9 @@ class SearchQAEnv:
         return [next(results) if problem is None else problem for problem in problems]
 
     def _retrieve(self, queries: list[str]) -> list[list[Hit] | str]:
-        """One batched search; when it fails, one search per query (see `observe` for when it raises)."""
-        try:
-            return self.retriever.search(queries, self.config.topk)
-        except RetrievalUnavailable:
-            raise
-        except RetrievalError:
-            alone = [self._search_alone(q) for q in queries]
-            if all(isinstance(outcome, RetrievalError) for outcome in alone):
-                raise
-            return [f"The search failed: {outcome}"[:500] if isinstance(outcome, RetrievalError) else outcome
-                    for outcome in alone]
-
-    def _search_alone(self, query: str) -> list[Hit] | RetrievalError:
-        """The query's hits, or the error that is its own (not the retriever being down)."""
-        try:
-            return self.retriever.search([query], self.config.topk)[0]
-        except RetrievalUnavailable:
-            raise
-        except RetrievalError as e:
-            return e
+        """Each query's hits, or why its search failed (see `observe` for when it raises)."""
+        return [f"The search failed: {outcome}"[:500] if isinstance(outcome, RetrievalError) else outcome
+                for outcome in search_each(self.retriever, queries, self.config.topk)]
 
     def rewards(self, trajectory: Trajectory, examples: Sequence[Mapping[str, Any]]) -> list[list[float]]:
         """Outcome rewards (`em`, `search_r1`) on the last turn, or AutoSearch's turn-level rewards."""

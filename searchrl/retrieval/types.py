@@ -35,3 +35,27 @@ class RetrievalError(RuntimeError):
 class RetrievalUnavailable(RetrievalError):
     """The server could not answer: failed connections, timeouts, 5xx or unreadable bodies outlasted the
     retries."""
+
+
+def search_each(retriever: Retriever, queries: Sequence[str], k: int) -> list[list[Hit] | RetrievalError]:
+    """One batched search; when the batch is refused (`RetrievalError`), one search per query, so one bad query
+    cannot fail the others: a query's own error is its outcome. Raises when the retriever is down
+    (`RetrievalUnavailable`: its retries used up), or when no query can be searched even alone."""
+    try:
+        return retriever.search(queries, k)
+    except RetrievalUnavailable:
+        raise
+    except RetrievalError:
+        alone = [_search_alone(retriever, query, k) for query in queries]
+        if all(isinstance(outcome, RetrievalError) for outcome in alone):
+            raise
+        return alone
+
+
+def _search_alone(retriever: Retriever, query: str, k: int) -> list[Hit] | RetrievalError:
+    try:
+        return retriever.search([query], k)[0]
+    except RetrievalUnavailable:
+        raise
+    except RetrievalError as e:
+        return e

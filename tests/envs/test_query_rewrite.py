@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
 from searchrl.envs import query_rewrite as qr
 from searchrl.envs.query_rewrite import prompts
 from searchrl.episode import Action, Trajectory, Turn
-from searchrl.retrieval.types import Hit
+from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable
 from searchrl.rewards import deepretrieval as dr
 from searchrl.text import chat
 
@@ -182,3 +182,29 @@ def test_config_errors_name_the_setting():
         qr.QueryRewriteEnv(qr.Config(task="classic"), None)
     with pytest.raises(RuntimeError, match="one turn long"):
         qr.QueryRewriteEnv(qr.Config(), CountingRetriever({})).observe([])
+
+
+class RefusingRetriever(CountingRetriever):
+    """Refuses any batch holding a query with "((" (as a search engine refuses a query it cannot parse), or
+    is down."""
+
+    def __init__(self, results, down=False):
+        super().__init__(results)
+        self.down = down
+
+    def search(self, queries, k):
+        if self.down:
+            raise RetrievalUnavailable("the engine is down")
+        if any("((" in q for q in queries):
+            raise RetrievalError("cannot parse the query")
+        return super().search(queries, k)
+
+
+def test_a_refused_query_retrieves_nothing_and_a_down_retriever_stops_the_run():
+    env = qr.QueryRewriteEnv(qr.Config(task="classic"), RefusingRetriever({"good": [Hit("a", 1.0)]}))
+    examples = [{"id": str(i), "question": "q", "qrels": {"a": 1}} for i in range(2)]
+    rewards = env.rewards(trajectory([answer(env, "good"), answer(env, "((bad")]), examples)
+    assert rewards == [[pytest.approx(1.1)], [0.0]]  # NDCG 1 + format 0.1; nothing retrieved
+    down = qr.QueryRewriteEnv(qr.Config(task="classic"), RefusingRetriever({}, down=True))
+    with pytest.raises(RetrievalUnavailable):
+        down.rewards(trajectory([answer(down, "good")]), examples[:1])

@@ -28,7 +28,7 @@ from searchrl.envs.query_rewrite import prompts
 from searchrl.episode import Action, Observation, Trajectory
 from searchrl.retrieval import make_retriever
 from searchrl.retrieval import metrics as ir
-from searchrl.retrieval.types import Hit, Retriever
+from searchrl.retrieval.types import Hit, RetrievalError, Retriever, search_each
 from searchrl.rewards import deepretrieval as dr
 from searchrl.text import chat, tags
 
@@ -149,9 +149,12 @@ class QueryRewriteEnv:
         return query
 
     def _search(self, queries: Sequence[str]) -> dict[str, list[Hit]]:
-        """Every distinct query retrieved in one batched call."""
+        """Every distinct query retrieved in one batched call. A query the retriever refuses (e.g. a Boolean
+        query the search engine cannot parse) retrieves nothing; a retriever that is down raises
+        (`retrieval.types.search_each`)."""
         unique = list(dict.fromkeys(queries))
-        return dict(zip(unique, self.retriever.search(unique, self.config.depth))) if unique else {}
+        outcomes = search_each(self.retriever, unique, self.config.depth) if unique else []
+        return {query: [] if isinstance(hits, RetrievalError) else hits for query, hits in zip(unique, outcomes)}
 
     def _score(self, value: str, example: Mapping[str, Any], hits: Sequence[Hit] | None
                ) -> tuple[float, dict[str, float]]:
