@@ -9,12 +9,15 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from types import ModuleType
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import ml_collections
 
 from searchrl.configlib import from_config, to_config
-from searchrl.episode import Env
+from searchrl.episode import Action, Env, Turn
+from searchrl.text import tags
+
+INVALID = "invalid"  # the action kind of a turn that is not a valid action, in every env
 
 
 def known() -> list[str]:
@@ -41,3 +44,24 @@ def build(group: Mapping[str, Any] | ml_collections.ConfigDict, retrieval: Mappi
     values = dict(group.to_dict() if isinstance(group, ml_collections.ConfigDict) else group)
     module = env_module(values.pop("name"))
     return module.make(from_config(module.Config, values, "config.env"), retrieval)
+
+
+def tool_or_answer(turn_text: str, turn_index: int, max_turns: int, tool: str, missing: str,
+                   tool_disabled: str) -> Action:
+    """The first `<tool>` or `<answer>` block of a turn as its action (kind: the tag). An answer ends the
+    episode, and so does the turn after the last tool turn (`turn_index >= max_turns`), whatever it holds: a
+    tool call there is invalid (`tool_disabled`), as is a turn with neither block (`missing`)."""
+    last_turn = turn_index >= max_turns
+    block = tags.first_block(turn_text, tool, tags.ANSWER)
+    if block is None:
+        return Action(INVALID, missing, done=last_turn)
+    kind, content = block
+    if kind == tool and last_turn:
+        return Action(INVALID, tool_disabled, done=True)
+    return Action(kind, content, done=kind == tags.ANSWER or last_turn)
+
+
+def final_answer(turns: Sequence[Turn]) -> str:
+    """The answer of a row's last turn ("" when it did not answer)."""
+    last = turns[-1].action if turns else None
+    return last.content if last is not None and last.kind == tags.ANSWER else ""

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from searchrl.envs import INVALID, final_answer, tool_or_answer
 from searchrl.episode import Action, Observation, Trajectory, Turn
 from searchrl.programs import Limits, execute
 from searchrl.configlib import from_config
@@ -29,7 +30,7 @@ from searchrl.retrieval.types import Hit
 from searchrl.rewards import qa
 from searchrl.text import chat, tags
 
-PROGRAM, ANSWER, INVALID = "program", "answer", "invalid"  # the action kinds
+PROGRAM, ANSWER = tags.PROGRAM, tags.ANSWER  # the action kinds, with INVALID
 ACTION_SPACES = {"dense": ("dense_retrieval",), "dual": ("sparse_retrieval", "dense_retrieval"),
                  "sdk": SDK_FUNCTIONS}
 GLOBALQA_TYPES = ("topk", "count", "sort", "minmax")
@@ -122,14 +123,9 @@ class ProgramEnv:
         return chat.Chat(tuple(chat.messages("", text)), {"enable_thinking": self.config.enable_thinking})
 
     def parse_action(self, turn_text: str, turn_index: int) -> Action:
-        last_turn = turn_index >= self.config.max_turns
-        block = tags.first_block(turn_text, tags.PROGRAM, tags.ANSWER)
-        if block is None:
-            return Action(INVALID, "no complete <program> or <answer> block", done=last_turn)
-        kind, content = block
-        if kind == PROGRAM and last_turn:
-            return Action(INVALID, "no more programs: this turn must answer", done=True)
-        return Action(kind, content, done=kind == ANSWER or last_turn)
+        return tool_or_answer(turn_text, turn_index, self.config.max_turns, PROGRAM,
+                              "no complete <program> or <answer> block",
+                              "no more programs: this turn must answer")
 
     def run(self, source: str) -> Observation:
         """One program in the sandbox; what it showed (or its error) as the observation."""
@@ -179,11 +175,6 @@ class ProgramEnv:
                 "program_errors": sum(t.info.get("error") is not None for t in programs),
                 **{f"uses_{name}": float(name in called) for name in SDK_FUNCTIONS}})
         return rows
-
-
-def final_answer(turns: Sequence[Turn]) -> str:
-    last = turns[-1].action if turns else None
-    return last.content if last is not None and last.kind == ANSWER else ""
 
 
 def context_tokens(trajectory: Trajectory) -> np.ndarray:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
+from searchrl.envs import INVALID, final_answer, tool_or_answer
 from searchrl.episode import Action, Observation, SideBranch, Trajectory, Turn
 from searchrl.retrieval import make_retriever
 from searchrl.retrieval.types import Hit, RetrievalError, Retriever, search_each
@@ -17,7 +18,7 @@ from searchrl.rewards import autosearch, protocol, qa, search_r1
 from searchrl.text import tags
 
 REWARDS = ("em", "search_r1", "autosearch")
-SEARCH, ANSWER, INVALID = "search", "answer", "invalid"  # the action kinds
+SEARCH, ANSWER = tags.SEARCH, tags.ANSWER  # the action kinds, with INVALID
 INTERMEDIATE_ANSWER = "intermediate_answer"  # the side branch's name, the key of its text in `Turn.info`
 
 SEARCH_R1_PROMPT = (
@@ -117,14 +118,8 @@ class SearchQAEnv:
 
         An answer ends the episode, and so does the turn after the last search turn, whatever it holds.
         """
-        last_turn = turn_index >= self.config.max_turns
-        block = tags.first_block(turn_text, tags.SEARCH, tags.ANSWER)
-        if block is None:
-            return Action(INVALID, "no <search> or <answer> block", done=last_turn)
-        kind, content = block
-        if kind == SEARCH and last_turn:
-            return Action(INVALID, "search is disabled in the final turn", done=True)
-        return Action(kind, content, done=kind == ANSWER or last_turn)
+        return tool_or_answer(turn_text, turn_index, self.config.max_turns, SEARCH,
+                              "no <search> or <answer> block", "search is disabled in the final turn")
 
     def observe(self, actions: Sequence[Action]) -> list[Observation]:
         """Retrieves for every search action in one batched call; invalid actions get Search-R1's message.
@@ -195,12 +190,6 @@ def make(config: Config, retrieval: Mapping[str, Any]) -> SearchQAEnv:
 
 def searches(turns: Sequence[Turn]) -> int:
     return sum(turn.action.kind == SEARCH for turn in turns)
-
-
-def final_answer(turns: Sequence[Turn]) -> str:
-    """The answer of a row's last turn ("" when it did not answer)."""
-    last = turns[-1].action if turns else None
-    return last.content if last is not None and last.kind == ANSWER else ""
 
 
 def intermediate_answer(turn: Turn) -> str | None:
