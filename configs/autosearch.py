@@ -6,9 +6,17 @@ Usage: python -m searchrl.main --config configs/autosearch.py:PRESET train [--co
 Presets:
   tiny                 the CPU demo: a synthetic world, BM25, a tiny model, SFT cold start then PPO.
   tiny_no_efficiency   the demo's ablation: the efficiency reward off (AutoSearch's ablation in miniature).
-  paper                AutoSearch on Qwen2.5-3B base (the Search-R1 setup it builds on, see search_r1.py:paper).
-  paper_grpo           the same with GRPO (5 responses per prompt), no critic.
-Sources cited below: [AS] the AutoSearch paper's §4.1 setup, [R1] Search-R1's train_ppo.sh.
+  paper                AutoSearch's public PPO run on Qwen2.5-3B base, with the reward as the paper means it
+                       (searchrl/rewards/autosearch.py lists where the public code differs).
+  paper_public_reward  the same with the public code's reward exactly (env.autosearch.public_code).
+  paper_no_efficiency, paper_no_quality, paper_no_base
+                       the paper-scale ablations: one reward component off.
+  paper_grpo           the same with GRPO (5 responses per prompt, KL as a loss), no critic.
+Sources cited below, all in github.com/bofusun/AutoSearch: [AS] experiments/train_autosearch.sh, [AY] the
+defaults it leaves unset, verl/trainer/config/ppo_trainer_tune.yaml, [AT] the trainer it runs
+(verl/trainer/ppo/ray_trainer_turn64.py, search_r1/llm_agent/generation_turn1.py); [AS] repeats Search-R1's
+v0.2 PPO settings, which configs/search_r1.py:paper cites (tests/app/test_presets.py checks every value
+against [AS]). [G2] Search-R1's scripts/nq_hotpotqa/v0.2/train_grpo.sh.
 """
 import os
 import sys
@@ -35,20 +43,67 @@ def _autosearch(config):
 
 def paper(config):
     config = _autosearch(search_r1.paper(config))
-    config.env.max_turns = 4  # up to four search turns [AS]
-    config.rollout.max_turn_tokens = 500  # response 500 tokens per turn [AS]
-    config.rollout.max_obs_tokens = 800  # observation 800 tokens [AS]
-    config.rollout.obs_buckets = (200, 400, 800)
-    config.rollout.max_len = 4096 + 5 * 500 + 4 * 800
+    config.model.path = "/data/models/Qwen2.5-3B"  # BASE_MODEL=.../Qwen2.5-3B [AS]
+    config.env.max_turns = 4  # max_turns=4 [AS]
+    config.rollout.update(dict(
+        max_prompt_tokens=2048,  # data.max_start_length=2048 [AS]
+        max_turn_tokens=500,  # data.max_response_length=500 [AS]
+        max_obs_tokens=800,  # data.max_obs_length=800 [AS]
+        obs_buckets=(200, 400, 800),
+        # The longest sequence [AS] trains on: that prompt, then the turns and observations cut to their
+        # first data.max_prompt_length=6500 tokens (generation_turn1.py _update_right_side [AT]).
+        max_len=2048 + 6500,
+    ))
+    # KL in the reward with the low-variance estimator: algorithm.kl_penalty="low_var_kl" [AS], each token's
+    # estimate clamped to [-5, 5] (ray_trainer_turn64.py apply_kl_penalty [AT]); coefficient 0.001 [AS].
+    config.rl.kl_reward_estimator = "low_var_kl"
+    config.rl.kl_reward_clip = 5.0
+    return config
+
+
+def paper_public_reward(config):
+    """The public code's reward exactly (searchrl/rewards/autosearch.py, public_rewards)."""
+    config = paper(config)
+    config.env.autosearch.public_code = True
+    return config
+
+
+def _no_efficiency(config):
+    config.env.autosearch.update(dict(efficiency_budget=0.0, efficiency_step_cost=0.0,
+                                      efficiency_overshoot_penalty=0.0, efficiency_wrong_answer_reward=0.0))
+    return config
+
+
+def paper_no_efficiency(config):
+    """Ablation: no reward for stopping at the minimal sufficient depth."""
+    return _no_efficiency(paper(config))
+
+
+def paper_no_quality(config):
+    """Ablation: no reward for the intermediate answers' F1 gains."""
+    config = paper(config)
+    config.env.autosearch.quality_coef = 0.0
+    return config
+
+
+def paper_no_base(config):
+    """Ablation: no format, redundancy or correct-answer reward (efficiency still reads correctness)."""
+    config = paper(config)
+    config.env.autosearch.update(dict(search_format_reward=0.0, answer_format_reward=0.0,
+                                      answer_format_penalty=0.0, correct_answer_reward=0.0))
     return config
 
 
 def paper_grpo(config):
+    """GRPO as Search-R1's [G2] (AutoSearch publishes no GRPO script)."""
     config = paper(config)
-    config.rl.advantage = "grpo"
-    config.rl.responses_per_prompt = 5  # 5 responses per prompt [AS, R1 train_grpo.sh]
+    config.rl.advantage = "grpo"  # algorithm.adv_estimator=grpo [G2]
+    config.rl.responses_per_prompt = 5  # actor_rollout_ref.rollout.n_agent=5 [G2]
     config.rl.use_critic = False
-    config.rl.whiten_advantages = False
+    config.rl.whiten_advantages = False  # GRPO advantages are already normalised per group
+    config.rl.kl_in_reward = False  # use_kl_loss=true: no KL in the reward [G2]
+    config.rl.kl_loss_coef = 0.001  # actor_rollout_ref.actor.kl_loss_coef=0.001 [G2]
+    config.rl.kl_loss_type = "low_var_kl"  # actor_rollout_ref.actor.kl_loss_type=low_var_kl [G2]
     return config
 
 
@@ -101,19 +156,17 @@ def tiny(config):
 
 
 def tiny_no_efficiency(config):
-    config = tiny(config)
+    config = _no_efficiency(tiny(config))
     config.workdir = "runs/demo_no_efficiency"
     config.tokenizer = os.path.join(config.workdir, "tokenizer")
     config.data.dir = config.workdir
     config.retrieval.index_dir = os.path.join(config.workdir, "index")
-    config.env.autosearch.efficiency_budget = 0.0
-    config.env.autosearch.efficiency_step_cost = 0.0
-    config.env.autosearch.efficiency_overshoot_penalty = 0.0
-    config.env.autosearch.efficiency_wrong_answer_reward = 0.0
     return config
 
 
-PRESETS = {"tiny": tiny, "tiny_no_efficiency": tiny_no_efficiency, "paper": paper, "paper_grpo": paper_grpo}
+PRESETS = {"tiny": tiny, "tiny_no_efficiency": tiny_no_efficiency, "paper": paper,
+           "paper_public_reward": paper_public_reward, "paper_no_efficiency": paper_no_efficiency,
+           "paper_no_quality": paper_no_quality, "paper_no_base": paper_no_base, "paper_grpo": paper_grpo}
 
 
 def get_config(arg: str = "tiny"):

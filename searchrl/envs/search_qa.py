@@ -48,6 +48,7 @@ class Config:
     intermediate_answers: bool = False  # answer after every search on a side branch (AutoSearch)
     answer_prompt: str = ANSWER_PROMPT  # appended after a search's observation to elicit that answer
     intermediate_answer_tokens: int = 32  # budget of one intermediate answer
+    search_r1: search_r1.RewardConfig = search_r1.RewardConfig()  # reward="search_r1"'s scores
     autosearch: autosearch.RewardConfig = autosearch.RewardConfig()
 
 
@@ -158,7 +159,8 @@ class SearchQAEnv:
             if self.config.reward == "em":
                 score = qa.exact_match(final_answer(turns), golds)
             else:
-                score = search_r1.search_r1_reward(trajectory.response_text(b), golds)
+                score = search_r1.search_r1_reward(trajectory.response_text(b), golds,
+                                                   **dataclasses.asdict(self.config.search_r1))
             out.append([0.0] * (len(turns) - 1) + [score])
         return out
 

@@ -1,5 +1,7 @@
 """searchrl.eval: greedy evaluation of any environment's policy with the metrics the env reports, the papers'
-tables, accuracy by search budget and AutoSearch's search-depth analysis.
+tables, accuracy by search budget and AutoSearch's search-depth analysis; AutoSearch's pilot study at forced
+search depth (`pilot`, `forced_depth`) and the prompting baselines Direct, CoT, RAG, IRCoT, Search-o1
+(`baselines`, `prompts`).
 
 Library use (the trainer, notebooks): `evaluate_policy(...)`, then `write_report(results, out_dir)`;
 command line: `python -m searchrl.eval --config ... --checkpoint ...` (see `searchrl.eval.__main__`).

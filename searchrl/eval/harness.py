@@ -24,6 +24,7 @@ from searchrl import experiment, models
 from searchrl.data import datasets as data_lib
 from searchrl.episode import Env
 from searchrl.eval import report
+from searchrl.rewards import qa
 from searchrl.rollout.config import RolloutConfig, SamplingParams
 from searchrl.rollout.engine import RolloutEngine
 
@@ -40,6 +41,28 @@ def _hops(example: Mapping[str, Any]) -> int | None:
                          f"must be an integer, got {hops!r}") from None
 
 
+def tagged_examples(datasets: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """Every question of every dataset, in order, each with its "dataset" (its own, else the dataset's
+    name)."""
+    return [{**r, "dataset": r.get("dataset", name)} for name, records in datasets.items() for r in records]
+
+
+def question_row(example: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """One JSON-able result row: the example's dataset, id and hop count, then `metrics`."""
+    return {"dataset": example.get("dataset", ""), "id": example.get("id"), "hops": _hops(example), **metrics}
+
+
+def qa_scores(answer: str, golds: Sequence[str]) -> dict[str, float]:
+    """An answer's EM, F1 and cover-EM against the golden answers (`searchrl.rewards.qa`)."""
+    return {"em": qa.exact_match(answer, golds), "f1": qa.f1(answer, golds),
+            "cover_em": qa.cover_em(answer, golds)}
+
+
+def padded(chunk: Sequence[Any], batch_size: int) -> list[Any]:
+    """`chunk` padded to `batch_size` items by repeating its last (a batch of one static shape)."""
+    return list(chunk) + [chunk[-1]] * (batch_size - len(chunk))
+
+
 def question_rows(env: Env, engine: RolloutEngine, params, examples: Sequence[Mapping[str, Any]],
                   batch_size: int, desc: str = "eval") -> list[dict[str, Any]]:
     """Greedy rollouts of `examples` in batches of exactly `batch_size` rows; one JSON-able row per example:
@@ -47,12 +70,10 @@ def question_rows(env: Env, engine: RolloutEngine, params, examples: Sequence[Ma
     rows = []
     for start in tqdm(range(0, len(examples), batch_size), desc=desc, disable=jax.process_index() != 0):
         chunk = list(examples[start:start + batch_size])
-        padded = chunk + [chunk[-1]] * (batch_size - len(chunk))
-        traj = engine.run(params, padded, jax.random.key(0)).first_rows(len(chunk))
+        traj = engine.run(params, padded(chunk, batch_size), jax.random.key(0)).first_rows(len(chunk))
         for b, (example, metrics) in enumerate(zip(chunk, env.metrics(traj, chunk))):
-            rows.append({"dataset": example.get("dataset", ""), "id": example.get("id"),
-                         "hops": _hops(example), **metrics, "finish_reason": traj.finish_reasons[b],
-                         "response": traj.response_text(b)})
+            rows.append(question_row(example, {**metrics, "finish_reason": traj.finish_reasons[b],
+                                               "response": traj.response_text(b)}))
     return rows
 
 
@@ -84,8 +105,7 @@ def evaluate_policy(model_cfg: models.ModelConfig, params, tokenizer, env: Env,
     _check_inputs(env, datasets, batch_size, budgets)
     rollout = dataclasses.replace(rollout, sampling=SamplingParams(temperature=0.0))
     params = jax.tree.map(jnp.asarray, params)
-    examples = [{**r, "dataset": r.get("dataset", name)}
-                for name, records in datasets.items() for r in records]
+    examples = tagged_examples(datasets)
 
     def run(run_env: Env, with_branch: bool, desc: str) -> list[dict[str, Any]]:
         engine = RolloutEngine(model_cfg, tokenizer, run_env, rollout, side_branch=with_branch)
@@ -122,6 +142,22 @@ def default_out_dir(config: ml_collections.ConfigDict, info: Mapping[str, Any]) 
     return out / f"step_{info['step']}" if info.get("step") is not None else out
 
 
+def load_eval_data(config: ml_collections.ConfigDict, datasets: str = "", split: str = "",
+                   limit: int | None = None) -> tuple[dict[str, list[dict]], str]:
+    """(questions by dataset, split) to evaluate; empty / None arguments take the config's values
+    (data.eval, data.eval_split, data.eval_limit). An unknown dataset fails before anything is built."""
+    _require_groups(config)
+    names = datasets or config.data.eval
+    split = split or config.data.eval_split
+    limit = config.data.eval_limit if limit is None else limit
+    data = data_lib.load_examples(config.data.dir, names, split, config.data.format)
+    if not data:
+        raise ValueError(f"No dataset named in {names!r}.")
+    if limit > 0:
+        data = {name: records[:limit] for name, records in data.items()}
+    return data, split
+
+
 def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str = "", *, step: int | None = None,
                         datasets: str = "", split: str = "", limit: int | None = None,
                         budgets: Sequence[int] = (), batch_size: int = 0, side_branch: bool = True
@@ -132,16 +168,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str = "",
 
     Returns (results, info); info as `experiment.load_checkpoint`'s, with kind "config" when no checkpoint was
     given."""
-    _require_groups(config)
-    names = datasets or config.data.eval
-    split = split or config.data.eval_split
-    limit = config.data.eval_limit if limit is None else limit
-    # fails fast on an unknown dataset
-    data = data_lib.load_examples(config.data.dir, names, split, config.data.format)
-    if not data:
-        raise ValueError(f"No dataset named in {names!r}.")
-    if limit > 0:
-        data = {name: records[:limit] for name, records in data.items()}
+    data, split = load_eval_data(config, datasets, split, limit)
     built = experiment.build(config, train_data=False, checkpoint=checkpoint, step=step)
     results = evaluate_policy(built.model_cfg, built.policy, built.tokenizer, built.env, data, built.rollout,
                               batch_size or config.train.batch_size, budgets, side_branch)

@@ -165,7 +165,8 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def _label(row: Mapping[str, Any]) -> str:
+def group_label(row: Mapping[str, Any]) -> str:
+    """A row's group: its dataset, with its hop count when it has one."""
     return f"{row['dataset']} ({row['hops']}-hop)" if row.get("hops") is not None else row["dataset"]
 
 
@@ -173,7 +174,7 @@ def main_markdown(results: Mapping[str, Any]) -> str:
     """The papers' table: each metric per dataset, and their average over datasets."""
     metrics = table_metrics(results)
     return markdown_table(("dataset", "n", *metrics),
-                          [(_label(r), r["n"], *(r[m] for m in metrics)) for r in results["table"]])
+                          [(group_label(r), r["n"], *(r[m] for m in metrics)) for r in results["table"]])
 
 
 def table_metrics(results: Mapping[str, Any]) -> list[str]:
@@ -202,14 +203,14 @@ def markdown(results: Mapping[str, Any]) -> str:
     if curves:
         metric = curves["headline"]
         header = ("group", *(f"{metric} @ {b}" for b in curves["budgets"]))
-        rows = [(_label(r), *r[metric]) for r in curves["datasets"] + curves["hops"]]
+        rows = [(group_label(r), *r[metric]) for r in curves["datasets"] + curves["hops"]]
         parts += ["", "## Accuracy by search budget", "",
                   f"{metric} when at most b searches are allowed (env.max_turns = b; the turn after the last "
                   "search cannot search, and a search there is an invalid action that scores 0).", "",
                   markdown_table(header, rows)]
     depth = results.get("depth")
     if depth:
-        rows = [(_label(r), r["n"], *(f"{r['counts'][k]} ({r['fractions'][k]:.2f})"
+        rows = [(group_label(r), r["n"], *(f"{r['counts'][k]} ({r['fractions'][k]:.2f})"
                                       for k in depth["buckets"]))
                 for r in depth["datasets"] + depth["hops"]]
         prompt = json.dumps(meta.get("side_branch_prompt"))
@@ -254,13 +255,19 @@ def write_report(results: Mapping[str, Any], out_dir: str | os.PathLike) -> dict
 
 # ---- Plot ----
 
-def plot_depth_analysis(results: Mapping[str, Any], path: str | os.PathLike) -> None:
-    """Accuracy vs search budget (per dataset, and per hop count when known) and the depth histogram."""
-    import matplotlib  # local: only plotting needs it
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (imported here: only plotting needs it)."""
+    import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_depth_analysis(results: Mapping[str, Any], path: str | os.PathLike) -> None:
+    """Accuracy vs search budget (per dataset, and per hop count when known) and the depth histogram."""
+    plt = pyplot()
     curves, depth = results.get("budgets"), results.get("depth")
     panels = ([("datasets", curves["datasets"])] if curves else [])
     panels += [("hops", curves["hops"])] if curves and curves["hops"] else []
@@ -272,7 +279,7 @@ def plot_depth_analysis(results: Mapping[str, Any], path: str | os.PathLike) -> 
             continue
         for row in content:
             style = "--" if row["dataset"] == AVERAGE else "-"
-            ax.plot(curves["budgets"], row[curves["headline"]], style, marker="o", label=_label(row))
+            ax.plot(curves["budgets"], row[curves["headline"]], style, marker="o", label=group_label(row))
         headline = curves["headline"]
         ax.set(xlabel="searches allowed (env.max_turns)", ylabel=headline, xticks=curves["budgets"],
                title=f"{headline} by search budget" + (" and hop count" if kind == "hops" else ""))
@@ -284,15 +291,20 @@ def plot_depth_analysis(results: Mapping[str, Any], path: str | os.PathLike) -> 
 
 
 def _depth_bars(ax, depth: Mapping[str, Any]) -> None:
-    """Grouped bars: the fraction of questions at each minimal sufficient depth, one colour per dataset."""
-    buckets, groups = depth["buckets"], depth["datasets"]
+    """The fraction of questions at each minimal sufficient depth, one colour per dataset."""
+    groups = depth["datasets"]
     if len(groups) == 2:  # one dataset: its bars are the pooled ones
         groups = groups[:1]
-    width = 0.8 / len(groups)
+    depth_bars(ax, depth["buckets"], [(group_label(row), row["fractions"]) for row in groups])
+
+
+def depth_bars(ax, buckets: Sequence[str], bars: Sequence[tuple[str, Mapping[str, float]]],
+               title: str = "Minimal sufficient search depth") -> None:
+    """Grouped bars: per (label, fractions by bucket) one colour, the fraction of questions at each depth."""
+    width = 0.8 / len(bars)
     x = np.arange(len(buckets))
-    for i, row in enumerate(groups):
-        ax.bar(x + (i - (len(groups) - 1) / 2) * width, [row["fractions"][k] for k in buckets], width,
-               label=_label(row))
+    for i, (label, fractions) in enumerate(bars):
+        ax.bar(x + (i - (len(bars) - 1) / 2) * width, [fractions[k] for k in buckets], width, label=label)
     ax.set(xticks=x, xticklabels=buckets, xlabel="minimal sufficient depth", ylabel="fraction of questions",
-           title="Minimal sufficient search depth")
+           title=title)
     ax.legend(fontsize="small")

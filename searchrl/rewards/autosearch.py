@@ -12,7 +12,7 @@ search depth d. Per turn (search turns 1..n, then the answer turn):
   answer is an exact match.
 - quality: search turn j earns quality_coef * max(0, F1_j - max_{i<j} F1_i), F1_j being the token F1 of
   intermediate answer j (0 before any step).
-- efficiency, on "valid" turns (format reward not negative: a well-formed new query, a well-formed answer):
+- efficiency, on "valid" turns (a well-formed new query, a well-formed answer; whatever the coefficients):
   * final answer correct, no search: the answer turn earns efficiency_budget.
   * final answer correct, d < n: valid turns 1..d earn efficiency_budget / d - efficiency_step_cost each;
     every later turn (searches d+1..n and the answer turn) gets -efficiency_overshoot_penalty.
@@ -20,16 +20,20 @@ search depth d. Per turn (search turns 1..n, then the answer turn):
     earns efficiency_budget / n - efficiency_step_cost.
   * final answer wrong: every valid turn earns efficiency_wrong_answer_reward.
 
-Differences from the public code, on purpose:
+Differences from the public code, on purpose (`public_code=True` restores each one, see `public_rewards`):
 - The public code overwrites the whole reward of each turn after d with the penalty, which erases the answer
   turn's +1, and does so whether or not the final answer is right. By default the penalty is added, and only
-  when the final answer is right; `efficiency_overwrites_answer_reward=True` restores the public behaviour.
-- Invalid turns among 1..d are skipped (the public code stops at the first one), and a correct answer with
-  no search earns the budget only when its format is valid (the public code does not check).
+  when the final answer is right.
+- Invalid turns among 1..d are skipped (the public code stops paying at the first one).
+- A row without a search earns the efficiency terms too (correct: the budget when the answer is well-formed;
+  wrong: the small constant); the public code pays no efficiency reward to a row without an observation.
 - F1 (with the HotpotQA yes/no rule) and the depth's EM use every gold answer; the public code uses the
-  first gold only.
+  first gold only, plain token F1 rounded to 4 places.
 - A query with no word of two or more characters is redundant; empty earlier queries are not part of the
-  TF-IDF fit (the public code puts a placeholder "None" document in their place).
+  TF-IDF fit (the public code puts a placeholder "None" document in their place, and never calls the first
+  query redundant).
+- A row that ran out of turns without an answer turn gets the answer slot's reward on its last turn on top
+  of that turn's search reward; the public code scores its last turn as the answer turn only.
 """
 from __future__ import annotations
 
@@ -70,9 +74,10 @@ class RewardConfig:
     efficiency_overshoot_penalty: float = 0.05
     # efficiency: small constant on each valid turn when the final answer is wrong (keeps searching alive).
     efficiency_wrong_answer_reward: float = 0.0125
-    # efficiency: True reproduces the public code: each turn after d gets exactly -penalty (its base,
-    # quality and answer rewards erased), whether or not the final answer is right.
-    efficiency_overwrites_answer_reward: bool = False
+    # True: the public code's reward exactly (`public_rewards`): each turn after d gets exactly -penalty
+    # (its base, quality and answer rewards erased), F1 and d against the first gold, and the rest of the
+    # differences listed in the module docstring.
+    public_code: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,15 +158,18 @@ def is_redundant(query: str | None, earlier: Sequence[str | None], threshold: fl
     return float(np.max(vectors[1:] @ vectors[0])) > threshold
 
 
-def _format_rewards(record: AutoSearchRecord, cfg: RewardConfig) -> list[float]:
-    """Format/redundancy reward per search turn, then the answer turn's format reward."""
+def _valid_turns(record: AutoSearchRecord, cfg: RewardConfig) -> list[bool]:
+    """Per search turn, exact format and a new query; then whether the answer turn is well-formed."""
     queries = [t.query for t in record.search_turns]
-    rewards = [cfg.search_format_reward
-               if turn.format_ok and not is_redundant(turn.query, queries[:j], cfg.redundancy_threshold)
-               else -cfg.search_format_reward
-               for j, turn in enumerate(record.search_turns)]
-    answer_ok = record.answer_turn is not None and record.answer_turn.format_ok
-    return rewards + [cfg.answer_format_reward if answer_ok else cfg.answer_format_penalty]
+    searches = [turn.format_ok and not is_redundant(turn.query, queries[:j], cfg.redundancy_threshold)
+                for j, turn in enumerate(record.search_turns)]
+    return searches + [record.answer_turn is not None and record.answer_turn.format_ok]
+
+
+def _format_rewards(valid: Sequence[bool], cfg: RewardConfig) -> list[float]:
+    """Format/redundancy reward per search turn, then the answer turn's format reward."""
+    searches = [cfg.search_format_reward if ok else -cfg.search_format_reward for ok in valid[:-1]]
+    return searches + [cfg.answer_format_reward if valid[-1] else cfg.answer_format_penalty]
 
 
 def _quality_rewards(record: AutoSearchRecord, cfg: RewardConfig) -> list[float]:
@@ -183,9 +191,9 @@ def minimal_depth(record: AutoSearchRecord) -> int | None:
     return None
 
 
-def _efficiency_rewards(valid: list[bool], depth: int | None, final_correct: bool,
+def _efficiency_rewards(valid: Sequence[bool], depth: int | None, final_correct: bool,
                         cfg: RewardConfig) -> list[float]:
-    """Efficiency reward per turn (search turns then the answer turn), before any overwrite."""
+    """Efficiency reward per turn (search turns then the answer turn)."""
     n = len(valid) - 1
     if not final_correct:
         return [cfg.efficiency_wrong_answer_reward if ok else 0.0 for ok in valid]
@@ -206,23 +214,114 @@ def _fold_missing_answer(values: list[float], has_answer_turn: bool) -> list[flo
     return values[:-2] + [values[-2] + values[-1]]
 
 
+def _final_correct(record: AutoSearchRecord) -> bool:
+    """Whether the answer turn's answer is an exact match of some gold answer."""
+    answer = protocol.extract_answer(record.answer_turn.text) if record.answer_turn else None
+    return answer is not None and bool(qa.exact_match(answer, record.golds))
+
+
 def autosearch_rewards(record: AutoSearchRecord, cfg: RewardConfig = RewardConfig()
                        ) -> AutoSearchRewards:
     """Per-turn AutoSearch rewards: one entry per search turn, then one for the answer turn (when the
     trajectory has one). The components always sum to `total`."""
-    answer = protocol.extract_answer(record.answer_turn.text) if record.answer_turn else None
-    final_correct = answer is not None and bool(qa.exact_match(answer, record.golds))
+    if cfg.public_code:
+        return public_rewards(record, cfg)
+    final_correct = _final_correct(record)
     depth = minimal_depth(record)
-    fmt = _format_rewards(record, cfg)
+    valid = _valid_turns(record, cfg)
+    fmt = _format_rewards(valid, cfg)
     base = fmt[:-1] + [fmt[-1] + (cfg.correct_answer_reward if final_correct else 0.0)]
     quality = _quality_rewards(record, cfg)
-    efficiency = _efficiency_rewards([f >= 0 for f in fmt], depth, final_correct, cfg)
+    efficiency = _efficiency_rewards(valid, depth, final_correct, cfg)
     has_answer_turn = record.answer_turn is not None
     base, quality, efficiency = (_fold_missing_answer(v, has_answer_turn)
                                  for v in (base, quality, efficiency))
-    if cfg.efficiency_overwrites_answer_reward and depth is not None:
-        for t in range(depth, len(base)):
-            efficiency[t] = -cfg.efficiency_overshoot_penalty - base[t] - quality[t]
     total = [b + q + e for b, q, e in zip(base, quality, efficiency)]
     return AutoSearchRewards(total=total, base=base, quality=quality, efficiency=efficiency,
                              minimal_depth=depth, final_correct=final_correct)
+
+
+# The public code (bofusun/AutoSearch: verl/trainer/main_ppo_format_turn_new78.py, its RewardManager, with
+# verl/utils/reward_score/qa_em_format_turn62.py), reproduced on the same record. Its rollout gives every
+# turn but the last an observation (a search's passages or the invalid-action message) and an intermediate
+# answer; the last turn is scored as the answer turn.
+
+
+def public_is_redundant(query: str | None, earlier: Sequence[str | None], threshold: float) -> bool:
+    """qa_em_format_turn62.is_repeat_part: never for the first query; else an empty normalised query, or a
+    TF-IDF cosine above `threshold` with an earlier query (an empty one fitted as the document "None"; no
+    word of two or more characters anywhere counts as a repeat, scikit-learn's empty-vocabulary error)."""
+    if not earlier:
+        return False
+    query = qa.normalize_answer(query or "")
+    if not query:
+        return True
+    docs = [query, *(qa.normalize_answer(e or "") or "None" for e in earlier)]
+    if not any(_TFIDF_TOKEN.search(d.lower()) for d in docs):
+        return True
+    vectors = tfidf_vectors(docs)
+    return float(np.max(vectors[1:] @ vectors[0])) > threshold
+
+
+def public_f1(prediction: str | None, gold: str) -> float:
+    """RewardManager.query_f1_score against one gold: plain token F1 (no yes/no rule), rounded to 4 places."""
+    if prediction is None:
+        return 0.0
+    pred, ref = qa.normalize_answer(prediction).split(), qa.normalize_answer(gold).split()
+    same = sum((collections.Counter(pred) & collections.Counter(ref)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred), same / len(ref)
+    return round(2 * precision * recall / (precision + recall), 4)
+
+
+def _public_quality_and_depth(answers: Sequence[str | None], gold: str, cfg: RewardConfig
+                              ) -> tuple[list[float], int | None]:
+    """The F1 gains of the intermediate answers against the first gold, and the 0-based step d0 of the first
+    exact match before the last step (the gains stop after it)."""
+    best, gains = 0.0, []
+    for t, answer in enumerate(answers):
+        score = public_f1(answer, gold)
+        gains.append(cfg.quality_coef * max(0.0, score - best))
+        best = max(best, score)
+        if t < len(answers) - 1 and answer is not None and qa.exact_match(answer, gold):
+            return gains + [0.0] * (len(answers) - t - 1), t
+    return gains, None
+
+
+def _public_efficiency(valid: Sequence[bool], depth: int | None, final_correct: bool,
+                       cfg: RewardConfig) -> list[float]:
+    """The efficiency the public code adds per turn (before the overwrite after d0 = `depth`). A row with no
+    observation gets none (its no-search +budget branch needs one turn with an observation: unreachable)."""
+    if len(valid) == 1:
+        return [0.0]
+    if not final_correct:
+        return [cfg.efficiency_wrong_answer_reward if ok else 0.0 for ok in valid]
+    if depth is None:
+        step = cfg.efficiency_budget / (len(valid) - 1) - cfg.efficiency_step_cost
+        return [step if ok else 0.0 for ok in valid]
+    step = cfg.efficiency_budget / (depth + 1) - cfg.efficiency_step_cost
+    paid = next((t for t, ok in enumerate(valid[:depth + 1]) if not ok), depth + 1)  # up to the first invalid
+    return [step] * paid + [0.0] * (len(valid) - paid)
+
+
+def public_rewards(record: AutoSearchRecord, cfg: RewardConfig) -> AutoSearchRewards:
+    """The public code's per-turn rewards (see above): one entry per turn, the last scored as the answer."""
+    turns = [*record.search_turns, *([record.answer_turn] if record.answer_turn else [])]
+    queries = [t.query for t in record.search_turns]
+    valid = [turn.format_ok and not public_is_redundant(turn.query, queries[:j], cfg.redundancy_threshold)
+             for j, turn in enumerate(turns[:-1])]
+    valid.append(record.answer_turn is not None and record.answer_turn.format_ok)
+    final_correct = _final_correct(record)
+    fmt = _format_rewards(valid, cfg)
+    base = fmt[:-1] + [fmt[-1] + (cfg.correct_answer_reward if final_correct else 0.0)]
+    gold = record.golds[0] if record.golds else ""
+    quality, depth = _public_quality_and_depth(record.intermediate_answers[:len(turns) - 1], gold, cfg)
+    quality.append(0.0)
+    efficiency = _public_efficiency(valid, depth, final_correct, cfg)
+    if depth is not None:  # every later turn's reward becomes the penalty
+        for t in range(depth + 1, len(turns)):
+            efficiency[t] = -cfg.efficiency_overshoot_penalty - base[t] - quality[t]
+    total = [b + q + e for b, q, e in zip(base, quality, efficiency)]
+    return AutoSearchRewards(total=total, base=base, quality=quality, efficiency=efficiency,
+                             minimal_depth=None if depth is None else depth + 1, final_correct=final_correct)

@@ -69,18 +69,20 @@ class RLConfig:
     # KL to the reference policy, in the reward (verl's algorithm.kl_ctrl) and / or as a loss.
     use_reference: bool = False  # needed by both
     kl_in_reward: bool = False  # subtract kl_coef * KL from the token rewards
-    kl_reward_estimator: str = "k1"  # a name in searchrl.rl.kl.KL_ESTIMATORS
+    # verl's algorithm.kl_penalty: kl (k1, its default), abs, mse (k2) or low_var_kl (k3; searchrl.rl.kl).
+    kl_reward_estimator: str = "kl"
+    kl_reward_clip: float = 0.0  # > 0: clamp the per-token KL to [-clip, clip] first (AutoSearch: 5)
     kl_controller: str = "fixed"  # fixed | adaptive
     kl_coef: float = 0.001
     kl_target: float = 0.1  # adaptive only
     kl_horizon: float = 10000.0  # adaptive only
     kl_loss_coef: float = 0.0  # > 0: add kl_loss_coef * KL(pi || ref) to the policy loss (GRPO)
     kl_loss_type: str = "low_var_kl"
-    # The update: PPO epochs over shuffled minibatches, gradient accumulation over micro-batches.
+    # The update: PPO epochs over minibatches, gradient accumulation over micro-batches.
     ppo_epochs: int = 1
     minibatch_size: int = 8  # rows per optimizer step
     micro_batch_size: int = 8  # rows per forward/backward pass
-    shuffle: bool = True
+    shuffle: bool = True  # False: minibatches in batch order, as verl's dp_actor (batch.split)
     policy_loss: str = "ppo"  # a name in searchrl.rl.losses.POLICY_LOSSES
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2  # > low: DAPO's clip-higher
@@ -102,6 +104,8 @@ class RLConfig:
         if self.minibatch_size % self.micro_batch_size:
             raise ValueError(f"rl.minibatch_size={self.minibatch_size} is not a multiple of "
                              f"rl.micro_batch_size={self.micro_batch_size}")
+        if self.kl_reward_clip < 0:
+            raise ValueError(f"rl.kl_reward_clip must be >= 0, got {self.kl_reward_clip}")
         if (self.kl_in_reward or self.kl_loss_coef > 0) and not self.use_reference:
             raise ValueError("rl.kl_in_reward and rl.kl_loss_coef > 0 need a reference policy: set "
                              "rl.use_reference=True.")

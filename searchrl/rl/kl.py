@@ -1,6 +1,8 @@
 """KL to the reference policy: per-token estimators, the in-reward penalty, and KL-coefficient controllers.
 
-Estimators follow verl's `kl_penalty` (core_algos.py) and Schulman's "Approximating KL divergence" note;
+Estimators follow verl's `kl_penalty` (core_algos.py; its names kl, abs, mse, low_var_kl and the k1/k2/k3
+aliases) and Schulman's "Approximating KL divergence" note; verl's "full" (KL over the whole vocabulary) is
+not implemented there either, and is refused here with that reason;
 the controllers follow Ziegler et al. 2019 (as verl's AdaptiveKLController / FixedKLController), written as
 a small pytree state and a pure update so the coefficient can live in a jitted train state.
 """
@@ -27,7 +29,10 @@ def _k2(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
 
 
 def _k3(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
-    """exp(ref - logp) - (ref - logp) - 1, with verl's clamps: log-ratio to [-20, 20], result to [-10, 10]."""
+    """exp(ref - logp) - (ref - logp) - 1, with verl's clamps: log-ratio to [-20, 20], result to [-10, 10].
+
+    The verl of Search-R1 and AutoSearch clamps the result only: the same values, since |log-ratio| > 20
+    already gives more than 10."""
     log_ratio = jnp.clip(ref_logp - logp, -20.0, 20.0)
     return jnp.clip(jnp.exp(log_ratio) - log_ratio - 1.0, -10.0, 10.0)
 
@@ -43,10 +48,18 @@ KL_ESTIMATORS: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
 }
 
 
+def check_estimator(estimator: str, what: str = "KL estimator") -> None:
+    """Raises a clear error unless `estimator` names one of KL_ESTIMATORS (`what` names the setting)."""
+    if estimator == "full":
+        raise NotImplementedError(f"{what} 'full' needs every vocabulary entry's log-prob, not only the "
+                                  "sampled token's; verl's kl_penalty does not implement it either")
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"unknown {what} {estimator!r}; known: {sorted(KL_ESTIMATORS)}")
+
+
 def kl_estimate(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k1") -> jax.Array:
     """Per-token estimate of KL(pi || ref) from log-probs of tokens sampled from pi, as verl's kl_penalty."""
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"unknown KL estimator {estimator!r}; known: {sorted(KL_ESTIMATORS)}")
+    check_estimator(estimator)
     logp = jnp.asarray(logp, jnp.float32)
     ref_logp = jnp.asarray(ref_logp, jnp.float32)
     check_shapes(logp.shape, ref_logp=ref_logp)
@@ -60,15 +73,20 @@ def apply_kl_penalty(
     mask: jax.Array,
     beta: jax.Array | float,
     estimator: str = "k1",
+    clip: float = 0.0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Token-level rewards minus beta * KL on policy tokens, as verl's ray_trainer apply_kl_penalty.
 
-    `logp` is the sampling policy's log-prob of each token (verl's old_log_probs). The "kl" metric is the
-    batch mean of per-row token-mean KL, which is what the adaptive controller consumes.
+    `logp` is the sampling policy's log-prob of each token (verl's old_log_probs). `clip` > 0 clamps the
+    per-token estimate to [-clip, clip] first, as AutoSearch's trainer does (ray_trainer_turn64.py: 5).
+    The "kl" metric is the batch mean of per-row token-mean KL (after the clamp), which is what the adaptive
+    controller consumes.
     """
     rewards = jnp.asarray(rewards, jnp.float32)
     check_shapes(rewards.shape, logp=logp, ref_logp=ref_logp, mask=mask)
     kl = jnp.where(as_mask(mask) > 0, kl_estimate(logp, ref_logp, estimator), 0.0)
+    if clip > 0:
+        kl = jnp.clip(kl, -clip, clip)
     current_kl = jnp.mean(masked_mean(kl, mask, axis=-1))
     beta = jnp.asarray(beta, jnp.float32)
     return rewards - beta * kl, {"kl": current_kl, "kl_coef": beta}

@@ -4,8 +4,8 @@ sharded program.
     score the rollout (policy log-probs, critic values, reference log-probs; in micro-batches)
     -> KL penalty in the reward (optional; the coefficient's controller steps in the state)
     -> advantages (an estimator from `advantages.ADVANTAGES`), whitened
-    -> `ppo_epochs` epochs over shuffled minibatches: gradient accumulation over micro-batches, one optimizer
-       step per minibatch per model.
+    -> `ppo_epochs` epochs over minibatches (shuffled, or in order as verl): gradient accumulation over
+       micro-batches, one optimizer step per minibatch per model.
 
 Token alignment (as `models.token_logprobs`): index t of every [B, S] array is about token t. logprobs[t] is
 log p(tokens[t] | tokens[:t]) under `log_softmax(logits / temperature)` (the sampler's convention),
@@ -85,11 +85,11 @@ class PPOConfig:
     @classmethod
     def create(cls, rl: RLConfig, model: models.ModelConfig, rules: ShardingRules = TRAIN_RULES) -> PPOConfig:
         """Checks the names in `rl` and the options it sets against the functions they pick."""
-        for field, registry in (("advantage", adv_lib.ADVANTAGES), ("policy_loss", losses.POLICY_LOSSES),
-                                ("kl_reward_estimator", kl_lib.KL_ESTIMATORS),
-                                ("kl_loss_type", kl_lib.KL_ESTIMATORS)):
+        for field, registry in (("advantage", adv_lib.ADVANTAGES), ("policy_loss", losses.POLICY_LOSSES)):
             if getattr(rl, field) not in registry:
                 raise ValueError(f"rl.{field}={getattr(rl, field)!r} is not one of {sorted(registry)}")
+        for field in ("kl_reward_estimator", "kl_loss_type"):
+            kl_lib.check_estimator(getattr(rl, field), f"rl.{field}")
         if rl.loss_agg_mode not in losses.AGG_MODES:
             raise ValueError(f"rl.loss_agg_mode={rl.loss_agg_mode!r} is not one of {losses.AGG_MODES}")
         if rl.advantage == "gae" and not rl.use_critic:
@@ -337,7 +337,7 @@ def _run(fn: Callable, state: TrainState, batch: NamedTuple, config: PPOConfig, 
 
 
 def ppo_update(state: TrainState, batch: PPOBatch, config: PPOConfig, mesh: Mesh) -> tuple[TrainState, dict]:
-    """The update alone: `ppo_epochs` epochs over shuffled minibatches (one optimizer step each, per model).
+    """The update alone: `ppo_epochs` epochs over minibatches (one optimizer step each, per model).
 
     `state` is donated. Returns the new state and a dict of scalar metrics (device arrays) averaged over the
     minibatches: actor/{pg_loss, entropy, pg_clipfrac, ppo_kl, ..., kl_loss, grad_norm, lr}, with a
@@ -400,7 +400,7 @@ def _learn(config: PPOConfig, state: TrainState, batch: Batch) -> tuple[TrainSta
     rewards, metrics, kl_state = batch.token_rewards, {}, state.kl
     if rl.kl_in_reward:
         rewards, kl = kl_lib.apply_kl_penalty(rewards, logprobs, ref, mask, state.kl.coef,
-                                              rl.kl_reward_estimator)
+                                              rl.kl_reward_estimator, rl.kl_reward_clip)
         controller = kl_lib.make_kl_controller(rl.kl_controller, rl.kl_coef, rl.kl_target, rl.kl_horizon)
         kl_state = controller.update(state.kl, kl["kl"], batch.tokens.shape[0])
         metrics |= {"rollout/kl": kl["kl"], "rollout/kl_coef": kl["kl_coef"]}

@@ -49,8 +49,8 @@ def test_config_from_dict_prefers_set_fields_over_the_preset():
 def test_building_a_config_is_instant_and_imports_no_heavy_library():
     """configs/*.py import config dataclasses only: no JAX, transformers, orbax or torch."""
     code = ("import sys; sys.path.insert(0, 'configs'); import autosearch, deepretrieval, rpl, search_r1\n"
-            "for name in ('tiny', 'tiny_no_efficiency', 'paper', 'paper_grpo'): autosearch.get_config(name)\n"
-            "for name in ('tiny', 'paper', 'paper_grpo'): search_r1.get_config(name)\n"
+            "for name in autosearch.PRESETS: autosearch.get_config(name)\n"
+            "for name in search_r1.PRESETS: search_r1.get_config(name)\n"
             "for name in deepretrieval.PRESETS: deepretrieval.get_config(name + ',no_reasoning')\n"
             "for name in rpl.PRESETS: rpl.get_config(name + ',dual,no_thinking')\n"
             "print(sorted(m for m in ('jax', 'transformers', 'orbax', 'torch', 'tensorflow') "

@@ -157,6 +157,18 @@ def test_outcome_rewards_sit_on_the_last_turn():
     assert r1 == [[0.0, 1.0], [0.1]]
 
 
+def test_search_r1_reward_scores_come_from_the_config():
+    # A valid response with a wrong answer whose retrieved passage holds the gold: Search-R1's v0.3 script
+    # sets reward_model.retrieval_score=0 (0.2 for the structure); a retrieval score of 0.1 makes it 0.3.
+    hit = [[Turn(0, 1, SEARCH, Action("search", "capital of France"), OBS),
+            Turn(1, 2, "<think>found</think><answer>Lyon</answer>", Action("answer", "Lyon", done=True))]]
+    example = EXAMPLES[:1]
+    assert SearchQAEnv(CountingRetriever()).rewards(_trajectory(hit), example) == [[0.0, 0.2]]
+    scores = search_qa.search_r1.RewardConfig(retrieval_score=0.1)
+    env = SearchQAEnv(CountingRetriever(), Config(search_r1=scores))
+    assert env.rewards(_trajectory(hit), example)[0] == [0.0, pytest.approx(0.3)]
+
+
 def test_autosearch_rewards_follow_the_record():
     turns = _rows()
     traj = _trajectory(turns)

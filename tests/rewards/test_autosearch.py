@@ -19,9 +19,9 @@ def answer(text, ok=True):
     return au.AnswerTurn(text=f"<think>t</think><answer>{text}</answer>", format_ok=ok)
 
 
-def _rewards(searches, final, intermediate, **overrides):
+def _rewards(searches, final, intermediate, golds=GOLDS, **overrides):
     cfg = dataclasses.replace(au.RewardConfig(), **overrides)
-    out = au.autosearch_rewards(au.AutoSearchRecord(searches, final, intermediate, GOLDS), cfg)
+    out = au.autosearch_rewards(au.AutoSearchRecord(searches, final, intermediate, golds), cfg)
     for t, total in enumerate(out.total):  # the components always add up to the total
         assert total == pytest.approx(out.base[t] + out.quality[t] + out.efficiency[t], abs=1e-12)
     return out
@@ -69,7 +69,7 @@ def test_early_stop_correct_answer():
 def test_early_stop_overwrite_as_coded():
     searches = [search("eiffel tower location"), search("paris population"), search("louvre museum")]
     out = _rewards(searches, answer("Paris"), ["Lyon", "Paris", "Paris"],
-                   efficiency_overwrites_answer_reward=True)
+                   public_code=True)
     assert out.total == pytest.approx([0.1, 1.1, -0.05, -0.05])  # the answer turn's +1.1 is erased
 
 
@@ -81,7 +81,7 @@ def test_every_search_needed():
     assert out.efficiency == pytest.approx([0.075, 0.075, 0.075])
     assert out.total == pytest.approx([0.1, 1.1, 1.175])
     flagged = _rewards([search("eiffel tower"), search("paris population")], answer("paris"),
-                       ["Lyon", "Paris"], efficiency_overwrites_answer_reward=True)
+                       ["Lyon", "Paris"], public_code=True)
     assert flagged.total == pytest.approx(out.total)
 
 
@@ -95,7 +95,7 @@ def test_wrong_answer_with_redundant_query():
     assert out.efficiency == pytest.approx([0.0125, 0.0, 0.0125, 0.0125])
     assert out.total == pytest.approx([1.0375, -0.025, 0.0375, 0.1125])
     flagged = _rewards(searches, answer("Lyon"), ["Paris", "Lyon", "Lyon"],
-                       efficiency_overwrites_answer_reward=True)
+                       public_code=True)
     assert flagged.total == pytest.approx([1.0375, -0.05, -0.05, -0.05])
 
 
@@ -116,6 +116,76 @@ def test_missing_answer_turn_folds_onto_last_turn():
     assert not out.final_correct and len(out.total) == 2
     # slots [0.025, 0.025, -0.5] fold to [0.025, -0.475]; quality [0, 1]; efficiency 0.0125 on valid slots.
     assert out.total == pytest.approx([0.025 + 0.0125, -0.475 + 1.0 + 0.0125])
+
+
+def test_validity_does_not_depend_on_the_coefficients():
+    # The no-base ablation zeroes every base coefficient; a malformed search still earns no efficiency reward.
+    no_base = dict(search_format_reward=0.0, answer_format_reward=0.0, answer_format_penalty=0.0,
+                   correct_answer_reward=0.0)
+    out = _rewards([search("good query", ok=False), search("second query")], answer("Rome"), [None, None],
+                   **no_base)
+    assert out.base == [0.0, 0.0, 0.0]
+    assert out.efficiency == pytest.approx([0.0, 0.0125, 0.0125])
+
+
+# The public code (public_code=True): main_ppo_format_turn_new78.py's RewardManager, worked by hand.
+
+def test_public_code_scores_f1_and_depth_against_the_first_gold():
+    searches = [search("capital of france"), search("paris population"), search("louvre museum")]
+    golds = ["Paris France", "Paris"]
+    out = _rewards(searches, answer("Paris"), ["Paris", "Paris France", "Paris"], golds, public_code=True)
+    assert out.final_correct  # the final answer's EM uses every gold
+    # F1 against "Paris France": "Paris" 2/3 -> 0.6667 (rounded), then 1.0; "Paris France" is d = 2.
+    assert out.minimal_depth == 2
+    assert out.quality == pytest.approx([0.6667, 0.3333, 0.0, 0.0])
+    # steps 1..2 earn 0.5 * (0.4 / 2 - 0.05) = 0.075; turns 3 and 4 are overwritten with -0.05 (the +1 too).
+    assert out.total == pytest.approx([0.025 + 0.6667 + 0.075, 0.025 + 0.3333 + 0.075, -0.05, -0.05])
+    # The project's default: every gold, so "Paris" is right at step 1; the penalty is added, not overwritten.
+    paper = _rewards(searches, answer("Paris"), ["Paris", "Paris France", "Paris"], golds)
+    assert paper.minimal_depth == 1
+    assert paper.total == pytest.approx([0.025 + 1.0 + 0.175, 0.025 - 0.05, 0.025 - 0.05, 1.1 - 0.05])
+
+
+def test_public_code_stops_paying_at_the_first_invalid_step():
+    searches = [search("eiffel tower"), search("bad format", ok=False), search("paris population"),
+                search("louvre museum")]
+    intermediate = ["Lyon", None, "Paris", "Paris"]
+    out = _rewards(searches, answer("Paris"), intermediate, public_code=True)
+    assert out.minimal_depth == 3
+    # 0.5 * (0.4 / 3 - 0.05) = 0.041667 on step 1 only: step 2 is invalid and the public loop breaks there.
+    step = 0.2 / 3 - 0.025
+    assert out.total == pytest.approx([0.025 + step, -0.025, 0.025 + 1.0, -0.05, -0.05])
+    paper = _rewards(searches, answer("Paris"), intermediate)  # skips the invalid step instead
+    assert paper.total == pytest.approx([0.025 + step, -0.025, 0.025 + 1.0 + step, -0.025, 1.05])
+
+
+def test_public_code_pays_no_efficiency_without_an_observation():
+    assert _rewards([], answer("Paris"), [], public_code=True).total == pytest.approx([1.1])
+    assert _rewards([], answer("Lyon"), [], public_code=True).total == pytest.approx([0.1])
+    assert _rewards([], answer("Lyon"), []).total == pytest.approx([0.1125])
+
+
+def test_public_code_scores_the_last_turn_as_the_answer_turn():
+    # No answer turn: the last search turn is the answer slot (-0.5), with no intermediate answer of its own.
+    out = _rewards([search("first query"), search("second query")], None, [None, "Paris"], public_code=True)
+    assert out.total == pytest.approx([0.025 + 0.0125, -0.5])
+
+
+def test_public_is_redundant():
+    assert not au.public_is_redundant("", [], 0.8)  # the first query is never a repeat
+    assert au.public_is_redundant(None, ["q"], 0.8)  # empty after normalisation
+    assert au.public_is_redundant("none", [None], 0.8)  # an empty earlier query is fitted as "None"
+    assert not au.public_is_redundant("x y", ["paris"], 0.8)  # no word of 2+ characters: a zero vector
+    assert au.public_is_redundant("x y", ["c d"], 0.8)  # none anywhere: scikit-learn's error, a repeat
+    assert au.public_is_redundant("Who wrote Hamlet?", ["who wrote hamlet"], 0.8)
+    assert not au.public_is_redundant("apple banana", ["apple cherry"], 0.8)  # cosine 0.336
+
+
+def test_public_f1():
+    assert au.public_f1("Paris France", "paris") == 0.6667  # 2/3, rounded to 4 places
+    assert au.public_f1("yes sir", "yes") == 0.6667  # no yes/no rule (the project's F1 gives 0)
+    assert au.qa.f1("yes sir", ["yes"]) == 0.0
+    assert au.public_f1("Lyon", "Paris") == 0.0 and au.public_f1(None, "Paris") == 0.0
 
 
 def test_record_validation():

@@ -44,6 +44,32 @@ def test_k1_and_k3_are_unbiased_for_kl():
 def test_unknown_estimator():
     with pytest.raises(ValueError, match="unknown KL estimator 'k4'"):
         kl.kl_estimate(jnp.zeros((1, 1)), jnp.zeros((1, 1)), "k4")
+    # verl's kl_penalty names "full" (KL over the whole vocabulary) but raises NotImplementedError for it.
+    with pytest.raises(NotImplementedError, match="rl.kl_reward_estimator 'full' needs every vocabulary"):
+        kl.check_estimator("full", "rl.kl_reward_estimator")
+
+
+@pytest.mark.parametrize("estimator,clip,expected_kl", [
+    # Columns: (logp, ref) = (-1, -3), (-4, 0), (-2, -2), and a masked (0, -50). x = ref - logp = -2, 4, 0.
+    ("kl", 0.0, [2.0, -4.0, 0.0]),  # verl's default algorithm.kl_penalty: logp - ref
+    ("abs", 0.0, [2.0, 4.0, 0.0]),
+    ("mse", 0.0, [2.0, 8.0, 0.0]),  # 0.5 * (logp - ref)^2
+    # e^x - x - 1: e^-2 + 1 = 1.135335; e^4 - 5 = 49.598 -> verl's clamp to 10.
+    ("low_var_kl", 0.0, [math.exp(-2.0) + 1.0, 10.0, 0.0]),
+    # AutoSearch (algorithm.kl_penalty=low_var_kl) then clamps the penalty to [-5, 5] in apply_kl_penalty.
+    ("low_var_kl", 5.0, [math.exp(-2.0) + 1.0, 5.0, 0.0]),
+    ("kl", 3.0, [2.0, -3.0, 0.0]),
+])
+def test_kl_in_the_reward_hand_computed(estimator, clip, expected_kl):
+    rewards = jnp.array([[0.0, 0.0, 1.0, 0.5]])
+    logp = jnp.array([[-1.0, -4.0, -2.0, 0.0]])
+    ref = jnp.array([[-3.0, 0.0, -2.0, -50.0]])
+    mask = jnp.array([[1.0, 1.0, 1.0, 0.0]])
+    penalty = jax.jit(kl.apply_kl_penalty, static_argnames=("estimator", "clip"))
+    out, m = penalty(rewards, logp, ref, mask, 0.001, estimator=estimator, clip=clip)
+    expected = [0.0 - 0.001 * expected_kl[0], -0.001 * expected_kl[1], 1.0 - 0.001 * expected_kl[2], 0.5]
+    np.testing.assert_allclose(out, [expected], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(m["kl"], sum(expected_kl) / 3, rtol=1e-6)
 
 
 def test_apply_kl_penalty_hand_computed():

@@ -252,6 +252,10 @@ def test_settings_that_would_have_no_effect_are_errors():
         rl_config(use_critic=False, advantage="gae")
     with pytest.raises(ValueError, match="rl.advantage='gea' is not one of"):
         rl_config(advantage="gea")
+    with pytest.raises(ValueError, match="unknown rl.kl_loss_type 'k4'"):
+        rl_config(kl_loss_type="k4")
+    with pytest.raises(NotImplementedError, match="rl.kl_reward_estimator 'full'"):
+        rl_config(use_reference=True, kl_in_reward=True, kl_reward_estimator="full")
     assert rl_config(advantage="grpo", use_critic=False, grpo_eps=0.1).advantage_options() == {
         "eps": 0.1, "norm_by_std": True}
 
@@ -268,8 +272,8 @@ def learn_batch(data, seed=0):
 
 
 @pytest.mark.parametrize("overrides", [
-    dict(use_reference=True, kl_in_reward=True, kl_reward_estimator="low_var_kl", kl_controller="adaptive",
-         kl_coef=0.05, lam=0.9, gamma=0.99),
+    dict(use_reference=True, kl_in_reward=True, kl_reward_estimator="low_var_kl", kl_reward_clip=0.05,
+         kl_controller="adaptive", kl_coef=0.05, lam=0.9, gamma=0.99),
     dict(advantage="grpo", use_critic=False, whiten_advantages=False),
 ])
 def test_learn_is_score_then_kl_then_advantages_then_the_update(overrides):
@@ -291,7 +295,9 @@ def test_learn_is_score_then_kl_then_advantages_then_the_update(overrides):
     logp, values, ref = ppo.score(state, batch.tokens, batch.attention_mask, 0.9, config, ONE)
     rewards = jnp.asarray(batch.token_rewards)
     if rl.kl_in_reward:
-        rewards, kl_metrics = kl.apply_kl_penalty(rewards, logp, ref, mask, state.kl.coef, "low_var_kl")
+        unclipped = kl.apply_kl_penalty(rewards, logp, ref, mask, state.kl.coef, "low_var_kl")[1]["kl"]
+        rewards, kl_metrics = kl.apply_kl_penalty(rewards, logp, ref, mask, state.kl.coef, "low_var_kl", 0.05)
+        assert float(unclipped) > float(kl_metrics["kl"])  # the clamp is active (and learn applies it)
         np.testing.assert_allclose(metrics["rollout/kl_coef"], rl.kl_coef, rtol=1e-6)
         controller = kl.make_kl_controller("adaptive", rl.kl_coef, rl.kl_target, rl.kl_horizon)
         state = state._replace(kl=controller.update(state.kl, kl_metrics["kl"], B))
