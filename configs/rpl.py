@@ -2,8 +2,7 @@
 
 Usage: python -m searchrl.main --config configs/rpl.py:PRESET[,SPACE][,no_thinking] train [--config.x.y=...]
 Presets:
-  tiny            CPU smoke runs and tests (a random tiny model; point tokenizer, data and index at local
-                  files).
+  tiny            the CPU miniature of both claims (python -m searchrl.demo --config configs/rpl.py:tiny).
   paper_qwen3_4b  Qwen3-4B, open-domain QA (NQ + HotpotQA) and GlobalQA, BM25 + e5 dense, the full SDK.
   paper_qwen3_8b  the same with Qwen3-8B.
 SPACE, the action space (the paper's Table 4 rows): dense | dual | sdk (default) | pm (sdk plus program
@@ -21,6 +20,7 @@ import search_r1  # noqa: E402
 
 from searchrl import run_config  # noqa: E402
 from searchrl.configlib import to_config  # noqa: E402
+from searchrl.demo.config import RPLDemoConfig  # noqa: E402
 from searchrl.envs.program import ACTION_SPACES  # noqa: E402
 from searchrl.rl.config import MutationConfig  # noqa: E402
 
@@ -51,16 +51,39 @@ def paper_qwen3_8b(config):
 
 
 def tiny(config):
-    """A random tiny model on CPU; set tokenizer, data and index paths on the command line."""
-    config.env = run_config.envs.default_config("program")
+    """The CPU miniature (`python -m searchrl.demo --config configs/rpl.py:tiny`, `searchrl.demo.rpl`): every
+    size here fits two seeds of both claims in ~20 minutes on 2 cores."""
+    config.workdir = "runs/rpl_demo"
+    config.demo = to_config(RPLDemoConfig())
+    config.data.update(dict(dir=config.workdir, train="globalqa", eval="globalqa", eval_split="test"))
+    config.retrieval.update(dict(kind="local", index_dir=os.path.join(config.workdir, "index")))
+    config.tokenizer = os.path.join(config.workdir, "tokenizer")
     config.model.preset = "tiny"
-    config.env.update(dict(max_turns=1))
-    config.env.limits.update(dict(max_shown=5, max_retrieval_calls=4, max_docs_retrieved=200))
-    config.rollout.update(dict(max_prompt_tokens=256, max_turn_tokens=48, max_obs_tokens=128,
-                               obs_buckets=(64, 128), max_len=256 + 2 * 48 + 128, chunk_steps=16))
-    config.train.update(dict(steps=10, batch_size=8))
-    config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
-    config.rl.actor.lr = config.rl.critic.lr = 1e-4
+    config.model.update(dict(hidden_size=128, intermediate_size=384, num_layers=3, num_heads=4,
+                             num_kv_heads=2, head_dim=32, tie_word_embeddings=True))
+    # No dense index on the CPU: programs get BM25 with fuse and dedup; the search baseline gets BM25's top 3.
+    config.env.update(dict(action_space="sparse", max_turns=1, prompt_template="Question: {question}\n"))
+    config.env.limits.update(dict(max_shown=6, max_retrieval_calls=4, max_docs_retrieved=200))
+    # Observations: a search's 3 passages take up to ~80 tokens, a program's 6 up to ~150.
+    config.rollout.update(dict(max_prompt_tokens=40, max_turn_tokens=24, max_obs_tokens=160,
+                               obs_buckets=(80, 160), max_len=40 + 3 * 24 + 2 * 80, chunk_steps=12))
+    config.rollout.sampling.temperature = 1.0
+    # The cold start: prompts and first turns of every training task of every GlobalQA type (the copy of the
+    # group's name into the query, cheap: under 96 tokens each), then whole trajectories of the trained types.
+    config.demo.prefix_sft.update(dict(steps=300, batch_size=64, max_len=96))
+    config.demo.prefix_sft.optim.update(dict(lr=3e-3, warmup_steps=20, decay="cosine", decay_steps=300,
+                                             min_lr_ratio=0.1))
+    config.sft.update(dict(steps=150, batch_size=32, max_len=208))  # the longest scripted trajectory: ~195
+    config.sft.optim.update(dict(lr=3e-3, warmup_steps=20, decay="cosine", decay_steps=150, min_lr_ratio=0.1))
+    config.train.update(dict(steps=20, batch_size=32, checkpoint_every=10, eval_every=5))
+    config.rl.update(dict(advantage="gae", gamma=1.0, lam=1.0, minibatch_size=32, micro_batch_size=32,
+                          kl_in_reward=False, use_reference=False, entropy_coef=0.0))
+    config.rl.actor.update(dict(lr=1e-4, warmup_steps=0))
+    config.rl.critic.update(dict(lr=1e-3, warmup_steps=0))
+    # Program mutation at the run's half (the demo sets at_step), on 128 training tasks' programs.
+    config.mutation.update(dict(episodes=128, max_variants=16, max_shown=6))
+    config.mutation.sft.update(dict(steps=40, batch_size=16, max_len=208))
+    config.mutation.sft.optim.update(dict(lr=3e-4, warmup_steps=5))
     return config
 
 

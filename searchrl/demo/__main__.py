@@ -1,13 +1,14 @@
 """`make demo`: `python -m searchrl.demo [--config configs/autosearch.py:tiny] [--config.train.steps=...]`
-runs the miniature of the config's task: AutoSearch (`search_qa`, `searchrl.demo.autosearch`) or
-DeepRetrieval (`query_rewrite`, `configs/deepretrieval.py:tiny`, `searchrl.demo.rewrite`)."""
+runs the miniature of the config's task: AutoSearch (`search_qa`, `searchrl.demo.autosearch`), DeepRetrieval
+(`query_rewrite`, `configs/deepretrieval.py:tiny`, `searchrl.demo.rewrite`) or Retrieval Program Learning
+(`program`, `configs/rpl.py:tiny`, `searchrl.demo.rpl`)."""
 from absl import app, logging
 from ml_collections import config_flags
 
-from searchrl.demo import autosearch, rewrite
+from searchrl.demo import autosearch, rewrite, rpl
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/autosearch.py:tiny", "Demo config.")
-DEMOS = {"search_qa": autosearch.run, "query_rewrite": rewrite.run}
+DEMOS = {"search_qa": autosearch.run, "query_rewrite": rewrite.run, "program": rpl.run}
 
 
 def main(argv: list[str]) -> None:

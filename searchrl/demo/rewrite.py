@@ -11,7 +11,6 @@ their predictions.jsonl, for `python -m searchrl.eval.rewrites`), metrics.jsonl 
 """
 from __future__ import annotations
 
-import copy
 import json
 import os
 import random
@@ -27,7 +26,7 @@ from searchrl import envs, experiment, models
 from searchrl.configlib import from_config
 from searchrl.data import datasets
 from searchrl.demo import rewrite_world
-from searchrl.demo.config import RewriteDemoConfig
+from searchrl.demo.config import RewriteDemoConfig, seed_config
 from searchrl.eval import harness, report
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.rl import sft
@@ -39,17 +38,6 @@ from searchrl.text.tokenizer import train_bpe_tokenizer
 DATASET = "rewrite_world"
 METRICS = ("recall@10", "ndcg@10", "recall@100")  # held-out columns of results.json, raw and rewritten
 POLICIES = ("raw", "sft", "rl")
-
-
-def seed_config(config: ml_collections.ConfigDict, seed: int) -> ml_collections.ConfigDict:
-    """The config of one seed's run: its own seed and workdir (world, index, tokenizer, checkpoints)."""
-    config = copy.deepcopy(config)
-    config.seed = seed
-    config.workdir = os.path.join(config.workdir, f"seed{seed}")
-    config.tokenizer = os.path.join(config.workdir, "tokenizer")
-    config.data.dir = config.workdir
-    config.retrieval.index_dir = os.path.join(config.workdir, "index")
-    return config
 
 
 def build_world(config: ml_collections.ConfigDict, demo: RewriteDemoConfig) -> rewrite_world.RewriteWorld:

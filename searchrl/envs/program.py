@@ -5,12 +5,15 @@ A turn is `<program> ... </program>` (a program in `searchrl.programs`' language
 the task's retrievers; the documents it `show`s come back in `<information>`) or the final `<answer>`. The
 action space is the set of SDK functions programs may call (the paper's Table 4): `dense` (dense retrieval
 only), `dual` (sparse and dense), `sdk` (all five: sparse, dense, fuse, dedup, rerank); program mutation (PM)
-is a training schedule on top of `sdk`.
+is a training schedule on top of `sdk`. Two more spaces: `sparse` (sparse retrieval, fuse and dedup, for a
+corpus with no dense index), and `search`, the AutoSearch-style baseline: a turn is one `<search> query
+</search>` whose top `search_top_k` passages come back, as in Search-R1, with their ids so that GlobalQA
+answers can name them; it is scored and measured exactly as programs are.
 
 Two kinds of example: open-domain QA ({"question", "golden_answers"}, EM reward) and GlobalQA-style
 corpus-level tasks (metadata "type" in GLOBALQA_TYPES, "evidence_ids"; golden_answers are document ids),
 rewarded with answer F1 over document ids; their dF1 is the F1 of every document shown against the evidence.
-Per episode the env reports context tokens consumed (observation tokens), retrieval calls, program turns and
+Per episode the env reports context tokens consumed (observation tokens), retrieval calls, retrieval turns and
 which SDK functions the programs called.
 """
 from __future__ import annotations
@@ -30,9 +33,10 @@ from searchrl.retrieval.types import Hit
 from searchrl.rewards import qa
 from searchrl.text import chat, tags
 
-PROGRAM, ANSWER = tags.PROGRAM, tags.ANSWER  # the action kinds, with INVALID
+PROGRAM, SEARCH, ANSWER = tags.PROGRAM, tags.SEARCH, tags.ANSWER  # the action kinds, with INVALID
 ACTION_SPACES = {"dense": ("dense_retrieval",), "dual": ("sparse_retrieval", "dense_retrieval"),
-                 "sdk": SDK_FUNCTIONS}
+                 "sdk": SDK_FUNCTIONS, "sparse": ("sparse_retrieval", "fuse", "dedup"),
+                 "search": ("sparse_retrieval",)}
 GLOBALQA_TYPES = ("topk", "count", "sort", "minmax")
 _FENCE = "```"
 
@@ -42,6 +46,11 @@ RPL_PROMPT = (
     "into your context; they come back between <information> and </information>. Keep what you show short: "
     "only shown documents enter your context. When you can answer, give the answer between <answer> and "
     "</answer>{answer_hint}. Question: {question}\n"
+)
+SEARCH_PROMPT = (  # Search-R1's prompt, with documents named by id
+    "Answer the given question. You can search by writing a query between <search> and </search>; the top "
+    "documents come back between <information> and </information>. You can search as many times as you want. "
+    "When you can answer, give the answer between <answer> and </answer>{answer_hint}. Question: {question}\n"
 )
 SIGNATURES = {  # how the prompt lists each SDK function
     "sparse_retrieval": "sparse_retrieval(q, top_k)", "dense_retrieval": "dense_retrieval(q, top_k)",
@@ -54,8 +63,9 @@ class Config:
     """`config.env` of `program` (with `name="program"`)."""
 
     action_space: str = "sdk"  # one of ACTION_SPACES
-    max_turns: int = 2  # program turns; the turn after the last one must answer
-    prompt_template: str = RPL_PROMPT  # fields: {question}, {functions}, {answer_hint}
+    max_turns: int = 2  # program (or search) turns; the turn after the last one must answer
+    prompt_template: str = ""  # fields {question}, {functions}, {answer_hint}; "": the space's default prompt
+    search_top_k: int = 3  # passages per query in the `search` space (Search-R1's topk)
     dense_index_dir: str = ""  # the dense index (config.retrieval's index is the sparse one)
     chat_template: bool = False  # render the prompt as a user message with the tokenizer's chat template
     enable_thinking: bool = True  # with the chat template: Qwen3's thinking switch
@@ -111,34 +121,41 @@ class ProgramEnv:
         if config.max_turns < 0:
             raise ValueError(f"config.env.max_turns must be >= 0, got {config.max_turns}")
         self.config, self.sdk = config, sdk
-        self.stop_strings = (tags.close_tag(tags.PROGRAM), tags.close_tag(tags.ANSWER))
+        self.tool = SEARCH if config.action_space == "search" else PROGRAM
+        self.stop_strings = (tags.close_tag(self.tool), tags.close_tag(tags.ANSWER))
 
     def prompt(self, example: Mapping[str, Any]) -> str | chat.Chat:
         functions = ", ".join(SIGNATURES[name] for name in self.sdk.available)
         hint = GLOBALQA_HINT if is_globalqa(example) else ""
-        text = (self.config.prompt_template.replace("{functions}", functions)
+        template = self.config.prompt_template or (SEARCH_PROMPT if self.tool == SEARCH else RPL_PROMPT)
+        text = (template.replace("{functions}", functions)
                 .replace("{answer_hint}", hint).replace("{question}", example["question"]))
         if not self.config.chat_template:
             return text
         return chat.Chat(tuple(chat.messages("", text)), {"enable_thinking": self.config.enable_thinking})
 
     def parse_action(self, turn_text: str, turn_index: int) -> Action:
-        return tool_or_answer(turn_text, turn_index, self.config.max_turns, PROGRAM,
-                              "no complete <program> or <answer> block",
-                              "no more programs: this turn must answer")
+        noun = "programs" if self.tool == PROGRAM else "searches"
+        return tool_or_answer(turn_text, turn_index, self.config.max_turns, self.tool,
+                              f"no complete <{self.tool}> or <answer> block",
+                              f"no more {noun}: this turn must answer")
 
     def run(self, source: str) -> Observation:
         """One program in the sandbox; what it showed (or its error) as the observation."""
         result = execute(program_source(source), self.sdk, self.config.limits)
-        shown = format_documents(result.shown).strip()
         error = f"program error: {result.error}" if result.error else ""
-        text = "\n".join(part for part in (shown, error) if part) or "the program showed nothing"
-        info = {"doc_ids": tuple(hit.id for hit in result.shown), "retrieval_calls": result.retrieval_calls,
-                "primitives": tuple(sorted(result.primitives)), "error": result.error}
-        return Observation(f"\n\n{tags.block(tags.INFORMATION, text)}\n\n", info)
+        return _observation(result.shown, result.retrieval_calls, tuple(sorted(result.primitives)), error)
+
+    def search(self, queries: Sequence[str]) -> list[Observation]:
+        """The `search` space's turns: each query's top `search_top_k` passages, in one batched call."""
+        if self.sdk.sparse is None:
+            raise ValueError("the search action space needs a sparse retriever (config.retrieval)")
+        results = self.sdk.sparse.search([q.strip() for q in queries], self.config.search_top_k)
+        return [_observation(hits, 1, ("sparse_retrieval",), "") for hits in results]
 
     def observe(self, actions: Sequence[Action]) -> list[Observation]:
-        return [self.run(a.content) if a.kind == PROGRAM else
+        searched = iter(self.search([a.content for a in actions if a.kind == SEARCH]))
+        return [self.run(a.content) if a.kind == PROGRAM else next(searched) if a.kind == SEARCH else
                 Observation(f"\n\n{tags.block(tags.INFORMATION, 'invalid action: ' + a.content)}\n\n")
                 for a in actions]
 
@@ -160,21 +177,32 @@ class ProgramEnv:
         return out
 
     def metrics(self, trajectory: Trajectory, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """Per episode: the answer and its scores, the context tokens consumed (observation tokens), retrieval
-        calls, program turns, program errors and, per SDK function, whether a program called it (1 / 0)."""
+        """Per episode: the answer, the task type (a GlobalQA type or "qa") and its scores, the context tokens
+        consumed (observation tokens), retrieval calls, retrieval turns (programs or searches), program errors
+        and, per SDK function, whether a turn called it (1 / 0)."""
         context = context_tokens(trajectory)
         rows = []
         for b, (turns, example) in enumerate(zip(trajectory.turns, examples)):
-            programs = [t for t in turns if t.action.kind == PROGRAM]
+            programs = [t for t in turns if t.action.kind == self.tool]
             called = {name for t in programs for name in t.info.get("primitives", ())}
             rows.append({
                 "question": example["question"], "answer": final_answer(turns),
+                "task_type": example["metadata"]["type"] if is_globalqa(example) else "qa",
                 **self._scores(turns, example),
-                "context_tokens": int(context[b]), "program_turns": len(programs),
+                "context_tokens": int(context[b]), "retrieval_turns": len(programs),
                 "retrieval_calls": sum(t.info.get("retrieval_calls", 0) for t in programs),
                 "program_errors": sum(t.info.get("error") is not None for t in programs),
                 **{f"uses_{name}": float(name in called) for name in SDK_FUNCTIONS}})
         return rows
+
+
+def _observation(shown: Sequence[Hit], retrieval_calls: int, primitives: tuple[str, ...], error: str
+                 ) -> Observation:
+    """The `<information>` block of the shown documents (or of an error) and what the metrics count."""
+    text = "\n".join(part for part in (format_documents(shown).strip(), error) if part)
+    info = {"doc_ids": tuple(hit.id for hit in shown), "retrieval_calls": retrieval_calls,
+            "primitives": primitives, "error": error or None}
+    return Observation(f"\n\n{tags.block(tags.INFORMATION, text or 'nothing was shown')}\n\n", info)
 
 
 def context_tokens(trajectory: Trajectory) -> np.ndarray:

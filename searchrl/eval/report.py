@@ -71,6 +71,17 @@ def hops_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             for (name, hops), group in by_hops(rows).items()]
 
 
+def task_types_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (dataset, task type) when rows carry a "task_type" (the RPL paper's Table 3: F1 and dF1
+    per GlobalQA type), in first-seen order; empty otherwise."""
+    groups: dict[tuple[str, str], list] = {}
+    for row in rows:
+        if row.get("task_type") is not None:
+            groups.setdefault((row["dataset"], row["task_type"]), []).append(row)
+    return [{"dataset": name, "task_type": kind, **summarize(group)}
+            for (name, kind), group in groups.items()]
+
+
 def raw_vs_rewritten(table: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per dataset row of a results table and per metric with a raw twin: raw, rewritten and the gain."""
     out = []
@@ -144,6 +155,7 @@ def aggregate(rows: Sequence[Mapping[str, Any]],
         "table": table,
         "raw_vs_rewritten": raw_vs_rewritten(table),
         "hops": hops_table(rows),
+        "task_types": task_types_table(rows),
         "budgets": budget_curves(budget_runs) if budget_runs else None,
         "depth": depth_distribution(rows, max_depth) if max_depth is not None else None,
     }
@@ -199,6 +211,11 @@ def markdown(results: Mapping[str, Any]) -> str:
         header = ("dataset", "hops", "n", *metrics)
         rows = [(r["dataset"], r["hops"], r["n"], *(r[m] for m in metrics)) for r in results["hops"]]
         parts += ["", "## By hop count", "", markdown_table(header, rows)]
+    if results.get("task_types"):
+        header = ("dataset", "task type", "n", *metrics)
+        rows = [(r["dataset"], r["task_type"], r["n"], *(r[m] for m in metrics))
+                for r in results["task_types"]]
+        parts += ["", "## By task type", "", markdown_table(header, rows)]
     curves = results.get("budgets")
     if curves:
         metric = curves["headline"]

@@ -98,10 +98,50 @@ def test_qa_and_globalqa_scores_rewards_and_metrics(env):
     assert env.rewards(batch, [globalqa, open_qa]) == [[0.0, pytest.approx(answer_f1)], [1.0]]
     first, second = env.metrics(batch, [globalqa, open_qa])
     assert first["answer_f1"] == pytest.approx(answer_f1) and first["doc_f1"] == pytest.approx(0.5)
-    assert first["context_tokens"] == 5 and first["program_turns"] == 1 and first["retrieval_calls"] == 2
+    assert first["context_tokens"] == 5 and first["retrieval_turns"] == 1 and first["retrieval_calls"] == 2
     assert first["uses_fuse"] == first["uses_sparse_retrieval"] == 1.0 and first["uses_rerank"] == 0.0
-    assert second["em"] == 1.0 and second["context_tokens"] == 0 and second["program_turns"] == 0
+    assert second["em"] == 1.0 and second["context_tokens"] == 0 and second["retrieval_turns"] == 0
+    assert (first["task_type"], second["task_type"]) == ("count", "qa")
     assert rpl.GLOBALQA_HINT in env.prompt(globalqa) and rpl.GLOBALQA_HINT not in env.prompt(open_qa)
+
+
+def test_the_search_space_is_one_query_per_turn_scored_as_programs_are(index):
+    """The AutoSearch-style baseline: `<search>` turns get BM25's top `search_top_k` with their ids, a program
+    block is not a turn there, and search turns count as retrieval turns and calls."""
+    env = envs.build({"name": "program", "action_space": "search", "search_top_k": 2, "max_turns": 2},
+                     {"index_dir": str(index)})
+    prompt = env.prompt({"question": "Where is Velo Press?"})
+    question = "Where is Velo Press?"
+    assert prompt == rpl.SEARCH_PROMPT.replace("{answer_hint}", "").replace("{question}", question)
+    action = env.parse_action("<search> headquartered Arno </search>", 0)
+    assert action == Action(rpl.SEARCH, "headquartered Arno", done=False)
+    assert env.parse_action("<program>show([])</program>", 0).kind == rpl.INVALID
+    assert env.parse_action("<search> Arno </search>", 2) == Action(
+        rpl.INVALID, "no more searches: this turn must answer", done=True)
+    [observation, invalid] = env.observe([action, Action(rpl.INVALID, "no complete <search> block")])
+    top2 = env.sdk.sparse.search(["headquartered Arno"], 2)[0]
+    assert observation.info["doc_ids"] == tuple(hit.id for hit in top2)
+    assert {hit.id for hit in top2} == {"p1", "p2"}
+    assert observation.text == f"\n\n<information>{rpl.format_documents(top2).strip()}</information>\n\n"
+    assert "invalid action" in invalid.text
+    turns = [Turn(0, 1, "", action, info=observation.info),
+             Turn(1, 2, "", Action(rpl.SEARCH, "Beni"), info={**observation.info, "doc_ids": ("p3",)}),
+             Turn(2, 3, "", Action(rpl.ANSWER, "p1 p2", done=True))]
+    example = {"question": "q", "golden_answers": ["p1", "p2"],
+               "metadata": {"type": "count", "evidence_ids": ["p1", "p2"]}}
+    [row] = env.metrics(trajectory([turns], [7]), [example])
+    assert row["retrieval_turns"] == 2 and row["retrieval_calls"] == 2 and row["uses_sparse_retrieval"] == 1.0
+    assert row["answer_f1"] == 1.0 and row["doc_f1"] == pytest.approx(2 * (2 / 3) / (2 / 3 + 1))
+
+
+def test_the_sparse_space_offers_bm25_fuse_and_dedup(index):
+    env = envs.build({"name": "program", "action_space": "sparse"}, {"index_dir": str(index)})
+    prompt = env.prompt({"question": "q"})
+    assert "sparse_retrieval(q, top_k), fuse(*lists, top_k=None), dedup(docs)" in prompt
+    assert "dense_retrieval" not in prompt and "rerank" not in prompt
+    [observation] = env.observe([Action(rpl.PROGRAM, "show(dedup(fuse(sparse_retrieval('Arno', 2), "
+                                                     "sparse_retrieval('Arno', 2))))")])
+    assert len(observation.info["doc_ids"]) == 2 and observation.info["error"] is None
 
 
 def test_parse_ids_and_set_f1():

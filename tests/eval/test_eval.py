@@ -78,6 +78,21 @@ def test_results_table_by_hand():
     assert hops[1]["searches"] == pytest.approx(4 / 3)
 
 
+def test_task_types_table_by_hand():
+    """RPL's Table 3: rows grouped by (dataset, task type), each metric averaged; no table without types."""
+    rows = [{"dataset": "globalqa", "task_type": "count", "answer_f1": 1.0, "doc_f1": 0.5},
+            {"dataset": "globalqa", "task_type": "topk", "answer_f1": 0.0, "doc_f1": 0.25},
+            {"dataset": "globalqa", "task_type": "count", "answer_f1": 0.5, "doc_f1": 1.0},
+            {"dataset": "nq", "task_type": "qa", "answer_f1": 0.25, "doc_f1": 0.0}]
+    assert report.task_types_table(rows) == [
+        {"dataset": "globalqa", "task_type": "count", "n": 2, "answer_f1": 0.75, "doc_f1": 0.75},
+        {"dataset": "globalqa", "task_type": "topk", "n": 1, "answer_f1": 0.0, "doc_f1": 0.25},
+        {"dataset": "nq", "task_type": "qa", "n": 1, "answer_f1": 0.25, "doc_f1": 0.0}]
+    text = report.markdown(report.aggregate(rows))
+    assert "## By task type" in text and "| globalqa | count | 2 | 0.750 | 0.750 |" in text
+    assert report.task_types_table([{"dataset": "nq", "em": 1.0}]) == []
+
+
 def test_depth_distribution_by_hand():
     depth = report.depth_distribution(ROWS, max_depth=4)
     assert depth["buckets"] == ["0", "1", "2", "3", "4", "never"]

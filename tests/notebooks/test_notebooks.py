@@ -21,13 +21,16 @@ from IPython.core.inputtransformer2 import TransformerManager
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
+from searchrl.metric_writer import read_metrics
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
 KERNEL = "searchrl-test"
 # Wall-clock budget of one whole notebook at SIZE="smoke": about 5x the times measured on 2 busy CPU cores
 # (78, 23, 47 and 64 s; notebooks/README.md), as other tests may share the cores.
-TIMEOUTS = {"01_quickstart": 420, "02_pilot_study": 300, "03_deepretrieval": 360, "05_bring_your_model": 360}
+TIMEOUTS = {"01_quickstart": 420, "02_pilot_study": 300, "03_deepretrieval": 360, "04_rpl": 480,
+            "05_bring_your_model": 360}
 # The kernel's environment. XLA_FLAGS replaces the test suite's (8 fake devices: only overhead here) with
 # cheaper CPU code generation: a smoke run is mostly compilation, and its numbers mean nothing.
 KERNEL_ENV = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_level=0 "
@@ -147,6 +150,35 @@ def test_03_deepretrieval(kernel_dirs):
     _, runs = kernel_dirs
     results = json.loads((runs / "03_deepretrieval" / "results.json").read_text())
     assert list(results["held_out"]) == ["0"]
+
+
+def test_04_rpl(kernel_dirs):
+    """The RPL miniature end to end: every policy evaluated, the mutation arm one run with the continued arm
+    up to the branch point (its checkpoint and metrics), and results.json's claims read from its numbers."""
+    execute("04_rpl", kernel_dirs)
+    _, runs = kernel_dirs
+    workdir = runs / "04_rpl"
+    results = json.loads((workdir / "results.json").read_text())
+    seed = results["held_out"]["0"]
+    for policy in ("search_sft", "program_sft", "search", "program", "program_pm"):
+        row = seed[policy]
+        assert 0.0 <= row["answer_f1"] <= 1.0 and 0.0 <= row["doc_f1"] <= 1.0 and row["context_tokens"] >= 0
+    program, mutated = (read_metrics(str(workdir / "seed0" / arm / "metrics.jsonl"))
+                        for arm in ("program", "program_pm"))
+    assert [r for r in mutated if r["step"] <= 1 and "mutation/programs" not in r] == \
+        [r for r in program if r["step"] <= 1]  # one run up to the branch point (step 1 of 2)
+    assert [r["step"] for r in mutated if "reward/mean" in r] == [1, 2]
+    assert any("mutation/programs" in r for r in mutated)
+    assert [s for s, _ in seed["curves"]["program_pm"]["held_out_answer_f1"]] == [1, 2]
+    a = (seed["program"]["answer_f1"] > seed["search"]["answer_f1"] and seed["program"]["doc_f1"] >
+         seed["search"]["doc_f1"] and seed["program"]["context_tokens"] < seed["search"]["context_tokens"])
+    b = seed["program_pm"]["answer_f1"] > seed["program"]["answer_f1"]
+    assert results["claims"]["a_program_beats_search"] == {"0": a}
+    assert results["claims"]["b_mutation_beats_continued_rl"] == {"0": b}
+    assert (workdir / "rpl.png").stat().st_size > 0
+    with open(workdir / "seed0" / "search" / "eval_search" / "predictions.jsonl") as f:
+        for row in map(json.loads, f):  # the search agent: at most two searches, one call each
+            assert row["retrieval_calls"] == row["retrieval_turns"] <= 2
 
 
 def test_05_bring_your_model(kernel_dirs):
