@@ -16,8 +16,11 @@ def test_demo_pipeline_writes_its_results(tmp_path):
     config.data.dir = workdir
     config.retrieval.index_dir = os.path.join(workdir, "index")
     config.demo.update(dict(entities=60, eval_questions=8, budgets=(0, 1)))
-    config.sft.update(dict(steps=3, batch_size=8))
-    config.demo.prefix_sft.update(dict(steps=3, batch_size=8))
+    # One step per SFT stage: a later step compiles the SFT step again (its rows pad to another width, or
+    # the params come back with the mesh's sharding), which this shape check does not need.
+    config.sft.update(dict(steps=1, batch_size=8))
+    config.demo.prefix_sft.update(dict(steps=1, batch_size=8))
+    config.rollout.obs_buckets = (64,)  # one observation width: fewer rollout programs to compile
     config.train.update(dict(steps=1, batch_size=8, checkpoint_every=1))
     config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
 

@@ -19,6 +19,9 @@ from tests.rl import test_ppo
 from tests.rl.test_trainer import LowTokensEnv, make_config, make_trainer, tokenizer  # noqa: F401 (fixture)
 
 CFG = dataclasses.replace(models.get_preset("tiny"), vocab_size=128)
+# Critic-free, one epoch, minibatches in batch order (rows 0-3, then 4-7). It also scores every test's batch:
+# the old logprobs depend on the initial policy only, so one scoring program serves every update config here.
+CRITIC_FREE = test_ppo.rl_config(use_critic=False, ppo_epochs=1, shuffle=False)
 
 
 # Loss aggregation as verl's agg_loss.
@@ -46,7 +49,7 @@ def test_gradient_accumulation_equals_full_minibatch_with_empty_rows(mode):
         data[key][2] = 0.0  # one fully masked row in the first micro-batch of 2 rows
     whole = test_ppo.rl_config(micro_batch_size=4, loss_agg_mode=mode, use_critic=False, ppo_epochs=1)
     accumulated = test_ppo.rl_config(micro_batch_size=2, loss_agg_mode=mode, use_critic=False, ppo_epochs=1)
-    batch = test_ppo.make_batch(whole, data)
+    batch = test_ppo.make_batch(CRITIC_FREE, data)
     state_w, metrics_w = ppo.ppo_update(test_ppo.new_state(whole, test_ppo.ONE), batch, whole, test_ppo.ONE)
     state_a, metrics_a = ppo.ppo_update(test_ppo.new_state(accumulated, test_ppo.ONE), batch, accumulated,
                                         test_ppo.ONE)
@@ -91,7 +94,7 @@ def test_nonfinite_rewards_skip_the_update_in_the_same_program():
 
 
 def test_a_nonfinite_loss_stops_the_update_at_its_minibatch():
-    config = test_ppo.rl_config(use_critic=False, ppo_epochs=1, shuffle=False)  # minibatches: rows 0-3, 4-7
+    config = CRITIC_FREE  # minibatches: rows 0-3, 4-7
     data = test_ppo.make_data(3)
     start = test_ppo.host(test_ppo.new_state(config, test_ppo.ONE))
     batch = test_ppo.make_batch(config, data)

@@ -27,29 +27,34 @@ def test_two_processes_match_one(tmp_path):
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     coordinator = f"127.0.0.1:{free_port()}"
     outs = [tmp_path / f"process{i}.npz" for i in range(2)]
-    procs = [subprocess.Popen([sys.executable, str(WORKER), coordinator, "2", str(i), str(out)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i, out in enumerate(outs)]
-    logs = []
+    logs = [tmp_path / f"process{i}.log" for i in range(2)]  # files, not pipes: nobody reads them meanwhile
+    procs = []
     try:
+        for i, (out, log) in enumerate(zip(outs, logs)):
+            with open(log, "w") as f:
+                command = [sys.executable, str(WORKER), coordinator, "2", str(i), str(out)]
+                procs.append(subprocess.Popen(command, env=env, stdout=f, stderr=subprocess.STDOUT))
+        # The single-process reference runs while the two processes start up and compile.
+        mesh = models.make_mesh(2, 2, 2)
+        state, metrics = worker.run_update(mesh, worker.host_batch())
+        want = {jax.tree_util.keystr(k): np.asarray(v)
+                for k, v in jax.tree_util.tree_leaves_with_path(state.policy)}
+        metrics = {name: np.asarray(value) for name, value in metrics.items()}
         for proc in procs:
-            logs.append(proc.communicate(timeout=240)[0])
+            proc.wait(timeout=240)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
     for proc, log in zip(procs, logs):
-        assert proc.returncode == 0, log[-5000:]
+        assert proc.returncode == 0, log.read_text()[-5000:]
     got = [np.load(out) for out in outs]
     assert [tuple(g["rows"]) for g in got] == [(0, 4), (4, 8)]  # each process fed its own half
 
-    mesh = models.make_mesh(2, 2, 2)
-    state, metrics = worker.run_update(mesh, worker.host_batch())
-    want = {jax.tree_util.keystr(k): np.asarray(v)
-            for k, v in jax.tree_util.tree_leaves_with_path(state.policy)}
-    start = models.init_params(worker.CFG, jax.random.key(0))
-    assert max(float(np.abs(want["['embed']"] - np.asarray(start["embed"])).max()), 0) > 1e-3  # it trained
+    # The initial embedding as run_update makes it: one jitted init (eagerly, each shape would compile apart).
+    start = jax.jit(lambda: models.init_params(worker.CFG, jax.random.key(0))["embed"])()
+    assert max(float(np.abs(want["['embed']"] - np.asarray(start)).max()), 0) > 1e-3  # it trained
     for name, value in want.items():
         np.testing.assert_allclose(got[0][name], value, atol=1e-6, rtol=0, err_msg=name)
     for name, value in metrics.items():

@@ -15,6 +15,9 @@ from searchrl.text.tokenizer import train_bpe_tokenizer
 
 WORDS = "red green blue cyan magenta yellow black white".split()
 
+# The plain forward pass, compiled once per length (eager calls would each compile its layer scan anew).
+apply = jax.jit(models.apply, static_argnums=0)
+
 
 @pytest.fixture(scope="module")
 def tokenizer():
@@ -46,7 +49,7 @@ def test_nll_matches_an_independent_log_softmax(tokenizer):
     total, count = 0.0, 0
     for row in range(len(tokens)):  # each row alone, unpadded, through the plain forward pass
         n = int(np.nonzero(mask[row])[0].max()) + 1
-        logits = np.asarray(models.apply(cfg, params, jnp.asarray(tokens[row:row + 1, :n])), np.float64)[0]
+        logits = np.asarray(apply(cfg, params, jnp.asarray(tokens[row:row + 1, :n])), np.float64)[0]
         logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
             - logits.max(-1, keepdims=True)
         for t in np.nonzero(mask[row])[0]:
@@ -67,6 +70,6 @@ def test_sft_learns_the_scripted_answers(tokenizer):
     for row, segments in enumerate(examples()):
         ids = tokenizer.encode(segments[0][0], add_special_tokens=False)
         for _ in range(len(tokenizer.encode(segments[1][0], add_special_tokens=False))):
-            logits = models.apply(cfg, trained, jnp.asarray([ids]))
+            logits = apply(cfg, trained, jnp.asarray([ids]))
             ids.append(int(jnp.argmax(logits[0, -1])))
         assert tokenizer.decode(ids).endswith(segments[1][0])
