@@ -58,7 +58,8 @@ def _attention(tokens: jax.Array, loss_mask: jax.Array) -> jax.Array:
 
 @functools.lru_cache(maxsize=None)
 def _train_step(cfg: models.ModelConfig, optim: OptimConfig, mesh: Mesh):
-    """The jitted, sharded SFT step and its optimizer (params and moments as in RL training)."""
+    """The jitted, sharded SFT step, its optimizer and the state's shardings (params and moments as in RL
+    training)."""
     tx, schedule = make_optimizer(optim), learning_rate(optim)
     shardings = state_shardings(StateSpec(model=cfg, actor=optim), mesh)
     rows = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
@@ -69,9 +70,10 @@ def _train_step(cfg: models.ModelConfig, optim: OptimConfig, mesh: Mesh):
         params, opt_state, grad_norm = apply_gradients(tx, params, grads, opt_state, schedule(i))
         return params, opt_state, loss, grad_norm
 
-    return jax.jit(step, in_shardings=(shardings.policy, shardings.actor_opt, replicated, rows, rows),
-                   out_shardings=(shardings.policy, shardings.actor_opt, replicated, replicated),
-                   donate_argnums=(0, 1)), tx
+    jitted = jax.jit(step, in_shardings=(shardings.policy, shardings.actor_opt, replicated, rows, rows),
+                     out_shardings=(shardings.policy, shardings.actor_opt, replicated, replicated),
+                     donate_argnums=(0, 1))
+    return jitted, tx, shardings
 
 
 def train(cfg: models.ModelConfig, params: dict, tokens: np.ndarray, loss_mask: np.ndarray,
@@ -84,9 +86,10 @@ def train(cfg: models.ModelConfig, params: dict, tokens: np.ndarray, loss_mask: 
     if config.batch_size % rows_parallel:
         raise ValueError(f"SFT batch_size={config.batch_size} must be a multiple of the mesh's data x fsdp size "
                          f"({rows_parallel}): config.sft.batch_size or config.mesh.")
-    step, tx = _train_step(cfg, config.optim, mesh)
-    params = jax.tree.map(lambda p: p.astype(jnp.float32), params)
-    opt_state = tx.init(params)
+    step, tx, shardings = _train_step(cfg, config.optim, mesh)
+    # Placed as the step returns them, so that the first step compiles the same program as the others.
+    params = jax.device_put(jax.tree.map(lambda p: p.astype(jnp.float32), params), shardings.policy)
+    opt_state = jax.device_put(tx.init(params), shardings.actor_opt)
     rng = np.random.default_rng(config.seed)
     lengths = tokens.shape[1] - np.argmax(loss_mask[:, ::-1] > 0, axis=1)  # through each row's last policy token
     losses = []
