@@ -14,7 +14,8 @@ Presets:
   paper_grpo           the same with GRPO (5 responses per prompt, KL as a loss), no critic.
 Sources cited below, all in github.com/bofusun/AutoSearch: [AS] experiments/train_autosearch.sh, [AY] the
 defaults it leaves unset, verl/trainer/config/ppo_trainer_tune.yaml, [AT] the trainer it runs
-(verl/trainer/ppo/ray_trainer_turn64.py, search_r1/llm_agent/generation_turn1.py); [AS] repeats Search-R1's
+(verl/trainer/ppo/ray_trainer_turn64.py, search_r1/llm_agent/generation_turn1.py), [AR] its reward manager
+(verl/trainer/main_ppo_format_turn_new78.py); [AS] repeats Search-R1's
 v0.2 PPO settings, which configs/search_r1.py:paper cites (tests/app/test_presets.py checks every value
 against [AS]). [G2] Search-R1's scripts/nq_hotpotqa/v0.2/train_grpo.sh.
 """
@@ -58,6 +59,16 @@ def paper(config):
     # estimate clamped to [-5, 5] (ray_trainer_turn64.py apply_kl_penalty [AT]); coefficient 0.001 [AS].
     config.rl.kl_reward_estimator = "low_var_kl"
     config.rl.kl_reward_clip = 5.0
+    # Each intermediate answer from its own chat prompt, the question and the trajectory so far
+    # ([AR]:421-438, searchrl.envs.search_qa.PUBLIC_ANSWER_USER), not by continuing the trajectory.
+    config.env.intermediate_answer_mode = "public_prompt"
+    # vLLM's max_tokens=rollout.response_length ([AY]:73) = data.max_response_length=500 ([AS]:28).
+    config.env.intermediate_answer_tokens = 500
+    # generate_extra_outputs_for_qa_em(temperature=1.0) ([AR]:510) with its defaults top_p=0.9, top_k=50
+    # ([AR]:193-194). Note: [AR] puts these in `sampling_kwargs` (:216) but never passes them on to
+    # generate_sequences (:234), so vLLM sampled with the rollout's settings: temperature=1 ([AS]:50),
+    # top_p=1.0 ([AS]:51), top_k=-1 ([AY]:70).
+    config.env.intermediate_answer_sampling.update(dict(temperature=1.0, top_p=0.9, top_k=50))
     return config
 
 

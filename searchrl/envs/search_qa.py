@@ -3,7 +3,9 @@
 Prompt, action parsing, observation format and the invalid-action message follow Search-R1
 (`search_r1/llm_agent/generation.py`), so checkpoints and numbers carry over. With `intermediate_answers` on,
 the env declares a side branch that answers the question after every search (AutoSearch's self-answering): the
-AutoSearch reward and the minimal-sufficient-depth metric read those answers.
+AutoSearch reward and the minimal-sufficient-depth metric read those answers. `intermediate_answer_mode` says
+how they are elicited: "continuation" appends `answer_prompt` to the trajectory; "public_prompt" samples
+AutoSearch's separate chat prompt holding the question and the trajectory so far (`public_answer_prompt`).
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from searchrl.episode import Action, Observation, SideBranch, Trajectory, Turn
 from searchrl.retrieval import make_retriever
 from searchrl.retrieval.types import Hit, RetrievalError, Retriever, search_each
 from searchrl.rewards import autosearch, protocol, qa, search_r1
-from searchrl.text import tags
+from searchrl.rollout.config import SamplingParams
+from searchrl.text import chat, tags
 
 REWARDS = ("em", "search_r1", "autosearch")
 SEARCH, ANSWER = tags.SEARCH, tags.ANSWER  # the action kinds, with INVALID
@@ -34,6 +37,21 @@ INVALID_ACTION = (
     "If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n"
 )
 ANSWER_PROMPT = "\n" + tags.open_tag(tags.ANSWER)  # elicits an intermediate answer after a search
+CONTINUATION, PUBLIC_PROMPT = "continuation", "public_prompt"  # the intermediate answer modes
+# AutoSearch's separate prompt for an intermediate answer, byte for byte: github.com/bofusun/AutoSearch
+# verl/trainer/main_ppo_format_turn_new78.py:421-438 (RewardManager.__call__), the system and user messages
+# of the ChatML text it writes out, which Qwen2.5's chat template renders identically.
+PUBLIC_ANSWER_SYSTEM = "You are a helpful assistant."
+PUBLIC_ANSWER_USER = (
+    "Answer the given question according to search trajectories, which consists of multiple reasoning, "
+    "search calls, and retrieved informations.\n"
+    "Important instructions:\n"
+    "1) You must conduct reasoning inside <think> and </think> first.\n"
+    "2) After reasoning, output the final answer wrapped in <answer> and </answer>.\n"
+    "For example: <think>Reasoning</think><answer>Jaden Smith</answer>\n"
+    "Search trajectory: Question: {question}\n\n"
+    "Below are your previous reasoning, search calls, and retrieved informations:\n{trajectory}\n\n."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +64,10 @@ class Config:
     max_turns: int = 4  # search turns; the turn after the last one must answer
     prompt_template: str = SEARCH_R1_PROMPT
     intermediate_answers: bool = False  # answer after every search on a side branch (AutoSearch)
-    answer_prompt: str = ANSWER_PROMPT  # appended after a search's observation to elicit that answer
+    intermediate_answer_mode: str = CONTINUATION  # or PUBLIC_PROMPT (module doc)
+    answer_prompt: str = ANSWER_PROMPT  # continuation: appended after a search's observation to elicit it
     intermediate_answer_tokens: int = 32  # budget of one intermediate answer
+    intermediate_answer_sampling: SamplingParams = SamplingParams(temperature=0.0)  # greedy by default
     search_r1: search_r1.RewardConfig = search_r1.RewardConfig()  # reward="search_r1"'s scores
     autosearch: autosearch.RewardConfig = autosearch.RewardConfig()
 
@@ -95,6 +115,9 @@ class SearchQAEnv:
         if self.config.reward == "autosearch" and not self.config.intermediate_answers:
             raise ValueError("The autosearch reward needs intermediate answers: set "
                              "config.env.intermediate_answers=True.")
+        if self.config.intermediate_answer_mode not in (CONTINUATION, PUBLIC_PROMPT):
+            raise ValueError(f"config.env.intermediate_answer_mode {self._mode!r} is not one of "
+                             f"{(CONTINUATION, PUBLIC_PROMPT)}")
 
     @property
     def max_turns(self) -> int:
@@ -105,11 +128,23 @@ class SearchQAEnv:
         return dataclasses.replace(self, config=dataclasses.replace(self.config, max_turns=max_turns))
 
     @property
+    def _mode(self) -> str:
+        return self.config.intermediate_answer_mode
+
+    @property
     def side_branch(self) -> SideBranch | None:
         if not self.config.intermediate_answers:
             return None
-        return SideBranch(INTERMEDIATE_ANSWER, self.config.answer_prompt, (tags.close_tag(tags.ANSWER),),
-                          self.config.intermediate_answer_tokens, after_kinds=(SEARCH,))
+        public, sampling = self._mode == PUBLIC_PROMPT, self.config.intermediate_answer_sampling
+        return SideBranch(INTERMEDIATE_ANSWER, PUBLIC_ANSWER_USER if public else self.config.answer_prompt,
+                          (tags.close_tag(tags.ANSWER),), self.config.intermediate_answer_tokens,
+                          after_kinds=(SEARCH,), temperature=sampling.temperature, top_k=sampling.top_k,
+                          top_p=sampling.top_p, separate_prompt=public)
+
+    def side_branch_prompt(self, example: Mapping[str, Any], turns: Sequence[Turn]) -> list[dict[str, str]]:
+        """The public_prompt mode's prompt for the answer after the last of `turns`: the question and every
+        turn so far with its observation."""
+        return public_answer_prompt(example["question"], "".join(t.text + t.observation for t in turns))
 
     def prompt(self, example: Mapping[str, Any]) -> str:
         return self.config.prompt_template.format(question=example["question"].strip())
@@ -153,7 +188,7 @@ class SearchQAEnv:
         for b, example in enumerate(examples):
             turns, golds = trajectory.turns[b], example["golden_answers"]
             if self.config.reward == "autosearch":
-                record = autosearch_record(turns, golds)
+                record = autosearch_record(turns, golds, self._mode)
                 out.append(autosearch.autosearch_rewards(record, self.config.autosearch).total)
                 continue
             if self.config.reward == "em":
@@ -178,7 +213,7 @@ class SearchQAEnv:
                 "format_valid": float(protocol.check_sequence(trajectory.response_text(b)).ok),
             }
             if trajectory.side_branch == INTERMEDIATE_ANSWER:
-                row["intermediate_answers"] = intermediate_answers(turns)
+                row["intermediate_answers"] = intermediate_answers(turns, self._mode)
                 row["depth"] = minimal_sufficient_depth(golds, row["intermediate_answers"], answer,
                                                         row["searches"])
             rows.append(row)
@@ -194,15 +229,31 @@ def searches(turns: Sequence[Turn]) -> int:
     return sum(turn.action.kind == SEARCH for turn in turns)
 
 
-def intermediate_answer(turn: Turn) -> str | None:
-    """The answer elicited after a search turn (the side branch's text up to `</answer>`), or None."""
+def public_answer_prompt(question: str, trajectory: str) -> list[dict[str, str]]:
+    """AutoSearch's separate prompt for an intermediate answer, as chat messages (PUBLIC_ANSWER_USER). The
+    question is its first line, as the public code reads it back from the prompt
+    (`_extract_original_question`, main_ppo_format_turn_new78.py:270-277)."""
+    question = question.strip().partition("\n")[0].strip()
+    user = PUBLIC_ANSWER_USER.format(question=question, trajectory=trajectory)
+    return chat.messages(PUBLIC_ANSWER_SYSTEM, user)
+
+
+def intermediate_answer(turn: Turn, mode: str = CONTINUATION) -> str | None:
+    """The answer elicited after a search turn, or None: the side branch's text up to `</answer>` (after the
+    continuation's `<answer>`), or (public_prompt) its first `<answer>` block, else all of it, as the public
+    `_extract_final_answer` (main_ppo_format_turn_new78.py:263-267)."""
     text = turn.info.get(INTERMEDIATE_ANSWER)
-    return None if text is None else tags.until_close(text, tags.ANSWER)
+    if text is None:
+        return None
+    if mode == CONTINUATION:
+        return tags.until_close(text, tags.ANSWER)
+    block = tags.first_block(text, tags.ANSWER)
+    return text.strip() if block is None else block[1]
 
 
-def intermediate_answers(turns: Sequence[Turn]) -> list[str]:
+def intermediate_answers(turns: Sequence[Turn], mode: str = CONTINUATION) -> list[str]:
     """The answers elicited after a row's search turns, in order."""
-    return [answer for turn in turns if (answer := intermediate_answer(turn)) is not None]
+    return [answer for turn in turns if (answer := intermediate_answer(turn, mode)) is not None]
 
 
 def minimal_sufficient_depth(golds: Sequence[str], intermediate: Sequence[str], final: str,
@@ -219,7 +270,8 @@ def minimal_sufficient_depth(golds: Sequence[str], intermediate: Sequence[str], 
     return num_searches if qa.exact_match(final, golds) else None
 
 
-def autosearch_record(turns: Sequence[Turn], golds: Sequence[str]) -> autosearch.AutoSearchRecord:
+def autosearch_record(turns: Sequence[Turn], golds: Sequence[str],
+                      mode: str = CONTINUATION) -> autosearch.AutoSearchRecord:
     """The AutoSearch view of a row: every non-answer turn is a search step (invalid ones with no query and a
     failed format check), the answer turn last; each real search with its intermediate answer."""
     steps, step_answers, answer_turn = [], [], None
@@ -230,5 +282,5 @@ def autosearch_record(turns: Sequence[Turn], golds: Sequence[str]) -> autosearch
         searched = turn.action.kind == SEARCH
         ok = searched and protocol.check_turn(turn.text, SEARCH).ok
         steps.append(autosearch.SearchTurn(turn.text, turn.action.content if searched else None, ok))
-        step_answers.append(intermediate_answer(turn) if searched else None)
+        step_answers.append(intermediate_answer(turn, mode) if searched else None)
     return autosearch.AutoSearchRecord(steps, answer_turn, step_answers, list(golds))

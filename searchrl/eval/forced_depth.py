@@ -7,8 +7,9 @@ the search-QA env otherwise unchanged (prompt, retriever, observations, metrics)
   early, or wrote no action) is replaced by a search whose query is the turn's own words (its answer, else its
   text without tags, as IRCoT searches with its thoughts); `info["forced"]` marks it.
 - the answer after search j is the env's intermediate answer (its side branch: the answer prompt after search
-  j's observation, sampled on a copy of the state), so one run at depth K answers at every depth 1 .. K, each
-  answer the one a run stopped after j searches would give (greedy decoding: the same tokens).
+  j's observation, sampled on a copy of the state, or in the public_prompt mode AutoSearch's separate prompt),
+  so one run at depth K answers at every depth 1 .. K, each answer the one a run stopped after j searches
+  would give (greedy decoding: the same tokens).
 - at depth 0 the answer prompt follows the prompt, and turn 0 is the answer (its text up to `</answer>`).
 - turn K, after the last search, is the policy's own (an answer; a search there is invalid, as in Search-R1).
 """
@@ -18,7 +19,7 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from searchrl.envs import search_qa
-from searchrl.episode import Action, Observation, SideBranch, Trajectory
+from searchrl.episode import Action, Observation, SideBranch, Trajectory, Turn
 from searchrl.eval.prompts import continued
 from searchrl.text import chat, tags
 
@@ -56,6 +57,9 @@ class ForcedDepthEnv:
     @property
     def side_branch(self) -> SideBranch | None:
         return self.base.side_branch
+
+    def side_branch_prompt(self, example: Mapping[str, Any], turns: Sequence[Turn]) -> chat.Prompt:
+        return self.base.side_branch_prompt(example, turns)
 
     @property
     def max_turns(self) -> int:

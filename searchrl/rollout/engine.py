@@ -4,7 +4,8 @@ Per turn: decode chunks until every generating row stops -> re-check stops on te
 row's action (and says whether it ends the episode) -> every row waiting on the env is served in ONE batched
 `env.observe` call -> observations are tokenised, truncated and appended to the cache with `extend`, which
 also starts the next turn. The engine knows no task: a row ends when the env says so or when its slots run
-out, and an env's side branch (`episode.SideBranch`) runs on a copy of the state after the turns it names.
+out, and an env's side branch (`episode.SideBranch`) runs on a copy of the state after the turns it names (or
+on an emptied copy, from its own prompt).
 """
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ class RolloutEngine:
         self.spec = generate.DecodeSpec(config.chunk_steps, config.max_turn_tokens, config.max_len, config.sampling)
         self.chunk_widths = tuple(sorted(config.obs_buckets))
         declared = env.side_branch
-        if declared is not None:  # one more width: an observation followed by the branch's prompt
+        if declared is not None and not declared.separate_prompt:  # one more width: observation + its prompt
             self.branch_prompt = self._encode(declared.prompt)
             if len(self.branch_prompt) > _BRANCH_PROMPT_ROOM:
                 raise ValueError(f"Side branch {declared.name!r}: its prompt has {len(self.branch_prompt)} "
@@ -168,21 +169,44 @@ class RolloutEngine:
         closing = self._encode(_closing_suffix(obs.text))
         return ids[: max(limit - len(closing), 0)] + closing[:limit]
 
-    def _side_branch(
-        self, params, state: generate.GenState, rows: list[int], chunks: dict[int, list[int]]
-    ) -> dict[int, str]:
-        """The side branch's text for `rows`, sampled after their observation chunk and the branch's prompt.
+    def _extend_in_chunks(self, params, state: generate.GenState, sequences: list[list[int]],
+                          start: np.ndarray, sampling: SamplingParams) -> generate.GenState:
+        """Appends each row's tokens in chunks of at most the widest chunk width, aligned so that every row's
+        last chunk comes in the last call, which starts the turn of the `start` rows."""
+        width = self.chunk_widths[-1]
+        calls = max(-(-len(s) // width) for s in sequences)
+        for left in range(calls, 0, -1):  # `left` chunks to go, counted from each row's end
+            pieces = [s[max(len(s) - left * width, 0):max(len(s) - (left - 1) * width, 0)] for s in sequences]
+            tokens, lengths = pad_batch(pieces, self._bucket(max(len(p) for p in pieces)))
+            starting = start if left == 1 else np.zeros_like(start)
+            state = self._device(generate.extend, self.cfg, params, state, tokens, lengths, starting,
+                                 sampling)
+        return state
 
-        Runs on a copy of the state, batched over rows; the main state is untouched.
+    def _side_branch(self, params, state: generate.GenState, rows: list[int], chunks: dict[int, list[int]],
+                     examples: Sequence[dict], turns: list[list[Turn]]) -> dict[int, str]:
+        """The side branch's text for `rows`, sampled after their observation chunk and the branch's prompt,
+        or after the env's separate branch prompt alone.
+
+        Runs on a copy of the state (emptied for a separate prompt), batched over rows; the main state is
+        untouched.
         """
         branch = self._device(generate.copy_state, state)
-        sequences = [chunks[b] + self.branch_prompt if b in rows else []
-                     for b in range(state.tokens.shape[0])]
-        tokens, lengths = pad_batch(sequences, self._bucket(max(len(s) for s in sequences)))
-        start = np.isin(np.arange(len(sequences)), rows)
-        branch = self._device(
-            generate.extend, self.cfg, params, branch, tokens, lengths, start, self.branch_spec.sampling
-        )
+        batch = state.tokens.shape[0]
+        if self.branch.separate_prompt:
+            branch = self._device(generate.truncate, branch, jnp.zeros(batch, jnp.int32))
+            prompts = {b: self.env.side_branch_prompt(examples[b], turns[b]) for b in rows}
+            sequences = [self._encode(chat.render(self.tokenizer, prompts[b])) if b in rows else []
+                         for b in range(batch)]
+            room = self.slots - 1 - self.branch.max_tokens
+            if (longest := max(len(s) for s in sequences)) > room:
+                raise ValueError(f"Side branch {self.branch.name!r}: a prompt has {longest} tokens, more "
+                                 f"than the {room} a row has room for before its {self.branch.max_tokens} "
+                                 "(raise rollout.max_prompt_tokens: it adds slots to every row).")
+        else:
+            sequences = [chunks[b] + self.branch_prompt if b in rows else [] for b in range(batch)]
+        start = np.isin(np.arange(batch), rows)
+        branch = self._extend_in_chunks(params, branch, sequences, start, self.branch_spec.sampling)
         branch = self._decode_chunks(params, branch, self.branch_stops, self.branch_spec)
         out_tokens, turn_start, length = jax.device_get((branch.tokens, branch.turn_start, branch.cache.length))
         texts = {}
@@ -237,7 +261,8 @@ class RolloutEngine:
                 turns[b][-1].info.update(obs.info)
             if self.branch is not None:
                 rows = [b for b in waiting if turns[b][-1].action.kind in self.branch.after_kinds]
-                for b, text in (self._side_branch(params, state, rows, chunks) if rows else {}).items():
+                texts = self._side_branch(params, state, rows, chunks, examples, turns) if rows else {}
+                for b, text in texts.items():
                     turns[b][-1].info[self.branch.name] = text
             sequences = [chunks.get(b, []) for b in range(batch)]
             chunk, chunk_len = pad_batch(sequences, self._bucket(max(len(s) for s in sequences)))

@@ -139,6 +139,19 @@ AUTOSEARCH_REWARD = [
     (AS_REWARD, "reward_tensor[pos] += 0.0125 when the answer is wrong",
      "env.autosearch.efficiency_wrong_answer_reward", 0.0125),
 ]
+# How the intermediate answers are elicited: RewardManager.__call__ and generate_extra_outputs_for_qa_em.
+AUTOSEARCH_ANSWERS = [
+    (AS_REWARD, "answer_prompt: its own ChatML prompt, question + trajectory so far (lines 421-438)",
+     "env.intermediate_answer_mode", "public_prompt"),
+    (AS_REWARD, "generate_extra_outputs_for_qa_em(temperature=1.0) (line 510)",
+     "env.intermediate_answer_sampling.temperature", 1.0),
+    (AS_REWARD, "generate_extra_outputs_for_qa_em: top_p: float = 0.9 (line 193)",
+     "env.intermediate_answer_sampling.top_p", 0.9),
+    (AS_REWARD, "generate_extra_outputs_for_qa_em: top_k: int = 50 (line 194)",
+     "env.intermediate_answer_sampling.top_k", 50),
+    (AS_SCRIPT, "data.max_response_length=500: vLLM's max_tokens (rollout.response_length in the yaml)",
+     "env.intermediate_answer_tokens", 500),
+]
 AUTOSEARCH_PPO = [
     *_rows(AS_SCRIPT, [*PPO_SCRIPT,
                        ("data.max_obs_length=800", "rollout.max_obs_tokens", 800),
@@ -152,6 +165,7 @@ AUTOSEARCH_PPO = [
     (AS_ACTOR, "update_policy: batch.split(ppo_mini_batch_size), in order", "rl.shuffle", False),
     (AS_REWARD, "RewardManager: turn-level rewards with intermediate answers", "env.reward", "autosearch"),
     *AUTOSEARCH_REWARD,
+    *AUTOSEARCH_ANSWERS,
 ]
 PUBLIC_RUNS = {
     (search_r1, "paper"): SEARCH_R1_V02,
@@ -184,6 +198,11 @@ def test_preset_matches_the_public_run(module, preset):
              for source, setting, key, expected in PUBLIC_RUNS[module, preset]
              if not same(value(config, key), expected)]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_demo_keeps_the_greedy_continuation_for_intermediate_answers():
+    env = autosearch.get_config("tiny").env
+    assert env.intermediate_answer_mode == "continuation" and env.intermediate_answer_sampling.temperature == 0
 
 
 @pytest.mark.parametrize("module", [search_r1, autosearch], ids=lambda m: m.__name__)

@@ -39,19 +39,25 @@ class ScriptedEnv:
     characters, and the turn after `max_turns` lookups always does.
 
     The rule is arbitrary but deterministic, so rows finish at different turns; observations echo the query length.
-    With `branch_prompt`, a side branch ("note") runs after every lookup.
+    With `branch_prompt`, a side branch ("note") runs after every lookup; with `separate` too, from its own
+    prompt: the whole trajectory so far as text, then `branch_prompt`.
     """
 
     stop_strings: tuple[str, ...] = ("</search>", "</answer>")
     max_turns: int = 3
     branch_prompt: str | None = None
+    separate: bool = False
     observed: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def side_branch(self):
         if self.branch_prompt is None:
             return None
-        return SideBranch("note", self.branch_prompt, ("</answer>",), max_tokens=4, after_kinds=("lookup",))
+        return SideBranch("note", self.branch_prompt, ("</answer>",), max_tokens=4, after_kinds=("lookup",),
+                          separate_prompt=self.separate)
+
+    def side_branch_prompt(self, example, turns):
+        return self.prompt(example) + "".join(t.text + t.observation for t in turns) + self.branch_prompt
 
     def prompt(self, example):
         return f"question {example['q']} answer"
@@ -189,8 +195,9 @@ def test_side_branch_runs_after_the_turns_it_names(model, tokenizer):
     assert len(notes) == len(lookups) > 0 and any(notes)
 
 
-def test_side_branch_leaves_the_trajectory_unchanged(model, tokenizer):
-    env = ScriptedEnv(branch_prompt=" <answer>")
+@pytest.mark.parametrize("separate", [False, True])
+def test_side_branch_leaves_the_trajectory_unchanged(model, tokenizer, separate):
+    env = ScriptedEnv(branch_prompt=" <answer>", separate=separate)
     runs = [make_engine(model, tokenizer, env, side_branch=branch).run(model[1], EXAMPLES, jax.random.key(0))
             for branch in (False, True)]  # sampled at temperature 1: the branch must not touch the key either
     np.testing.assert_array_equal(runs[0].tokens, runs[1].tokens)
@@ -201,9 +208,9 @@ def test_side_branch_leaves_the_trajectory_unchanged(model, tokenizer):
     assert any("note" in t.info for row in runs[1].turns for t in row)
 
 
-@pytest.mark.parametrize("branch_prompt", [None, " <answer>"])
-def test_nothing_compiles_after_warmup(model, tokenizer, branch_prompt):
-    engine = make_engine(model, tokenizer, ScriptedEnv(branch_prompt=branch_prompt))
+@pytest.mark.parametrize("branch_prompt,separate", [(None, False), (" <answer>", False), (" <answer>", True)])
+def test_nothing_compiles_after_warmup(model, tokenizer, branch_prompt, separate):
+    engine = make_engine(model, tokenizer, ScriptedEnv(branch_prompt=branch_prompt, separate=separate))
     before = generate.compiled_programs()
     engine.warmup(model[1], len(EXAMPLES))
     warm = generate.compiled_programs()
