@@ -1,13 +1,14 @@
 """Retrieval Program Learning in miniature on a CPU: the paper's two claims on GlobalQA-style tasks.
 
 Per seed: builds a synthetic world (`searchrl.demo.synthetic`), its GlobalQA tasks (`searchrl.demo.globalqa`,
-`config.demo.types`), a BM25 index and a tokenizer. Two tiny policies of the same size are cold-started with
-SFT on scripted trajectories, then trained with PPO for the same number of steps on answer F1:
+`config.demo.types`), a BM25 index and a tokenizer. One tiny policy is cold-started with SFT on the scripted
+turns of both kinds (the prompt says which kind to write; `cold_start`), then trained with PPO for the same
+number of steps on answer F1 as each of:
 
 - search: the AutoSearch-style agent (`program` env, `search` space): one query per turn, Search-R1's top 3
-  passages back; scripted with the plan query, then the question itself;
+  passages back; scripted with the plan query, then the group's value alone;
 - program: one program turn over the sparse SDK (`sparse` space: sparse_retrieval, fuse, dedup); scripted
-  as `show(sparse_retrieval(<plan query>, k))` with k drawn from `cold_start_top_k`.
+  as `show(sparse_retrieval(<plan query>, k))`, one trajectory per k of `cold_start_top_k`.
 
 Halfway, the program run's checkpoint is copied: one copy continues RL, the other runs program mutation on
 the policy's weak programs, distils the verified variants (`searchrl.program_mutation`) and resumes RL on the
