@@ -35,6 +35,20 @@ class Observation:
 
 
 @dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Static sampling settings (hashable: part of the compiled program)."""
+
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature the log-probabilities are reported (and must be recomputed) at."""
+        return self.temperature if self.temperature > 0 else 1.0
+
+
+@dataclasses.dataclass(frozen=True)
 class SideBranch:
     """A continuation the engine samples after some turns' observations, on a copy of the rollout state: the
     main trajectory is bit-identical with or without it (AutoSearch's intermediate answers are one).

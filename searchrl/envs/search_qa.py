@@ -13,11 +13,10 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from searchrl.envs import INVALID, final_answer, tool_or_answer
-from searchrl.episode import Action, Observation, SideBranch, Trajectory, Turn
+from searchrl.episode import Action, Observation, SamplingParams, SideBranch, Trajectory, Turn
 from searchrl.retrieval import make_retriever
 from searchrl.retrieval.types import Hit, RetrievalError, Retriever, search_each
 from searchrl.rewards import autosearch, protocol, qa, search_r1
-from searchrl.rollout.config import SamplingParams
 from searchrl.text import chat, tags
 
 REWARDS = ("em", "search_r1", "autosearch")
