@@ -207,8 +207,7 @@ class SearchQAEnv:
             answer = final_answer(turns)
             row = {
                 "question": example["question"], "golden_answers": golds, "answer": answer,
-                "em": qa.exact_match(answer, golds), "f1": qa.f1(answer, golds),
-                "cover_em": qa.cover_em(answer, golds), "searches": searches(turns),
+                **qa.scores(answer, golds), "searches": searches(turns),
                 "format_valid": float(protocol.check_sequence(trajectory.response_text(b)).ok),
             }
             if trajectory.side_branch == INTERMEDIATE_ANSWER:

@@ -39,8 +39,10 @@ from searchrl.eval import harness, report
 from searchrl.eval import prompts as P
 from searchrl.retrieval import make_retriever
 from searchrl.retrieval.types import Hit, Retriever
+from searchrl.rewards import qa
 from searchrl.rollout.config import RolloutConfig, SamplingParams
 from searchrl.rollout.engine import RolloutEngine
+from searchrl.shapes import padded_batch
 from searchrl.text import chat
 
 # (prompts, stop strings; () = EOS only) -> the generated texts
@@ -120,7 +122,7 @@ class Generator:
         texts = []
         for start in range(0, len(examples), self.batch_size):
             chunk = examples[start:start + self.batch_size]
-            traj = engine.run(self.params, harness.padded(chunk, self.batch_size), jax.random.key(0))
+            traj = engine.run(self.params, padded_batch(chunk, self.batch_size), jax.random.key(0))
             texts += [turns[0].text for turns in traj.turns[:len(chunk)]]
         return texts
 
@@ -248,7 +250,7 @@ def answer_metrics(example: Mapping[str, Any], output: Output) -> dict[str, Any]
     """The search-QA row of one answer: EM, F1 and cover-EM against the golden answers, and the searches."""
     golds = list(example["golden_answers"])
     return {"question": example["question"], "golden_answers": golds, "answer": output.answer,
-            **harness.qa_scores(output.answer, golds), "searches": output.searches,
+            **qa.scores(output.answer, golds), "searches": output.searches,
             "response": output.response}
 
 

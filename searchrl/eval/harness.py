@@ -24,8 +24,8 @@ from searchrl import experiment, models
 from searchrl.data import datasets as data_lib
 from searchrl.episode import Env
 from searchrl.eval import report
-from searchrl.rewards import qa
 from searchrl.rollout.config import RolloutConfig, SamplingParams
+from searchrl.shapes import padded_batch
 from searchrl.rollout.engine import RolloutEngine
 
 
@@ -52,17 +52,6 @@ def question_row(example: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict
     return {"dataset": example.get("dataset", ""), "id": example.get("id"), "hops": _hops(example), **metrics}
 
 
-def qa_scores(answer: str, golds: Sequence[str]) -> dict[str, float]:
-    """An answer's EM, F1 and cover-EM against the golden answers (`searchrl.rewards.qa`)."""
-    return {"em": qa.exact_match(answer, golds), "f1": qa.f1(answer, golds),
-            "cover_em": qa.cover_em(answer, golds)}
-
-
-def padded(chunk: Sequence[Any], batch_size: int) -> list[Any]:
-    """`chunk` padded to `batch_size` items by repeating its last (a batch of one static shape)."""
-    return list(chunk) + [chunk[-1]] * (batch_size - len(chunk))
-
-
 def question_rows(env: Env, engine: RolloutEngine, params, examples: Sequence[Mapping[str, Any]],
                   batch_size: int, desc: str = "eval") -> list[dict[str, Any]]:
     """Greedy rollouts of `examples` in batches of exactly `batch_size` rows; one JSON-able row per example:
@@ -70,7 +59,7 @@ def question_rows(env: Env, engine: RolloutEngine, params, examples: Sequence[Ma
     rows = []
     for start in tqdm(range(0, len(examples), batch_size), desc=desc, disable=jax.process_index() != 0):
         chunk = list(examples[start:start + batch_size])
-        traj = engine.run(params, padded(chunk, batch_size), jax.random.key(0)).first_rows(len(chunk))
+        traj = engine.run(params, padded_batch(chunk, batch_size), jax.random.key(0)).first_rows(len(chunk))
         for b, (example, metrics) in enumerate(zip(chunk, env.metrics(traj, chunk))):
             rows.append(question_row(example, {**metrics, "finish_reason": traj.finish_reasons[b],
                                                "response": traj.response_text(b)}))

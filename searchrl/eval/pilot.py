@@ -21,6 +21,7 @@ from searchrl import experiment, models
 from searchrl.envs.search_qa import SearchQAEnv
 from searchrl.eval import harness, report
 from searchrl.eval.forced_depth import ForcedDepthEnv
+from searchrl.rewards import qa
 from searchrl.rollout.config import RolloutConfig
 
 Rows = list[dict[str, Any]]
@@ -33,7 +34,7 @@ def at_depth(row: Mapping[str, Any], k: int) -> dict[str, Any]:
     answer = row["answer"] if k == 0 else (answers[k - 1] if k <= len(answers) else "")
     searches = min(k, row["searches"])
     return {key: row[key] for key in ("dataset", "id", "hops", "question", "golden_answers")} | {
-        "answer": answer, **harness.qa_scores(answer, row["golden_answers"]), "searches": searches,
+        "answer": answer, **qa.scores(answer, row["golden_answers"]), "searches": searches,
         "forced_searches": sum(row["forced"][:searches])}
 
 

@@ -49,12 +49,18 @@ def by_dataset(rows: Sequence[Mapping[str, Any]]) -> dict[str, list]:
     return groups
 
 
+def by_dataset_and(rows: Sequence[Mapping[str, Any]], field: str) -> dict[tuple[str, Any], list]:
+    """Rows that carry `field` (not None), grouped by (dataset, value), in first-seen order."""
+    groups: dict[tuple[str, Any], list] = {}
+    for row in rows:
+        if row.get(field) is not None:
+            groups.setdefault((row["dataset"], row[field]), []).append(row)
+    return groups
+
+
 def by_hops(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], list]:
     """Rows that carry a hop count, grouped by (dataset, hops), sorted."""
-    groups: dict[tuple[str, int], list] = {}
-    for row in rows:
-        if row.get("hops") is not None:
-            groups.setdefault((row["dataset"], int(row["hops"])), []).append(row)
+    groups = {(name, int(hops)): group for (name, hops), group in by_dataset_and(rows, "hops").items()}
     return dict(sorted(groups.items()))
 
 
@@ -74,12 +80,8 @@ def hops_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def task_types_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per (dataset, task type) when rows carry a "task_type" (the RPL paper's Table 3: F1 and dF1
     per GlobalQA type), in first-seen order; empty otherwise."""
-    groups: dict[tuple[str, str], list] = {}
-    for row in rows:
-        if row.get("task_type") is not None:
-            groups.setdefault((row["dataset"], row["task_type"]), []).append(row)
     return [{"dataset": name, "task_type": kind, **summarize(group)}
-            for (name, kind), group in groups.items()]
+            for (name, kind), group in by_dataset_and(rows, "task_type").items()]
 
 
 def raw_vs_rewritten(table: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

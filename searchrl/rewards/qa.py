@@ -76,3 +76,9 @@ def f1(prediction: str, golds: Golds) -> float:
     """Best token-level F1 of the prediction against the gold answers (HotpotQA/FlashRAG rules)."""
     pred = normalize_answer(prediction)
     return max((_token_f1(pred, normalize_answer(g)) for g in _gold_list(golds)), default=0.0)
+
+
+def scores(prediction: str, golds: Golds) -> dict[str, float]:
+    """The prediction's EM, F1 and cover-EM against the gold answers (the columns of every QA table)."""
+    return {"em": exact_match(prediction, golds), "f1": f1(prediction, golds),
+            "cover_em": cover_em(prediction, golds)}

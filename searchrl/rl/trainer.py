@@ -32,7 +32,7 @@ from searchrl.rl.config import RLConfig, TrainConfig
 from searchrl.rl.train_state import abstract_train_state, init_train_state
 from searchrl.rollout.config import RolloutConfig, SamplingParams
 from searchrl.rollout.engine import RolloutEngine, RolloutStats
-from searchrl.shapes import padded_width
+from searchrl.shapes import padded_batch, padded_width
 
 
 class NonFiniteError(RuntimeError):
@@ -153,8 +153,8 @@ class Trainer:
         rows = []
         for start in range(0, len(examples), self.batch_rows):
             chunk = examples[start:start + self.batch_rows]
-            padded = chunk + [chunk[-1]] * (self.batch_rows - len(chunk))  # static batch shape
-            traj = self.eval_engine.run(self.state.policy, padded, jax.random.key(0)).first_rows(len(chunk))
+            traj = self.eval_engine.run(self.state.policy, padded_batch(chunk, self.batch_rows),
+                                        jax.random.key(0)).first_rows(len(chunk))
             rows += self.env.metrics(traj, chunk)
         return mean_metrics(rows)
 

@@ -10,10 +10,11 @@ import pytest
 
 from searchrl import models
 from searchrl.envs.search_qa import format_passages
-from searchrl.eval import baselines, harness
+from searchrl.eval import baselines
 from searchrl.eval import prompts as P
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.retrieval.types import Hit
+from searchrl.rewards import qa
 from tests.eval.test_eval import make_config, tiny_policy, world  # noqa: F401 (a fixture)
 from tests.eval.test_pilot import run_cli
 
@@ -194,7 +195,7 @@ def test_baselines_cli_end_to_end(world, tmp_path, monkeypatch):
         rows = [json.loads(line) for line in (out / method / "predictions.jsonl").read_text().splitlines()]
         assert [r["question"] for r in rows] == questions[:3]
         for r in rows:
-            scores = harness.qa_scores(r["answer"], r["golden_answers"])
+            scores = qa.scores(r["answer"], r["golden_answers"])
             assert {k: r[k] for k in ("em", "f1", "cover_em")} == scores
         bounds = {"direct": (0, 0), "cot": (0, 0), "rag": (1, 1), "ircot": (1, 2), "search_o1": (0, 5)}
         low, high = bounds[method]

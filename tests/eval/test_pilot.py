@@ -19,6 +19,7 @@ from searchrl.eval import harness, pilot
 from searchrl.eval.forced_depth import ForcedDepthEnv, ForcedSearch
 from searchrl.eval.prompts import continued
 from searchrl.retrieval.types import Hit
+from searchrl.rewards import qa
 from searchrl.text import chat, tags
 from tests.eval.test_eval import make_config, rollout_config, tiny_policy, world  # noqa: F401 (a fixture)
 
@@ -183,4 +184,4 @@ def test_pilot_cli_on_two_checkpoints(world, tmp_path, capsys):
     assert len(predictions) == 2 * 3 * 3  # models x depths x questions
     for p in predictions:
         assert p["searches"] == p["forced_depth"]
-        assert p["em"] == harness.qa_scores(p["answer"], p["golden_answers"])["em"]
+        assert p["em"] == qa.scores(p["answer"], p["golden_answers"])["em"]
