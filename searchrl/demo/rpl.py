@@ -54,6 +54,7 @@ from searchrl.text.tokenizer import PROTOCOL_TAGS, train_bpe_tokenizer  # noqa: 
 
 DATASET = "globalqa"
 ARMS = ("search", "program", "program_pm")  # the evaluated policies, after the same number of RL steps
+POLICIES = ("search_sft", "program_sft", *ARMS)  # and the cold start, evaluated in each env
 PROMPTS = ("Write a program. Question: {question}\n", "Search. Question: {question}\n")  # program, search
 METRICS = ("answer_f1", "doc_f1", "context_tokens", "retrieval_turns", "retrieval_calls")
 Segments = list[tuple[str, bool]]
@@ -258,10 +259,9 @@ def claims(per_seed: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def markdown(per_seed: Mapping[str, Mapping[str, Any]]) -> str:
-    policies = ("search_sft", "program_sft", *ARMS)
     lines = ["| seed | policy | " + " | ".join(METRICS) + " |", "|---|---|" + "---|" * len(METRICS)]
     for seed, result in per_seed.items():
-        for policy in policies:
+        for policy in POLICIES:
             cells = " | ".join(f"{result[policy][m]:.3f}" if m.endswith("f1") else f"{result[policy][m]:.1f}"
                                for m in METRICS)
             lines.append(f"| {seed} | {policy} | {cells} |")
@@ -274,8 +274,8 @@ def plot(per_seed: Mapping[str, Mapping[str, Any]], path: str) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for seed, result in per_seed.items():
         for arm, style in (("program", "--"), ("program_pm", "-")):
-            steps, values = zip(*result["curves"][arm]["held_out_answer_f1"]) or ((), ())
-            axes[0].plot(steps, values, style, marker="o", label=f"seed {seed} {arm}")
+            if points := result["curves"][arm]["held_out_answer_f1"]:
+                axes[0].plot(*zip(*points), style, marker="o", label=f"seed {seed} {arm}")
             for name, points in result["curves"][arm]["uses"].items():
                 if points:
                     axes[2].plot(*zip(*points), style, label=f"seed {seed} {arm} {name}", alpha=0.7)
@@ -303,7 +303,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     demo = from_config(RPLDemoConfig, config.demo, "config.demo")
     per_seed = {str(seed): run_seed(seed_config(config, seed), demo) for seed in demo.seeds}
     means = {policy: {m: float(np.mean([r[policy][m] for r in per_seed.values()])) for m in METRICS}
-             for policy in ("search_sft", "program_sft", *ARMS)}
+             for policy in POLICIES}
     table = markdown(per_seed)
     print(table)
     os.makedirs(config.workdir, exist_ok=True)
