@@ -62,18 +62,21 @@ def tiny(config):
     config.model.update(dict(hidden_size=128, intermediate_size=384, num_layers=3, num_heads=4,
                              num_kv_heads=2, head_dim=32, tie_word_embeddings=True))
     # No dense index on the CPU: programs get BM25 with fuse and dedup; the search baseline gets BM25's top 3.
-    config.env.update(dict(action_space="sparse", max_turns=1, prompt_template="Question: {question}\n"))
+    # Answers cite shown documents by number (Search-R1's "Doc <n>" lines): a model trained from scratch on
+    # a CPU budget learns that, where copying multi-token ids stays at zero answer F1 (README).
+    config.env.update(dict(action_space="sparse", max_turns=1, prompt_template="Question: {question}\n",
+                           cite="rank"))
     config.env.limits.update(dict(max_shown=6, max_retrieval_calls=4, max_docs_retrieved=200))
-    # Observations: a search's 3 passages take up to ~95 tokens, a program's 6 up to ~170.
-    config.rollout.update(dict(max_prompt_tokens=40, max_turn_tokens=24, max_obs_tokens=192,
-                               obs_buckets=(96, 192), max_len=40 + 3 * 24 + 2 * 96, chunk_steps=12))
+    # Observations: a search's 3 passages take up to ~110 tokens, a program's 6 up to ~210.
+    config.rollout.update(dict(max_prompt_tokens=48, max_turn_tokens=24, max_obs_tokens=224,
+                               obs_buckets=(112, 224), max_len=48 + 3 * 24 + 2 * 112, chunk_steps=12))
     config.rollout.sampling.temperature = 1.0
     # The cold start: prompts and first turns of every training task of every GlobalQA type (the copy of the
     # group's name into the query, cheap: under 96 tokens each), then whole trajectories of the trained types.
     config.demo.prefix_sft.update(dict(steps=300, batch_size=64, max_len=96))
     config.demo.prefix_sft.optim.update(dict(lr=3e-3, warmup_steps=20, decay="cosine", decay_steps=300,
                                              min_lr_ratio=0.1))
-    config.sft.update(dict(steps=150, batch_size=32, max_len=256))  # the longest scripted trajectory: ~240
+    config.sft.update(dict(steps=150, batch_size=32, max_len=288))  # the longest scripted trajectory: ~270
     config.sft.optim.update(dict(lr=3e-3, warmup_steps=20, decay="cosine", decay_steps=150, min_lr_ratio=0.1))
     config.train.update(dict(steps=20, batch_size=32, checkpoint_every=10, eval_every=5))
     config.rl.update(dict(advantage="gae", gamma=1.0, lam=1.0, minibatch_size=32, micro_batch_size=32,
@@ -82,7 +85,7 @@ def tiny(config):
     config.rl.critic.update(dict(lr=1e-3, warmup_steps=0))
     # Program mutation at the run's half (the demo sets at_step), on 128 training tasks' programs.
     config.mutation.update(dict(episodes=128, max_variants=16, max_shown=6))
-    config.mutation.sft.update(dict(steps=40, batch_size=16, max_len=256))
+    config.mutation.sft.update(dict(steps=40, batch_size=16, max_len=288))
     config.mutation.sft.optim.update(dict(lr=3e-4, warmup_steps=5))
     return config
 

@@ -41,24 +41,30 @@ class RPLDemoConfig:
     """The Retrieval Program Learning miniature (`searchrl.demo.rpl`): GlobalQA tasks over a synthetic world,
     the scripted cold starts of the program and the search policies, and the seeds."""
 
-    entities: int = 1500  # of the synthetic world
+    entities: int = 6000  # of the synthetic world: enough distinct names for a policy to learn to copy them
     pair_fraction: float = 0.0  # passages stating two facts (one fact each keeps observations short)
     test_fraction: float = 0.2  # of the world's entities, and so of its groups, held out
     types: tuple[str, ...] = ("count",)  # GlobalQA task types trained and evaluated
     max_answer: int = 6  # largest group asked about
-    vocab_size: int = 2000  # of the BPE tokenizer: names and ids in pieces that training tasks use too
-    cold_start_top_k: tuple[int, ...] = (2, 3, 4)  # the scripted programs' top_k: one trajectory each
+    vocab_size: int = 800  # of the BPE tokenizer: held-out names in pieces that training queries write too
+    cold_start_top_k: tuple[int, ...] = (3, 4, 5)  # the scripted programs' top_k: one trajectory each
     search_turns: int = 2  # searches of a scripted search trajectory (the plan query, then the value)
     eval_questions: int = 128  # held-out tasks evaluated
     prefix_sft: SFTConfig = SFTConfig()  # the first cold-start stage, on prompts and first turns
-    seeds: tuple[int, ...] = (0, 1)  # whole runs (world, cold starts, RL, mutation), one per seed
+    seeds: tuple[int, ...] = (0, 1)  # RL seeds: each trains every arm from the one cold start
 
 
 def seed_config(config: ml_collections.ConfigDict, seed: int) -> ml_collections.ConfigDict:
-    """The config of one seed's run: its own seed and workdir (world, index, tokenizer, checkpoints)."""
+    """The config of one seed's run: its own seed, and its workdir under the config's (workdir/seed<seed>)."""
     config = copy.deepcopy(config)
     config.seed = seed
     config.workdir = os.path.join(config.workdir, f"seed{seed}")
+    return config
+
+
+def world_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """`config` with a demo world's files under its workdir: the datasets, the index and the tokenizer."""
+    config = copy.deepcopy(config)
     config.tokenizer = os.path.join(config.workdir, "tokenizer")
     config.data.dir = config.workdir
     config.retrieval.index_dir = os.path.join(config.workdir, "index")

@@ -26,7 +26,7 @@ from searchrl import envs, experiment, models
 from searchrl.configlib import from_config
 from searchrl.data import datasets
 from searchrl.demo import rewrite_world
-from searchrl.demo.config import RewriteDemoConfig, seed_config
+from searchrl.demo.config import RewriteDemoConfig, seed_config, world_config
 from searchrl.eval import harness, report
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.rl import sft
@@ -127,7 +127,7 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """Every seed of `config.demo.seeds`; results.json holds each seed's metrics and their means."""
     start = time.perf_counter()
     demo = from_config(RewriteDemoConfig, config.demo, "config.demo")
-    per_seed = {str(seed): run_seed(seed_config(config, seed), demo) for seed in demo.seeds}
+    per_seed = {str(seed): run_seed(world_config(seed_config(config, seed)), demo) for seed in demo.seeds}
     means = {policy: {m: float(np.mean([r[policy][m] for r in per_seed.values()])) for m in METRICS}
              for policy in POLICIES}
     table = markdown(per_seed)

@@ -1,9 +1,9 @@
 """Retrieval Program Learning in miniature on a CPU: the paper's two claims on GlobalQA-style tasks.
 
-Per seed: builds a synthetic world (`searchrl.demo.synthetic`), its GlobalQA tasks (`searchrl.demo.globalqa`,
+Builds a synthetic world (`searchrl.demo.synthetic`), its GlobalQA tasks (`searchrl.demo.globalqa`,
 `config.demo.types`), a BM25 index and a tokenizer. One tiny policy is cold-started with SFT on the scripted
-turns of both kinds (the prompt says which kind to write; `cold_start`), then trained with PPO for the same
-number of steps on answer F1 as each of:
+turns of both kinds (the prompt says which kind to write; `cold_start`). From that one checkpoint, per RL seed
+(`config.demo.seeds`), it is trained with PPO for the same number of steps on answer F1 as each of:
 
 - search: the AutoSearch-style agent (`program` env, `search` space): one query per turn, Search-R1's top 3
   passages back; scripted with the plan query, then the group's value alone;
@@ -15,7 +15,7 @@ the policy's weak programs, distils the verified variants (`searchrl.program_mut
 same batches. Claim (a): the program policy reaches higher answer F1 and dF1 than the search policy while
 consuming fewer context tokens. Claim (b): mutation + distillation + resumed RL beats continued RL on held-out
 tasks. Writes `results.json`, `results.md` and `rpl.png` (Figures 3, 4 and 5 in miniature) under the config's
-workdir; per seed, each arm's evaluation report (`eval_<arm>/`) and training logs.
+workdir; per seed, each arm's evaluation report (`seed<seed>/<arm>/eval_<arm>/`) and training logs.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import json
 import os
 import shutil
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import jax
 import matplotlib
@@ -39,9 +39,9 @@ from searchrl import experiment, models, program_mutation  # noqa: E402
 from searchrl.configlib import from_config  # noqa: E402
 from searchrl.data import datasets  # noqa: E402
 from searchrl.demo import globalqa, synthetic  # noqa: E402
-from searchrl.demo.config import RPLDemoConfig, seed_config  # noqa: E402
+from searchrl.demo.config import RPLDemoConfig, seed_config, world_config  # noqa: E402
 from searchrl.envs.program import PROGRAM, SEARCH, ProgramEnv, format_documents  # noqa: E402
-from searchrl.episode import Action  # noqa: E402
+from searchrl.episode import Action, Observation  # noqa: E402
 from searchrl.eval import harness, report  # noqa: E402
 from searchrl.metric_writer import read_metrics  # noqa: E402
 from searchrl.retrieval.bm25 import BM25Retriever  # noqa: E402
@@ -56,23 +56,44 @@ DATASET = "globalqa"
 ARMS = ("search", "program", "program_pm")  # the evaluated policies, after the same number of RL steps
 POLICIES = ("search_sft", "program_sft", *ARMS)  # and the cold start, evaluated in each env
 PROMPTS = ("Write a program. Question: {question}\n", "Search. Question: {question}\n")  # program, search
+HELD_OUT_SPLITS = ("dev", "test")  # of the world's entities
 METRICS = ("answer_f1", "doc_f1", "context_tokens", "retrieval_turns", "retrieval_calls")
 Segments = list[tuple[str, bool]]
 
 
 def program_source(query: str, top_k: int) -> str:
-    """A scripted program, written as `ast.unparse` writes the variants mutation distils."""
-    return f"show(sparse_retrieval({query!r}, {top_k}))"
+    """A scripted program, written as `ast.unparse` writes the variants mutation distils. The query starts
+    with a space, as its words do in the question: byte-level BPE then gives them the same tokens in both, and
+    the policy's copy of a name it has never seen is token for token."""
+    return f"show(sparse_retrieval({' ' + query!r}, {top_k}))"
 
 
-def answer_turn(ids: Sequence[str]) -> str:
-    return tags.block(tags.ANSWER, f" {', '.join(ids) or 'none'} ")
+def turn_text(action: Action) -> str:
+    """A scripted retrieval turn: the action's block, its content between spaces (as for the query)."""
+    return tags.block(action.kind, f" {action.content} ")
+
+
+def answer_turn(names: Sequence[str]) -> str:
+    return tags.block(tags.ANSWER, f" {', '.join(names) or 'none'} ")
+
+
+def citations(observations: Sequence[Observation], gold: Collection[str]) -> list[str]:
+    """How an answer names the gold documents among those shown, in the order first shown: by the number
+    each was given (`cite="rank"`) or by id."""
+    cited = {}
+    for observation in observations:
+        first = observation.info.get("first_number")
+        for i, doc in enumerate(observation.info["doc_ids"]):
+            if doc in gold and doc not in cited:
+                cited[doc] = doc if first is None else str(first + i)
+    return list(cited.values())
 
 
 def build_world(config: ml_collections.ConfigDict, demo: RPLDemoConfig) -> list[dict[str, Any]]:
     """The world's corpus and its GlobalQA tasks of `demo.types` under workdir, the BM25 index and the
     tokenizer (from scratch); returns the training tasks of every type (the prefix stage's)."""
-    for built_before in (DATASET, "world", "index", "tokenizer", *ARMS):  # the demo starts over
+    seeds = [f"seed{seed}" for seed in demo.seeds]
+    for built_before in (DATASET, "world", "index", "tokenizer", *ARMS, *seeds):  # the demo starts over
         shutil.rmtree(os.path.join(config.workdir, built_before), ignore_errors=True)
     world = synthetic.generate_world(config.seed, demo.entities, questions_per_entity=0.0,
                                      pair_fraction=demo.pair_fraction, test_fraction=demo.test_fraction)
@@ -83,9 +104,10 @@ def build_world(config: ml_collections.ConfigDict, demo: RPLDemoConfig) -> list[
              for split, records in every_type.items()}
     globalqa.write_tasks(tasks, config.data.dir, DATASET)
     BM25Retriever.build(corpus, config.retrieval.index_dir, show_progress=False)
-    # Every passage as observations show it. With a small vocabulary, held-out names and ids are made of
-    # pieces the training tasks use too: whole-word tokens of held-out names would never be trained to copy.
-    texts = [format_documents([Hit(p.id, 0.0, f'"{p.title}"', p.text)]) for p in world.passages]
+    # Fitted on the training split's text: passages as observations show them, but none of a held-out
+    # entity. With a small vocabulary, held-out names are made of pieces that training queries write too.
+    texts = [format_documents([Hit(p.id, 0.0, f'"{p.title}"', p.text)]) for p in world.passages
+             if world.entities[p.entity].split not in HELD_OUT_SPLITS]
     texts += [t["question"] + " " + answer_turn(t["golden_answers"]) for t in tasks["train"]]
     texts += [program_source(t["metadata"]["plan"][0], k)
               for t in tasks["train"] for k in demo.cold_start_top_k]
@@ -113,25 +135,25 @@ def first_turns(examples: Sequence[Mapping[str, Any]], env: ProgramEnv, tokenize
     They hold the copy a retrieval turn makes (the group's name from the question into the query) in a few
     dozen tokens, so a model trained from scratch can see many more names than there are whole tasks."""
     return [[(chat.render(tokenizer, env.prompt(example)), False),
-             (tags.block(plan[0].kind, plan[0].content), True)]
+             (turn_text(plan[0]), True)]
             for example in examples for plan in scripted_plans(example, env, demo)]
 
 
 def scripted_trajectories(examples: Sequence[Mapping[str, Any]], env: ProgramEnv, tokenizer: Any,
                           demo: RPLDemoConfig) -> list[Segments]:
-    """Per example and plan: prompt, (retrieval turn, observation) per action, then the answer naming the
-    gold documents among those shown, in the order shown (observations from the env, in one batch)."""
+    """Per example and plan: prompt, (retrieval turn, observation) per action, then the answer citing the
+    gold documents among those shown, in the order shown. Each turn is parsed and observed by the env (the
+    observations in one batch), as in a rollout."""
     plans = [(example, plan) for example in examples for plan in scripted_plans(example, env, demo)]
-    observations = iter(env.observe([a for _, plan in plans for a in plan]))
+    observations = iter(env.observe([env.parse_action(turn_text(action), t) for _, plan in plans
+                                     for t, action in enumerate(plan)]))
     out = []
     for example, plan in plans:
-        segments, shown = [(chat.render(tokenizer, env.prompt(example)), False)], []
+        segments, seen = [(chat.render(tokenizer, env.prompt(example)), False)], []
         for action in plan:
-            observation = next(observations)
-            segments += [(tags.block(action.kind, action.content), True), (observation.text, False)]
-            shown += observation.info["doc_ids"]
-        gold = set(example["golden_answers"])
-        segments.append((answer_turn([d for d in dict.fromkeys(shown) if d in gold]), True))
+            seen.append(next(observations))
+            segments += [(turn_text(action), True), (seen[-1].text, False)]
+        segments.append((answer_turn(citations(seen, set(example["golden_answers"]))), True))
         out.append(segments)
     return out
 
@@ -184,21 +206,37 @@ def curve(workdir: str, name: str) -> list[tuple[int, float]]:
             if name in r]
 
 
-def run_seed(config: ml_collections.ConfigDict, demo: RPLDemoConfig) -> dict[str, Any]:
-    """One seed from an empty directory: world, the cold start, each arm's RL, held-out metrics."""
-    start = time.perf_counter()
+@dataclasses.dataclass(frozen=True)
+class ColdStart:
+    """What every RL seed starts from: both envs' experiments, the cold-started policy, the held-out tasks
+    and the policy's held-out metrics in each env."""
+
+    search: experiment.Experiment
+    program: experiment.Experiment
+    policy: dict
+    test: dict[str, list[dict]]
+    held_out: dict[str, dict[str, float]]
+
+
+def cold_started(config: ml_collections.ConfigDict, demo: RPLDemoConfig) -> ColdStart:
+    """The world, the shared cold start and its held-out evaluation in each env (workdir/<arm>/eval_*)."""
     prefix_tasks = build_world(config, demo)
     test = datasets.load_examples(config.data.dir, DATASET, "test", config.data.format)
     test = {name: records[: demo.eval_questions] for name, records in test.items()}
+    configs = [arm_config(config, arm, demo) for arm in ("search", "program")]
+    (search, program), policy = cold_start(configs, prefix_tasks, demo)
+    held = {f"{arm}_sft": held_out(arm_cfg, built, policy, test, f"{arm}_sft")
+            for arm, arm_cfg, built in zip(("search", "program"), configs, (search, program))}
+    return ColdStart(search, program, policy, test, held)
+
+
+def run_seed(config: ml_collections.ConfigDict, demo: RPLDemoConfig, start: ColdStart) -> dict[str, Any]:
+    """One RL seed from the cold start: each arm's RL (workdir/seed<seed>/<arm>), held-out metrics."""
+    began = time.perf_counter()
+    search, built, policy, test = start.search, start.program, start.policy, start.test
     half = config.train.steps // 2
-    results: dict[str, Any] = {}
-
+    results: dict[str, Any] = dict(start.held_out)
     configs = {arm: arm_config(config, arm, demo) for arm in ARMS}
-    (search, built), policy = cold_start([configs["search"], configs["program"]], prefix_tasks, demo)
-    results["search_sft"] = held_out(configs["search"], search, policy, test, "search_sft")
-    results["program_sft"] = held_out(configs["program"], built, policy, test, "program_sft")
-    print(f"seed {config.seed}: cold start done ({time.perf_counter() - start:.0f}s)")
-
     trainer = Trainer(configs["search"], search.model_cfg, policy, search.tokenizer, search.env,
                       search.train_examples)
     try:
@@ -207,7 +245,7 @@ def run_seed(config: ml_collections.ConfigDict, demo: RPLDemoConfig) -> dict[str
                                      "search")
     finally:
         trainer.close()
-    print(f"seed {config.seed}: search arm done ({time.perf_counter() - start:.0f}s)")
+    print(f"seed {config.seed}: search arm done ({time.perf_counter() - began:.0f}s)")
 
     eval_examples = test[DATASET]
     program_config, pm_config = configs["program"], configs["program_pm"]
@@ -239,7 +277,7 @@ def run_seed(config: ml_collections.ConfigDict, demo: RPLDemoConfig) -> dict[str
                                "uses": {name: curve(configs[arm].workdir, f"env/uses_{name}")
                                         for name in built.env.sdk.available}}
                          for arm in ("program", "program_pm")}
-    results["seconds"] = time.perf_counter() - start
+    results["seconds"] = time.perf_counter() - began
     print(f"seed {config.seed}: done ({results['seconds']:.0f}s)")
     return results
 
@@ -297,11 +335,14 @@ def plot(per_seed: Mapping[str, Mapping[str, Any]], path: str) -> None:
 
 
 def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
-    """Every seed of `config.demo.seeds`; results.json holds each seed's metrics, their means and the
-    claims."""
+    """The cold start, then RL for every seed of `config.demo.seeds` from it; results.json holds each seed's
+    metrics, their means and the claims."""
     start = time.perf_counter()
     demo = from_config(RPLDemoConfig, config.demo, "config.demo")
-    per_seed = {str(seed): run_seed(seed_config(config, seed), demo) for seed in demo.seeds}
+    config = world_config(config)
+    cold = cold_started(config, demo)
+    print(f"cold start done ({time.perf_counter() - start:.0f}s)")
+    per_seed = {str(seed): run_seed(seed_config(config, seed), demo, cold) for seed in demo.seeds}
     means = {policy: {m: float(np.mean([r[policy][m] for r in per_seed.values()])) for m in METRICS}
              for policy in POLICIES}
     table = markdown(per_seed)

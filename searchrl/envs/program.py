@@ -13,6 +13,10 @@ answers can name them; it is scored and measured exactly as programs are.
 Two kinds of example: open-domain QA ({"question", "golden_answers"}, EM reward) and GlobalQA-style
 corpus-level tasks (metadata "type" in GLOBALQA_TYPES, "evidence_ids"; golden_answers are document ids),
 rewarded with answer F1 over document ids; their dF1 is the F1 of every document shown against the evidence.
+An answer names documents by id (`cite="id"`, as in the paper: "Doc <id>(Title: ...) text" lines), or by the
+number each shown document has in its episode (`cite="rank"`: Search-R1's own "Doc <n>(Title: ...) text"
+lines, numbered on across turns), which the env maps back to ids before scoring. A model trained from scratch
+learns to cite a number it was shown far sooner than to copy a multi-token id (the RPL miniature).
 Per episode the env reports context tokens consumed (observation tokens), retrieval calls, retrieval turns and
 which SDK functions the programs called.
 """
@@ -38,6 +42,7 @@ ACTION_SPACES = {"dense": ("dense_retrieval",), "dual": ("sparse_retrieval", "de
                  "sdk": SDK_FUNCTIONS, "sparse": ("sparse_retrieval", "fuse", "dedup"),
                  "search": ("sparse_retrieval",)}
 GLOBALQA_TYPES = ("topk", "count", "sort", "minmax")
+CITES = ("id", "rank")  # how observations name documents, and so how answers cite them
 _FENCE = "```"
 
 RPL_PROMPT = (
@@ -55,7 +60,9 @@ SEARCH_PROMPT = (  # Search-R1's prompt, with documents named by id
 SIGNATURES = {  # how the prompt lists each SDK function
     "sparse_retrieval": "sparse_retrieval(q, top_k)", "dense_retrieval": "dense_retrieval(q, top_k)",
     "fuse": "fuse(*lists, top_k=None)", "dedup": "dedup(docs)", "rerank": "rerank(q, docs, top_k=None)"}
-GLOBALQA_HINT = " (for questions about documents, the ids of the documents, separated by commas)"
+GLOBALQA_HINTS = {  # per cite
+    "id": " (for questions about documents, the ids of the documents, separated by commas)",
+    "rank": " (for questions about documents, the numbers of the documents, separated by commas)"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +77,15 @@ class Config:
     chat_template: bool = False  # render the prompt as a user message with the tokenizer's chat template
     enable_thinking: bool = True  # with the chat template: Qwen3's thinking switch
     limits: Limits = Limits()  # the sandbox's limits per program
+    cite: str = "id"  # one of CITES: GlobalQA answers name shown documents by id or by their number
+
+
+@dataclasses.dataclass(frozen=True)
+class NumberedAction(Action):
+    """A retrieval turn under `cite="rank"`: the documents it shows are numbered from `first_number` (a turn
+    shows at most `docs_per_turn`, so numbers never repeat within an episode)."""
+
+    first_number: int = 1
 
 
 def is_globalqa(example: Mapping[str, Any]) -> bool:
@@ -94,9 +110,23 @@ def parse_ids(answer: str) -> list[str]:
     return list(dict.fromkeys(w.strip("-") for w in words if any(c.isdigit() for c in w)))
 
 
-def format_documents(hits: Sequence[Hit]) -> str:
-    """Search-R1's passage lines with each document's id in place of its rank, so an answer can name it."""
-    return "".join(f"Doc {hit.id}(Title: {hit.title}) {hit.text}\n" for hit in hits)
+def format_documents(hits: Sequence[Hit], first_number: int | None = None) -> str:
+    """Search-R1's passage lines, each document named by its id, or (`first_number` given) numbered on from
+    `first_number` as Search-R1 numbers its ranks."""
+    names = [hit.id for hit in hits] if first_number is None else range(first_number, first_number + len(hits))
+    return "".join(f"Doc {name}(Title: {hit.title}) {hit.text}\n" for name, hit in zip(names, hits))
+
+
+def cited_ids(answer: str, turns: Sequence[Turn], cite: str) -> list[str]:
+    """The document ids an answer cites: `parse_ids` itself under `cite="id"`; under `cite="rank"`, the
+    documents its numbers were given in this episode (a number no document had stays as written, and so counts
+    as a wrong document)."""
+    cited = parse_ids(answer)
+    if cite == "id":
+        return cited
+    numbered = {str(turn.info["first_number"] + i): doc for turn in turns if "first_number" in turn.info
+                for i, doc in enumerate(turn.info["doc_ids"])}
+    return list(dict.fromkeys(numbered.get(name, name) for name in cited))
 
 
 def set_f1(predicted: Sequence[str], gold: Sequence[str]) -> float:
@@ -120,13 +150,16 @@ class ProgramEnv:
                              f"{sorted(ACTION_SPACES)}")
         if config.max_turns < 0:
             raise ValueError(f"config.env.max_turns must be >= 0, got {config.max_turns}")
+        if config.cite not in CITES:
+            raise ValueError(f"config.env.cite {config.cite!r} is not one of {CITES}")
         self.config, self.sdk = config, sdk
         self.tool = SEARCH if config.action_space == "search" else PROGRAM
+        self.docs_per_turn = config.search_top_k if self.tool == SEARCH else config.limits.max_shown
         self.stop_strings = (tags.close_tag(self.tool), tags.close_tag(tags.ANSWER))
 
     def prompt(self, example: Mapping[str, Any]) -> str | chat.Chat:
         functions = ", ".join(SIGNATURES[name] for name in self.sdk.available)
-        hint = GLOBALQA_HINT if is_globalqa(example) else ""
+        hint = GLOBALQA_HINTS[self.config.cite] if is_globalqa(example) else ""
         template = self.config.prompt_template or (SEARCH_PROMPT if self.tool == SEARCH else RPL_PROMPT)
         text = (template.replace("{functions}", functions)
                 .replace("{answer_hint}", hint).replace("{question}", example["question"]))
@@ -136,26 +169,35 @@ class ProgramEnv:
 
     def parse_action(self, turn_text: str, turn_index: int) -> Action:
         noun = "programs" if self.tool == PROGRAM else "searches"
-        return tool_or_answer(turn_text, turn_index, self.config.max_turns, self.tool,
-                              f"no complete <{self.tool}> or <answer> block",
-                              f"no more {noun}: this turn must answer")
+        action = tool_or_answer(turn_text, turn_index, self.config.max_turns, self.tool,
+                                f"no complete <{self.tool}> or <answer> block",
+                                f"no more {noun}: this turn must answer")
+        if self.config.cite == "rank" and action.kind == self.tool:
+            return NumberedAction(action.kind, action.content, action.done, turn_index * self.docs_per_turn + 1)
+        return action
 
-    def run(self, source: str) -> Observation:
+    def run(self, source: str, first_number: int | None = None) -> Observation:
         """One program in the sandbox; what it showed (or its error) as the observation."""
         result = execute(program_source(source), self.sdk, self.config.limits)
         error = f"program error: {result.error}" if result.error else ""
-        return _observation(result.shown, result.retrieval_calls, tuple(sorted(result.primitives)), error)
+        return _observation(result.shown, result.retrieval_calls, tuple(sorted(result.primitives)), error,
+                            first_number)
 
-    def search(self, queries: Sequence[str]) -> list[Observation]:
+    def search(self, queries: Sequence[str], first_numbers: Sequence[int | None] | None = None
+               ) -> list[Observation]:
         """The `search` space's turns: each query's top `search_top_k` passages, in one batched call."""
         if self.sdk.sparse is None:
             raise ValueError("the search action space needs a sparse retriever (config.retrieval)")
         results = self.sdk.sparse.search([q.strip() for q in queries], self.config.search_top_k)
-        return [_observation(hits, 1, ("sparse_retrieval",), "") for hits in results]
+        numbers = first_numbers or [None] * len(results)
+        return [_observation(hits, 1, ("sparse_retrieval",), "", first)
+                for hits, first in zip(results, numbers)]
 
     def observe(self, actions: Sequence[Action]) -> list[Observation]:
-        searched = iter(self.search([a.content for a in actions if a.kind == SEARCH]))
-        return [self.run(a.content) if a.kind == PROGRAM else next(searched) if a.kind == SEARCH else
+        searches = [a for a in actions if a.kind == SEARCH]
+        searched = iter(self.search([a.content for a in searches], [_first_number(a) for a in searches]))
+        return [self.run(a.content, _first_number(a)) if a.kind == PROGRAM else next(searched)
+                if a.kind == SEARCH else
                 Observation(f"\n\n{tags.block(tags.INFORMATION, 'invalid action: ' + a.content)}\n\n")
                 for a in actions]
 
@@ -164,7 +206,7 @@ class ProgramEnv:
         golds = list(example["golden_answers"])
         if is_globalqa(example):
             shown = [doc for turn in turns for doc in turn.info.get("doc_ids", ())]
-            return {"answer_f1": set_f1(parse_ids(answer), golds),
+            return {"answer_f1": set_f1(cited_ids(answer, turns, self.config.cite), golds),
                     "doc_f1": set_f1(shown, example["metadata"]["evidence_ids"])}
         return {"em": qa.exact_match(answer, golds), "f1": qa.f1(answer, golds)}
 
@@ -196,12 +238,19 @@ class ProgramEnv:
         return rows
 
 
-def _observation(shown: Sequence[Hit], retrieval_calls: int, primitives: tuple[str, ...], error: str
-                 ) -> Observation:
-    """The `<information>` block of the shown documents (or of an error) and what the metrics count."""
-    text = "\n".join(part for part in (format_documents(shown).strip(), error) if part)
+def _first_number(action: Action) -> int | None:
+    return action.first_number if isinstance(action, NumberedAction) else None
+
+
+def _observation(shown: Sequence[Hit], retrieval_calls: int, primitives: tuple[str, ...], error: str,
+                 first_number: int | None = None) -> Observation:
+    """The `<information>` block of the shown documents (or of an error) and what the metrics count; the
+    documents are numbered from `first_number` when it is given (`cite="rank"`), else named by id."""
+    text = "\n".join(part for part in (format_documents(shown, first_number).strip(), error) if part)
     info = {"doc_ids": tuple(hit.id for hit in shown), "retrieval_calls": retrieval_calls,
             "primitives": primitives, "error": error or None}
+    if first_number is not None:
+        info["first_number"] = first_number
     return Observation(f"\n\n{tags.block(tags.INFORMATION, text or 'nothing was shown')}\n\n", info)
 
 

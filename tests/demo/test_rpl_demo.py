@@ -8,9 +8,10 @@ from configs import rpl as rpl_configs
 from searchrl import experiment
 from searchrl.configlib import from_config
 from searchrl.demo import rpl
-from searchrl.demo.config import RPLDemoConfig, seed_config
+from searchrl.demo.config import RPLDemoConfig, world_config
 from searchrl.demo.globalqa import TYPES
-from searchrl.envs.program import PROGRAM, SEARCH, parse_ids
+from searchrl.envs.program import PROGRAM, SEARCH, cited_ids
+from searchrl.episode import Turn
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +21,7 @@ def world(tmp_path_factory):
     config.workdir = str(tmp_path_factory.mktemp("rpl_demo"))
     config.demo.entities = 300
     demo = from_config(RPLDemoConfig, config.demo, "config.demo")
-    seeded = seed_config(config, 0)
+    seeded = world_config(config)
     prefix_tasks = rpl.build_world(seeded, demo)
     return seeded, demo, prefix_tasks
 
@@ -30,6 +31,7 @@ def test_scripted_cold_starts_answer_with_the_gold_documents_shown(world):
     observations the env gives, and an answer naming exactly the gold documents shown, in shown order; the
     prefix stage holds each prompt and first turn."""
     seeded, demo, prefix_tasks = world
+    assert seeded.env.cite == "rank"
     assert {t["metadata"]["type"] for t in prefix_tasks} == set(TYPES)  # every type's first turns
     for arm, kind in (("program", PROGRAM), ("search", SEARCH)):
         built = experiment.build(rpl.arm_config(seeded, arm, demo))
@@ -46,13 +48,29 @@ def test_scripted_cold_starts_answer_with_the_gold_documents_shown(world):
         assert len(trajectories) == len(plans)
         for (example, plan), segments in zip(plans, trajectories):
             turns = segments[1:-1]
-            assert [text for text, _ in turns[::2]] == [f"<{kind}>{a.content}</{kind}>" for a in plan]
+            assert [text for text, _ in turns[::2]] == [f"<{kind}> {a.content} </{kind}>" for a in plan]
             assert [is_policy for _, is_policy in segments] == [False] + [True, False] * len(plan) + [True]
-            shown = built.env.observe(plan)
+            actions = [built.env.parse_action(rpl.turn_text(a), t) for t, a in enumerate(plan)]
+            shown = built.env.observe(actions)
             assert [text for text, _ in turns[1::2]] == [o.text for o in shown]
             ids = [d for o in shown for d in o.info["doc_ids"]]
             gold = [d for d in dict.fromkeys(ids) if d in example["golden_answers"]]
-            assert parse_ids(segments[-1][0]) == gold
+            history = [Turn(t, t + 1, "", a, info=o.info) for t, (a, o) in enumerate(zip(actions, shown))]
+            assert cited_ids(segments[-1][0], history, "rank") == gold  # cited by the numbers shown
             if arm == "search":
                 assert all(len(o.info["doc_ids"]) == built.env.config.search_top_k for o in shown)
         assert [p[:2] for p in trajectories] == rpl.first_turns(examples, built.env, built.tokenizer, demo)
+
+
+def test_a_scripted_query_writes_the_name_with_the_tokens_of_the_question(world):
+    """The copy the cold start teaches is token for token: the group's name has the same tokens in the
+    prompt and in the retrieval turn (byte-level BPE attaches the space before a word to it)."""
+    seeded, demo, _ = world
+    for arm in ("program", "search"):
+        built = experiment.build(rpl.arm_config(seeded, arm, demo))
+        for example in built.train_examples[:20]:
+            name = built.tokenizer.encode(" " + example["metadata"]["value"], add_special_tokens=False)
+            [turn] = rpl.first_turns([example], built.env, built.tokenizer, demo)[:1]
+            for text, _ in turn:
+                ids = built.tokenizer.encode(text, add_special_tokens=False)
+                assert any(ids[i:i + len(name)] == name for i in range(len(ids))), (text, name)

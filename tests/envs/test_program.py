@@ -102,7 +102,8 @@ def test_qa_and_globalqa_scores_rewards_and_metrics(env):
     assert first["uses_fuse"] == first["uses_sparse_retrieval"] == 1.0 and first["uses_rerank"] == 0.0
     assert second["em"] == 1.0 and second["context_tokens"] == 0 and second["retrieval_turns"] == 0
     assert (first["task_type"], second["task_type"]) == ("count", "qa")
-    assert rpl.GLOBALQA_HINT in env.prompt(globalqa) and rpl.GLOBALQA_HINT not in env.prompt(open_qa)
+    hint = rpl.GLOBALQA_HINTS["id"]
+    assert hint in env.prompt(globalqa) and hint not in env.prompt(open_qa)
 
 
 def test_the_search_space_is_one_query_per_turn_scored_as_programs_are(index):
@@ -132,6 +133,35 @@ def test_the_search_space_is_one_query_per_turn_scored_as_programs_are(index):
     [row] = env.metrics(trajectory([turns], [7]), [example])
     assert row["retrieval_turns"] == 2 and row["retrieval_calls"] == 2 and row["uses_sparse_retrieval"] == 1.0
     assert row["answer_f1"] == 1.0 and row["doc_f1"] == pytest.approx(2 * (2 / 3) / (2 / 3 + 1))
+
+
+def test_cite_by_rank_numbers_shown_documents_across_turns_and_scores_their_ids(index):
+    """`cite="rank"`: Search-R1's "Doc <n>" lines, numbered on across the episode's turns (turn t starts at
+    t * search_top_k + 1); an answer's numbers are mapped back to the ids they were given, and a number no
+    document had counts as a wrong document."""
+    env = envs.build({"name": "program", "action_space": "search", "search_top_k": 2, "max_turns": 2,
+                      "cite": "rank"}, {"index_dir": str(index)})
+    assert rpl.GLOBALQA_HINTS["rank"] in env.prompt({"question": "q", "metadata": {"type": "count"}})
+    first, second = (env.parse_action(f"<search> {q} </search>", t) for t, q in enumerate(("Arno", "Beni")))
+    assert (first.first_number, second.first_number) == (1, 3)
+    observations = env.observe([first, second])
+    shown = [env.sdk.sparse.search([q], 2)[0] for q in ("Arno", "Beni")]
+    for observation, hits, number in zip(observations, shown, (1, 3)):
+        lines = "".join(f"Doc {number + i}(Title: {hit.title}) {hit.text}\n" for i, hit in enumerate(hits))
+        assert observation.text == f"\n\n<information>{lines.strip()}</information>\n\n"
+        assert observation.info["first_number"] == number
+    turns = [Turn(t, t + 1, "", action, info=o.info) for t, (action, o) in enumerate(zip((first, second),
+                                                                                        observations))]
+    third = shown[1][0].id
+    assert rpl.cited_ids(" 1, 3, 9 ", turns, "rank") == [shown[0][0].id, third, "9"]
+    assert rpl.cited_ids(" p1, 3 ", turns, "id") == ["p1", "3"]
+    example = {"question": "q", "golden_answers": [shown[0][0].id, third],
+               "metadata": {"type": "count", "evidence_ids": [shown[0][0].id, third]}}
+    answer = Turn(2, 3, "", Action(rpl.ANSWER, " 1, 3, 9 ", done=True))
+    [row] = env.metrics(trajectory([[*turns, answer]], [7]), [example])
+    assert row["answer_f1"] == pytest.approx(2 * (2 / 3) * 1.0 / (2 / 3 + 1.0))  # 2 of 3 cited are gold
+    with pytest.raises(ValueError, match="cite"):
+        envs.build({"name": "program", "cite": "title"}, {"index_dir": str(index)})
 
 
 def test_the_sparse_space_offers_bm25_fuse_and_dedup(index):
