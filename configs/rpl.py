@@ -52,7 +52,7 @@ def paper_qwen3_8b(config):
 
 def tiny(config):
     """The CPU miniature (`python -m searchrl.demo --config configs/rpl.py:tiny`, `searchrl.demo.rpl`): two
-    seeds took 26 minutes on 2 shared cores, and the cold start is too short for the tasks (README)."""
+    RL seeds took 13.5 minutes on 2 cores; measured results in the README."""
     config.workdir = "runs/rpl_demo"
     config.demo = to_config(RPLDemoConfig())
     config.data.update(dict(dir=config.workdir, train="globalqa", eval="globalqa", eval_split="test"))
