@@ -113,7 +113,8 @@ def parse_ids(answer: str) -> list[str]:
 def format_documents(hits: Sequence[Hit], first_number: int | None = None) -> str:
     """Search-R1's passage lines, each document named by its id, or (`first_number` given) numbered on from
     `first_number` as Search-R1 numbers its ranks."""
-    names = [hit.id for hit in hits] if first_number is None else range(first_number, first_number + len(hits))
+    names = ([hit.id for hit in hits] if first_number is None
+             else range(first_number, first_number + len(hits)))
     return "".join(f"Doc {name}(Title: {hit.title}) {hit.text}\n" for name, hit in zip(names, hits))
 
 
@@ -173,7 +174,8 @@ class ProgramEnv:
                                 f"no complete <{self.tool}> or <answer> block",
                                 f"no more {noun}: this turn must answer")
         if self.config.cite == "rank" and action.kind == self.tool:
-            return NumberedAction(action.kind, action.content, action.done, turn_index * self.docs_per_turn + 1)
+            first = turn_index * self.docs_per_turn + 1
+            return NumberedAction(action.kind, action.content, action.done, first)
         return action
 
     def run(self, source: str, first_number: int | None = None) -> Observation:
