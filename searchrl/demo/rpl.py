@@ -40,7 +40,8 @@ from searchrl.configlib import from_config  # noqa: E402
 from searchrl.data import datasets  # noqa: E402
 from searchrl.demo import globalqa, synthetic  # noqa: E402
 from searchrl.demo.config import RPLDemoConfig, seed_config, world_config  # noqa: E402
-from searchrl.envs.program import PROGRAM, SEARCH, ProgramEnv, format_documents  # noqa: E402
+from searchrl.envs.program import (PROGRAM, SEARCH, ProgramEnv, format_documents,  # noqa: E402
+                                   named_documents)
 from searchrl.episode import Action, Observation  # noqa: E402
 from searchrl.eval import harness, report  # noqa: E402
 from searchrl.metric_writer import read_metrics  # noqa: E402
@@ -78,14 +79,13 @@ def answer_turn(names: Sequence[str]) -> str:
 
 
 def citations(observations: Sequence[Observation], gold: Collection[str]) -> list[str]:
-    """How an answer names the gold documents among those shown, in the order first shown: by the number
-    each was given (`cite="rank"`) or by id."""
+    """How an answer names the gold documents among those shown, in the order first shown: as the
+    observations named them (`named_documents`: by number under `cite="rank"`, else by id)."""
     cited = {}
     for observation in observations:
-        first = observation.info.get("first_number")
-        for i, doc in enumerate(observation.info["doc_ids"]):
-            if doc in gold and doc not in cited:
-                cited[doc] = doc if first is None else str(first + i)
+        for name, doc in named_documents(observation.info):
+            if doc in gold:
+                cited.setdefault(doc, name)
     return list(cited.values())
 
 
@@ -184,7 +184,7 @@ def cold_start(configs: Sequence[ml_collections.ConfigDict], prefix_tasks: Seque
     for stage, segments, sft_config in stages:
         tokens, loss_mask = sft.encode(built[0].tokenizer, segments, sft_config.max_len)
         policy, losses = sft.train(built[0].model_cfg, policy, tokens, loss_mask, sft_config, mesh)
-        print(f"seed {configs[0].seed} cold start on {len(segments)} {stage}: SFT loss {losses[0]:.3f} -> "
+        print(f"cold start on {len(segments)} {stage}: SFT loss {losses[0]:.3f} -> "
               f"{losses[-1]:.3f}")
     return built, policy
 

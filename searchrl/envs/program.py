@@ -118,16 +118,19 @@ def format_documents(hits: Sequence[Hit], first_number: int | None = None) -> st
     return "".join(f"Doc {name}(Title: {hit.title}) {hit.text}\n" for name, hit in zip(names, hits))
 
 
-def cited_ids(answer: str, turns: Sequence[Turn], cite: str) -> list[str]:
-    """The document ids an answer cites: `parse_ids` itself under `cite="id"`; under `cite="rank"`, the
-    documents its numbers were given in this episode (a number no document had stays as written, and so counts
-    as a wrong document)."""
-    cited = parse_ids(answer)
-    if cite == "id":
-        return cited
-    numbered = {str(turn.info["first_number"] + i): doc for turn in turns if "first_number" in turn.info
-                for i, doc in enumerate(turn.info["doc_ids"])}
-    return list(dict.fromkeys(numbered.get(name, name) for name in cited))
+def named_documents(info: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(name, id) of each document a turn showed, as its observation named it: by the number it was given
+    (`info["first_number"]`, `cite="rank"`) or by its id."""
+    first = info.get("first_number")
+    return [(doc if first is None else str(first + i), doc) for i, doc in enumerate(info.get("doc_ids", ()))]
+
+
+def cited_ids(answer: str, turns: Sequence[Turn]) -> list[str]:
+    """The document ids an answer cites: each name `parse_ids` finds, as the episode's observations named a
+    document (`named_documents`); a name no shown document had stays as written, and so counts as a wrong
+    document."""
+    named = {name: doc for turn in turns for name, doc in named_documents(turn.info)}
+    return list(dict.fromkeys(named.get(name, name) for name in parse_ids(answer)))
 
 
 def set_f1(predicted: Sequence[str], gold: Sequence[str]) -> float:
@@ -208,7 +211,7 @@ class ProgramEnv:
         golds = list(example["golden_answers"])
         if is_globalqa(example):
             shown = [doc for turn in turns for doc in turn.info.get("doc_ids", ())]
-            return {"answer_f1": set_f1(cited_ids(answer, turns, self.config.cite), golds),
+            return {"answer_f1": set_f1(cited_ids(answer, turns), golds),
                     "doc_f1": set_f1(shown, example["metadata"]["evidence_ids"])}
         return {"em": qa.exact_match(answer, golds), "f1": qa.f1(answer, golds)}
 

@@ -56,7 +56,7 @@ def test_scripted_cold_starts_answer_with_the_gold_documents_shown(world):
             ids = [d for o in shown for d in o.info["doc_ids"]]
             gold = [d for d in dict.fromkeys(ids) if d in example["golden_answers"]]
             history = [Turn(t, t + 1, "", a, info=o.info) for t, (a, o) in enumerate(zip(actions, shown))]
-            assert cited_ids(segments[-1][0], history, "rank") == gold  # cited by the numbers shown
+            assert cited_ids(segments[-1][0], history) == gold  # cited by the numbers shown
             if arm == "search":
                 assert all(len(o.info["doc_ids"]) == built.env.config.search_top_k for o in shown)
         assert [p[:2] for p in trajectories] == rpl.first_turns(examples, built.env, built.tokenizer, demo)

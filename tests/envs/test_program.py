@@ -153,8 +153,9 @@ def test_cite_by_rank_numbers_shown_documents_across_turns_and_scores_their_ids(
     turns = [Turn(t, t + 1, "", action, info=o.info) for t, (action, o) in enumerate(zip((first, second),
                                                                                         observations))]
     third = shown[1][0].id
-    assert rpl.cited_ids(" 1, 3, 9 ", turns, "rank") == [shown[0][0].id, third, "9"]
-    assert rpl.cited_ids(" p1, 3 ", turns, "id") == ["p1", "3"]
+    assert rpl.cited_ids(" 1, 3, 9 ", turns) == [shown[0][0].id, third, "9"]
+    by_id = [Turn(t.start, t.end, "", t.action, info={"doc_ids": t.info["doc_ids"]}) for t in turns]
+    assert rpl.cited_ids(f" {third}, 3 ", by_id) == [third, "3"]  # cite="id": names are the ids
     example = {"question": "q", "golden_answers": [shown[0][0].id, third],
                "metadata": {"type": "count", "evidence_ids": [shown[0][0].id, third]}}
     answer = Turn(2, 3, "", Action(rpl.ANSWER, " 1, 3, 9 ", done=True))
