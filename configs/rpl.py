@@ -66,10 +66,11 @@ def tiny(config):
     # a CPU budget learns that, where copying multi-token ids stays at zero answer F1 (README).
     config.env.update(dict(action_space="sparse", max_turns=1, prompt_template="Question: {question}\n",
                            cite="rank"))
-    config.env.limits.update(dict(max_shown=6, max_retrieval_calls=4, max_docs_retrieved=200))
-    # Observations: a search's 3 passages take up to ~110 tokens, a program's 6 up to ~210.
-    config.rollout.update(dict(max_prompt_tokens=48, max_turn_tokens=24, max_obs_tokens=224,
-                               obs_buckets=(112, 224), max_len=48 + 3 * 24 + 2 * 112, chunk_steps=12))
+    # A program shows at most 5 documents, fewer than the search agent's two searches of 3.
+    config.env.limits.update(dict(max_shown=5, max_retrieval_calls=4, max_docs_retrieved=200))
+    # Observations: a search's 3 passages take up to ~110 tokens, a program's 5 up to ~180.
+    config.rollout.update(dict(max_prompt_tokens=48, max_turn_tokens=24, max_obs_tokens=192,
+                               obs_buckets=(112, 192), max_len=48 + 3 * 24 + 2 * 112, chunk_steps=12))
     config.rollout.sampling.temperature = 1.0
     # The cold start: prompts and first turns of every training task of every GlobalQA type (the copy of the
     # group's name into the query, cheap: under 96 tokens each), then whole trajectories of the trained types.
@@ -83,9 +84,10 @@ def tiny(config):
                           kl_in_reward=False, use_reference=False, entropy_coef=0.0))
     config.rl.actor.update(dict(lr=1e-4, warmup_steps=0))
     config.rl.critic.update(dict(lr=1e-3, warmup_steps=0))
-    # Program mutation at the run's half (the demo sets at_step), on 128 training tasks' programs.
-    config.mutation.update(dict(episodes=128, max_variants=16, max_shown=6))
-    config.mutation.sft.update(dict(steps=40, batch_size=16, max_len=288))
+    # Program mutation at the run's half (the demo sets at_step), on 256 training tasks' programs; about a
+    # third improve, and distillation sees each verified variant about three times.
+    config.mutation.update(dict(episodes=256, max_variants=16, max_shown=5))
+    config.mutation.sft.update(dict(steps=16, batch_size=16, max_len=288))
     config.mutation.sft.optim.update(dict(lr=3e-4, warmup_steps=5))
     return config
 

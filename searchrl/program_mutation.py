@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from searchrl.envs.program import PROGRAM, ProgramEnv, is_globalqa, program_source, set_f1
+from searchrl.envs.program import PROGRAM, ProgramEnv, is_globalqa, program_span, set_f1
 from searchrl.programs import ProgramResult, execute, mutation
 from searchrl.rewards import qa
 from searchrl.rl import sft
@@ -35,6 +35,15 @@ def program_score(example: Mapping[str, Any]) -> Callable[[ProgramResult], float
     return lambda result: float(any(qa.has_answer(hit.contents, golds) for hit in result.shown))
 
 
+def program_frame(turn_text: str) -> tuple[tuple[str, str], str]:
+    """The text of a program turn before and after its (first) program's source, and that source."""
+    block = tags.find_block(turn_text, PROGRAM)
+    content = turn_text[block.inner_start:block.inner_end]
+    span = program_span(content)
+    start, stop = block.inner_start + span.start, block.inner_start + span.stop
+    return (turn_text[:start], turn_text[stop:]), turn_text[start:stop]
+
+
 def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], config: MutationConfig,
                       key: jax.Array) -> tuple[list[list[tuple[str, bool]]], dict[str, float]]:
     """Rolls out `examples` with the trainer's policy and returns the SFT examples of the verified mutants of
@@ -43,14 +52,15 @@ def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], c
     if not isinstance(env, ProgramEnv):
         raise ValueError(f"program mutation needs the program env, not {type(env).__name__}")
     traj = trainer.engine.run(trainer.state.policy, list(examples), key)
-    prompts, prefixes, verified = [], [], []
+    prompts, frames, verified = [], [], []
     counts = {"programs": 0, "weak": 0, "improved": 0}
     for turns, example in zip(traj.turns, examples):
         turn = next((t for t in turns if t.action.kind == PROGRAM), None)
         if turn is None:
             continue
         counts["programs"] += 1
-        source, score = program_source(turn.action.content), program_score(example)
+        frame, source = program_frame(turn.text)
+        score = program_score(example)
         if score(execute(source, env.sdk, env.config.limits)) >= 1.0:
             continue
         counts["weak"] += 1
@@ -58,9 +68,9 @@ def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], c
         better = mutation.verify(source, variants, env.sdk, score, env.config.limits, config.max_shown)
         counts["improved"] += bool(better)
         prompts.append(chat.render(trainer.engine.tokenizer, env.prompt(example)))
-        prefixes.append(turn.text.split(tags.open_tag(tags.PROGRAM))[0])
+        frames.append(frame)
         verified.append(better)
-    segments = mutation.distillation_examples(prompts, prefixes, verified)
+    segments = mutation.distillation_examples(prompts, frames, verified)
     return segments, {name: float(count) for name, count in counts.items()}
 
 

@@ -104,11 +104,15 @@ def build_world(config: ml_collections.ConfigDict, demo: RPLDemoConfig) -> list[
              for split, records in every_type.items()}
     globalqa.write_tasks(tasks, config.data.dir, DATASET)
     BM25Retriever.build(corpus, config.retrieval.index_dir, show_progress=False)
-    # Fitted on the training split's text: passages as observations show them, but none of a held-out
-    # entity. With a small vocabulary, held-out names are made of pieces that training queries write too.
-    texts = [format_documents([Hit(p.id, 0.0, f'"{p.title}"', p.text)]) for p in world.passages
-             if world.entities[p.entity].split not in HELD_OUT_SPLITS]
-    texts += [t["question"] + " " + answer_turn(t["golden_answers"]) for t in tasks["train"]]
+    # Fitted on the training split's text: passages as observations show them (by id, or numbered 1 to
+    # max_shown under cite="rank"), but none of a held-out entity, questions and programs. With a small
+    # vocabulary, held-out names are made of pieces that training queries write too.
+    shown = [p for p in world.passages if world.entities[p.entity].split not in HELD_OUT_SPLITS]
+    numbers = ([1 + i % config.env.limits.max_shown for i in range(len(shown))] if config.env.cite == "rank"
+               else [None] * len(shown))
+    texts = [format_documents([Hit(p.id, 0.0, f'"{p.title}"', p.text)], number)
+             for p, number in zip(shown, numbers, strict=True)]
+    texts += [t["question"] for t in tasks["train"]]
     texts += [program_source(t["metadata"]["plan"][0], k)
               for t in tasks["train"] for k in demo.cold_start_top_k]
     train_bpe_tokenizer(texts, demo.vocab_size, out_dir=config.tokenizer,

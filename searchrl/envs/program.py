@@ -92,14 +92,30 @@ def is_globalqa(example: Mapping[str, Any]) -> bool:
     return (example.get("metadata") or {}).get("type") in GLOBALQA_TYPES
 
 
-def program_source(content: str) -> str:
-    """The program of a `<program>` block, without a Markdown code fence around it."""
-    text = content.strip()
+def program_span(content: str) -> slice:
+    """Where the program of a `<program>` block's content is: inside a Markdown code fence when there is one
+    (its language line skipped), without the whitespace around it."""
+    start, stop = _stripped(content, 0, len(content))
+    text = content[start:stop]
     if text.startswith(_FENCE) and text.endswith(_FENCE) and len(text) >= 2 * len(_FENCE):
-        text = text[len(_FENCE):-len(_FENCE)]
-        first, _, rest = text.partition("\n")
-        text = rest if first.strip().isidentifier() or not first.strip() else text
-    return text.strip()
+        start, stop = start + len(_FENCE), stop - len(_FENCE)
+        first, newline, _ = content[start:stop].partition("\n")
+        if first.strip().isidentifier() or not first.strip():
+            start = min(start + len(first) + len(newline), stop)
+        start, stop = _stripped(content, start, stop)
+    return slice(start, stop)
+
+
+def _stripped(text: str, start: int, stop: int) -> tuple[int, int]:
+    """text[start:stop]'s bounds without the whitespace at its ends."""
+    part = text[start:stop]
+    lead = len(part) - len(part.lstrip())
+    return start + lead, max(start + lead, stop - (len(part) - len(part.rstrip())))
+
+
+def program_source(content: str) -> str:
+    """The program of a `<program>` block, without a Markdown code fence around it (`program_span`)."""
+    return content[program_span(content)]
 
 
 def parse_ids(answer: str) -> list[str]:

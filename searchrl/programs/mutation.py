@@ -3,7 +3,7 @@ verified by running them, and distilled back into the policy.
 
     variants = mutations(source, available=("sparse_retrieval", "dense_retrieval", "fuse"))
     better = verify(source, variants, sdk, score, max_shown=5)  # strictly better, no error, within budget
-    examples = distillation_examples(prompts, turn_prefixes, [better, ...])  # SFT segments
+    examples = distillation_examples(prompts, [(before, after), ...], [better, ...])  # SFT segments
 
 An edit is a small pure function of the program's syntax tree that returns every variant it can make, in
 source order (`EDITS`, in grammar order): change a top_k, swap sparse and dense retrieval, fuse a retrieval
@@ -379,10 +379,12 @@ def verify(source: str, variants: Sequence[Mutation], sdk: RetrievalSDK, score: 
     return sorted(out, key=lambda verified: -verified.score)
 
 
-def distillation_examples(prompts: Sequence[str], turn_prefixes: Sequence[str],
-                          verified: Sequence[Sequence[Verified]], closing: str = "") -> list[Segments]:
+def distillation_examples(prompts: Sequence[str], turn_frames: Sequence[tuple[str, str]],
+                          verified: Sequence[Sequence[Verified]]) -> list[Segments]:
     """SFT examples (`searchrl.rl.sft`'s (text, is_policy) segments), one per episode with a verified variant:
-    its prompt, then the policy turn `turn_prefix + "<program>" + best source + "</program>" + closing`
-    (`closing`: whatever the policy writes after the block; rollouts stop at "</program>")."""
-    return [[(prompt, False), (prefix + tags.block(tags.PROGRAM, better[0].source) + closing, True)]
-            for prompt, prefix, better in zip(prompts, turn_prefixes, verified, strict=True) if better]
+    its prompt, then the policy's own turn with the best variant in place of its program: `before + source +
+    after`, where `turn_frames` holds the text the policy wrote before and after its program's source
+    (reasoning, the `<program>` tags with the whitespace or code fence inside them), so that distillation
+    changes the program and nothing else."""
+    return [[(prompt, False), (before + better[0].source + after, True)]
+            for prompt, (before, after), better in zip(prompts, turn_frames, verified, strict=True) if better]

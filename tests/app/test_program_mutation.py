@@ -62,9 +62,17 @@ class ScriptedEngine:
 
     def run(self, params, examples, key):
         programs = [WEAK.format(city=ex["question"][-4:]) for ex in examples]
-        turns = [[Turn(0, 1, "<think>go</think>" + tags.block(tags.PROGRAM, p), Action(rpl.PROGRAM, p))]
-                 for p in programs]
+        texts = ["<think>go</think>" + tags.block(tags.PROGRAM, f" {p}\n") for p in programs]
+        turns = [[Turn(0, 1, text, Action(rpl.PROGRAM, p))] for text, p in zip(texts, programs)]
         return type("Rows", (), {"turns": turns})()
+
+
+def test_program_frame_is_the_turn_around_the_program_source():
+    turn = "<think>x</think><program>\n```python\nshow(sparse_retrieval('a', 2))\n```\n</program>"
+    frame, source = program_mutation.program_frame(turn)
+    assert source == "show(sparse_retrieval('a', 2))" == rpl.program_source(tags.blocks(turn, rpl.PROGRAM)[0])
+    assert frame == ("<think>x</think><program>\n```python\n", "\n```\n</program>")
+    assert frame[0] + source + frame[1] == turn
 
 
 def test_weak_programs_are_mutated_verified_and_turned_into_sft_examples(trainer):
@@ -77,9 +85,9 @@ def test_weak_programs_are_mutated_verified_and_turned_into_sft_examples(trainer
         trainer.engine = real_engine
     assert counts == {"programs": 4.0, "weak": 4.0, "improved": 4.0}
     for (prompt, is_prompt_policy), (turn, is_policy) in segments:
-        assert not is_prompt_policy and is_policy and turn.startswith("<think>go</think><program>")
-        source = turn.split("<program>")[1].split("</program>")[0]
-        result = execute(source, trainer.env.sdk, trainer.env.config.limits)
+        assert not is_prompt_policy and is_policy
+        assert turn.startswith("<think>go</think><program> ") and turn.endswith("\n</program>")  # as written
+        result = execute(rpl.program_source(tags.blocks(turn, rpl.PROGRAM)[0]), trainer.env.sdk, trainer.env.config.limits)
         city = prompt.strip()[-4:]
         assert result.error is None and len(result.shown) <= 4
         assert rpl.set_f1([h.id for h in result.shown], [f"{city}{i}" for i in range(4)]) > 2 / 3  # was 2/3

@@ -157,14 +157,14 @@ def test_verify_needs_a_strict_improvement():
 
 def test_distillation_examples():
     best, other = (Verified(f"show(sparse_retrieval('cat', {k}))", 1 / k, 0.0, k, "top_k") for k in (2, 4))
-    examples = distillation_examples(["P1", "P2", "P3"], ["<think> a </think>", "", "T3"],
-                                     [[best, other], [], [other]])
+    frames = [("<think> a </think><program> ", " </program>"), ("", ""),
+              ("T3<program>```py\n", "\n```</program>\n")]
+    examples = distillation_examples(["P1", "P2", "P3"], frames, [[best, other], [], [other]])
     assert examples == [
-        [("P1", False), ("<think> a </think><program>show(sparse_retrieval('cat', 2))</program>", True)],
-        [("P3", False), ("T3<program>show(sparse_retrieval('cat', 4))</program>", True)]]
-    assert distillation_examples(["P"], ["T"], [[best]], closing="\n")[0][1][0].endswith("</program>\n")
+        [("P1", False), ("<think> a </think><program> show(sparse_retrieval('cat', 2)) </program>", True)],
+        [("P3", False), ("T3<program>```py\nshow(sparse_retrieval('cat', 4))\n```</program>\n", True)]]
     with pytest.raises(ValueError):
-        distillation_examples(["P1", "P2"], ["T"], [[best], [best]])
+        distillation_examples(["P1", "P2"], [("T", "")], [[best], [best]])
 
 
 # Fuzzing: programs over the SDK from a small grammar, and arbitrary programs from test_fuzz's grammar.
