@@ -87,7 +87,8 @@ def test_weak_programs_are_mutated_verified_and_turned_into_sft_examples(trainer
     for (prompt, is_prompt_policy), (turn, is_policy) in segments:
         assert not is_prompt_policy and is_policy
         assert turn.startswith("<think>go</think><program> ") and turn.endswith("\n</program>")  # as written
-        result = execute(rpl.program_source(tags.blocks(turn, rpl.PROGRAM)[0]), trainer.env.sdk, trainer.env.config.limits)
+        source = rpl.program_source(tags.blocks(turn, rpl.PROGRAM)[0])
+        result = execute(source, trainer.env.sdk, trainer.env.config.limits)
         city = prompt.strip()[-4:]
         assert result.error is None and len(result.shown) <= 4
         assert rpl.set_f1([h.id for h in result.shown], [f"{city}{i}" for i in range(4)]) > 2 / 3  # was 2/3
