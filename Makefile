@@ -13,9 +13,19 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test test-fast demo clean-venv
+LIBTPU := .libtpu/libtpu/libtpu.so
+
+.PHONY: install libtpu test test-fast demo clean-venv
 
 install: $(STAMP)
+
+# libtpu outside the venv, for ahead-of-time TPU compilation on this host (searchrl.benchmarks.aot).
+libtpu: $(LIBTPU)
+
+$(LIBTPU): requirements-libtpu.txt $(STAMP)
+	rm -rf .libtpu
+	$(PY) -m pip install --quiet --no-deps --target .libtpu -r requirements-libtpu.txt
+	touch $(LIBTPU)
 
 $(STAMP): $(REQS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,10 +37,10 @@ $(STAMP): $(REQS)
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
-test: install
+test: install libtpu
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
-test-fast: install
+test-fast: install libtpu
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
 
 # The demo trains on one CPU device (the tests' 8 fake devices would only add overhead on 2 cores).

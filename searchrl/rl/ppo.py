@@ -327,13 +327,19 @@ def _sharded(fn: Callable, config: PPOConfig, mesh: Mesh, batch_specs: NamedTupl
                    donate_argnums=0 if donate else ())
 
 
-def _run(fn: Callable, state: TrainState, batch: NamedTuple, config: PPOConfig, mesh: Mesh, donate: bool):
-    """`fn` on (state, batch), jitted once per config, mesh and batch shape."""
+def _program(fn: Callable, batch: NamedTuple, config: PPOConfig, mesh: Mesh, donate: bool
+             ) -> tuple[Callable, NamedTuple]:
+    """`fn` jitted for batches shaped like `batch` (once per config, mesh and batch shape), and `batch` as it
+    takes it."""
     batch = batch._replace(temperature=np.float32(batch.temperature))  # one dtype: no retrace per caller type
-    jitted = _sharded(fn, config, mesh, batch_shardings(batch, mesh, config), donate)
+    return _sharded(fn, config, mesh, batch_shardings(batch, mesh, config), donate), batch
+
+
+def _run(fn: Callable, state: TrainState, batch: NamedTuple, config: PPOConfig, mesh: Mesh, donate: bool):
+    """`fn` on (state, batch)."""
+    jitted, batch = _program(fn, batch, config, mesh, donate)
     with jax.set_mesh(mesh):
         return jitted(state, batch)
-
 
 
 def ppo_update(state: TrainState, batch: PPOBatch, config: PPOConfig, mesh: Mesh) -> tuple[TrainState, dict]:
@@ -428,3 +434,11 @@ def learn(state: TrainState, batch: Batch, config: PPOConfig, mesh: Mesh) -> tup
     included) skip the update and keep the KL controller's state; train/nonfinite is then 1."""
     _check_rows(batch, config)
     return _run(_learn, state, batch, config, mesh, donate=True)
+
+
+def learn_program(batch: Batch, config: PPOConfig, mesh: Mesh) -> tuple[Callable, Batch]:
+    """`learn`'s jitted program for batches shaped like `batch` (arrays or `jax.ShapeDtypeStruct`s), and
+    `batch` as it takes it: for ahead-of-time lowering (`searchrl.benchmarks.aot`), under
+    `jax.set_mesh(mesh)`."""
+    _check_rows(batch, config)
+    return _program(_learn, batch, config, mesh, donate=True)

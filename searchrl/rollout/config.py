@@ -19,6 +19,11 @@ class RolloutConfig:
     chunk_steps: int = 32  # decode steps per jitted chunk
     sampling: SamplingParams = SamplingParams()
 
+    def slots(self, widest_chunk: int) -> int:
+        """Token slots per row: `max_len`, plus room for the widest chunk that may be appended at the last
+        one (`widest_chunk`, an observation bucket or more) or the prompt."""
+        return self.max_len + max(widest_chunk, self.max_prompt_tokens)
+
     def __post_init__(self):
         if max(self.obs_buckets) < self.max_obs_tokens:
             raise ValueError(f"rollout.obs_buckets {self.obs_buckets} must cover "

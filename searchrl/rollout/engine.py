@@ -76,7 +76,7 @@ class RolloutEngine:
                                  f"tokens > {_BRANCH_PROMPT_ROOM}.")
             self.chunk_widths += (self.chunk_widths[-1] + _BRANCH_PROMPT_ROOM,)
         # The shapes depend on the declared branch only, so a run without it is the same computation.
-        self.slots = config.max_len + max(self.chunk_widths[-1], config.max_prompt_tokens)
+        self.slots = config.slots(self.chunk_widths[-1])
         self.branch: SideBranch | None = declared if side_branch else None
         if self.branch is not None:
             sampling = SamplingParams(self.branch.temperature, self.branch.top_k, self.branch.top_p)

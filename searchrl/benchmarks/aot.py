@@ -1,0 +1,249 @@
+"""Ahead-of-time compilation of an experiment's jitted programs for a TPU topology, on a machine without a
+TPU: does a preset fit its chips' memory, and how fast could its steps be?
+
+    python -m searchrl.benchmarks.aot --config configs/autosearch.py:paper --topology v5p:2x2x2 \
+        [--mesh 1,8,1] [--json] [--config.model.preset=qwen2p5_7b ...]
+
+libtpu compiles for any topology it knows (v4:2x2x1, v5e:4x4, v5p:2x2x2, v6e:2x4, ...) on a CPU-only host:
+`make libtpu` installs it in the checkout's .libtpu/ (or pass --libtpu PATH to libtpu.so). Programs, at the
+config's shapes and dtypes, on a (data, fsdp, tensor) mesh over the topology's devices (config.mesh, or
+--mesh):
+
+  learn    the PPO step (`searchrl.rl.ppo.learn`: scoring by policy, critic and reference, advantages, the
+           PPO epochs) on train.batch_size x rl.responses_per_prompt rows of rollout.max_len tokens (the
+           widest the trainer pads a batch to);
+  prefill  the rollout's first `extend`: every row's prompt (rollout.max_prompt_tokens);
+  extend   an observation appended at the widest of rollout.obs_buckets;
+  decode   one decode chunk (`decode_chunk`, rollout.chunk_steps steps); its costs are per decode step.
+
+The rollout programs take the policy as the trainer hands it to the engine (its float32 master weights, so
+the KV cache is float32 too) laid out by the sampling rules (`SAMPLE_RULES`: weights tensor-parallel only),
+with the rows and the cache sharded over the data axes, for the whole batch at once as the trainer rolls
+it out. (The engine itself still creates its state on one device; these are the layouts a sharded rollout
+runs with.)
+
+Per program: bytes per device from XLA's memory analysis of the compiled program (arguments, outputs,
+temporaries, code; a donated argument counts once) against the device's HBM; matmul FLOPs and bytes per step
+(`jaxpr_cost`: counted on the jaxpr with every loop's trip count, since XLA's cost analysis counts a loop
+body once), split evenly over the devices; and the step time they imply at the chip's peak bf16 FLOP/s and
+HBM bandwidth (a roofline lower bound: the slower of the two).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import flags
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from ml_collections import config_flags
+
+from searchrl import cli, models
+from searchrl.benchmarks.jaxpr_cost import MatmulCost, matmul_cost
+from searchrl.configlib import from_config
+from searchrl.rl import ppo
+from searchrl.rl.config import RLConfig, TrainConfig
+from searchrl.rl.train_state import abstract_train_state
+from searchrl.rollout import generate
+from searchrl.rollout.config import RolloutConfig
+
+GiB = 2**30
+DEFAULT_LIBTPU = str(pathlib.Path(__file__).resolve().parents[2] / ".libtpu" / "libtpu" / "libtpu.so")
+# Stop sequences and EOS ids of the decode chunk (their values do not change the program's cost).
+STOP_TABLE, EOS_IDS = (4, 8), (2,)
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """One TPU chip's published figures (Cloud TPU system architecture pages)."""
+
+    hbm_bytes: float
+    peak_flops: float  # dense bf16 FLOP/s
+    hbm_bandwidth: float  # bytes/s
+
+
+CHIPS = {
+    "v4": Chip(32 * GiB, 275e12, 1.2e12),
+    "v5e": Chip(16 * GiB, 197e12, 819e9),
+    "v5p": Chip(95 * GiB, 459e12, 2.765e12),
+    "v6e": Chip(32 * GiB, 918e12, 1.64e12),
+}
+
+
+def chip_of(topology: str) -> Chip:
+    """The chip of a topology name ("v5p:2x2x2")."""
+    generation = topology.split(":")[0]
+    if generation not in CHIPS:
+        raise ValueError(f"topology {topology!r}: unknown TPU generation {generation!r}; "
+                         f"known: {sorted(CHIPS)}")
+    return CHIPS[generation]
+
+
+def topology_devices(topology: str, libtpu: str) -> list[jax.Device]:
+    """The devices of a TPU topology, compiled for by libtpu at `libtpu` (no TPU needed)."""
+    if not os.path.isfile(libtpu):
+        raise FileNotFoundError(f"libtpu not found at {libtpu}: run `make libtpu` or pass --libtpu PATH")
+    os.environ["TPU_LIBRARY_PATH"] = os.path.abspath(libtpu)
+    from jax.experimental import topologies  # noqa: PLC0415 (after TPU_LIBRARY_PATH is set)
+    return list(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices)
+
+
+def parse_mesh(text: str) -> tuple[int, int, int]:
+    """"data,fsdp,tensor" sizes (one may be -1)."""
+    try:
+        data, fsdp, tensor = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--mesh {text!r}: expected three comma-separated sizes data,fsdp,tensor") from None
+    return data, fsdp, tensor
+
+
+def _abstract(tree, shardings):
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shardings)
+
+
+def _rows_sharded(shape: tuple[int, ...], dtype, mesh: Mesh, rules: models.ShardingRules):
+    axes = ("batch", "length")[:len(shape)]
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=models.logical_to_sharding(axes, mesh, rules, shape))
+
+
+def learn_inputs(config: ml_collections.ConfigDict, cfg: models.ModelConfig, mesh: Mesh):
+    """The PPO step's program and abstract (state, batch) at the config's shapes."""
+    rl = from_config(RLConfig, config.rl, "config.rl")
+    rows = from_config(TrainConfig, config.train, "config.train").batch_size * rl.responses_per_prompt
+    width = from_config(RolloutConfig, config.rollout, "config.rollout").max_len
+    ppo_config = ppo.PPOConfig.create(rl, cfg, models.rules_named(config.mesh.train_rules))
+    rules = ppo_config.spec.rules
+
+    def per_token(dtype):
+        return _rows_sharded((rows, width), dtype, mesh, rules)
+
+    batch = ppo.Batch(tokens=per_token(jnp.int32), attention_mask=per_token(jnp.bool_),
+                      loss_mask=per_token(jnp.float32), sampler_logprobs=per_token(jnp.float32),
+                      token_rewards=per_token(jnp.float32),
+                      group_ids=_rows_sharded((rows,), jnp.int32, mesh, rules))
+    program, batch = ppo.learn_program(batch, ppo_config, mesh)
+    return program, (abstract_train_state(ppo_config.spec, mesh), batch)
+
+
+def rollout_inputs(config: ml_collections.ConfigDict, cfg: models.ModelConfig, mesh: Mesh
+                   ) -> dict[str, tuple[Any, tuple]]:
+    """Each rollout program's name -> (jitted function, its arguments: abstract arrays and static
+    settings)."""
+    rollout = from_config(RolloutConfig, config.rollout, "config.rollout")
+    rl = from_config(RLConfig, config.rl, "config.rl")
+    rows = from_config(TrainConfig, config.train, "config.train").batch_size * rl.responses_per_prompt
+    rules = models.SAMPLE_RULES
+    slots = rollout.slots(max(rollout.obs_buckets))
+    params = _abstract(jax.eval_shape(lambda: models.init_params(cfg, jax.random.key(0), jnp.float32)),
+                       models.param_shardings(cfg, mesh, rules))
+    state = jax.eval_shape(lambda: generate.init_state(cfg, rows, slots, jax.random.key(0), jnp.float32))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    state = state._replace(
+        cache=_abstract(state.cache, models.cache_shardings(cfg, mesh, rules, rows, slots)),
+        **{name: _rows_sharded(getattr(state, name).shape, getattr(state, name).dtype, mesh, rules)
+           for name in ("tokens", "sampled", "logprobs", "pending", "active", "turn_start")},
+        key=jax.ShapeDtypeStruct(state.key.shape, state.key.dtype, sharding=replicated))
+
+    def chunk(width: int) -> tuple:  # tokens, their lengths, the rows that start a turn
+        shapes = (((rows, width), jnp.int32), ((rows,), jnp.int32), ((rows,), jnp.bool_))
+        return tuple(_rows_sharded(shape, dtype, mesh, rules) for shape, dtype in shapes)
+
+    spec = generate.DecodeSpec(rollout.chunk_steps, rollout.max_turn_tokens, rollout.max_len,
+                               rollout.sampling)
+    stops = jax.ShapeDtypeStruct(STOP_TABLE, jnp.int32, sharding=replicated)
+    eos = jax.ShapeDtypeStruct(EOS_IDS, jnp.int32, sharding=replicated)
+    prompt, observation = chunk(rollout.max_prompt_tokens), chunk(max(rollout.obs_buckets))
+    return {
+        "prefill": (generate.extend, (cfg, params, state, *prompt, rollout.sampling)),
+        "extend": (generate.extend, (cfg, params, state, *observation, rollout.sampling)),
+        "decode": (generate.decode_chunk, (cfg, params, state, stops, eos, spec)),
+    }
+
+
+def analyse(name: str, jitted, args: tuple, mesh: Mesh, chip: Chip, cores_per_chip: int) -> dict[str, Any]:
+    """Compiles one program on `mesh` and returns its per-device memory, matmul cost per step (a decode
+    chunk's while loop: one decode step) and roofline time."""
+    with jax.set_mesh(mesh):
+        traced = jitted.trace(*args)
+        compiled = traced.lower().compile()
+    memory = compiled.memory_analysis()
+    cost: MatmulCost = matmul_cost(traced.jaxpr, while_trips=1) * (1 / mesh.size)
+    used = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
+            + memory.temp_size_in_bytes + memory.generated_code_size_in_bytes)
+    hbm, flops_per_s, bandwidth = (x / cores_per_chip for x in (chip.hbm_bytes, chip.peak_flops,
+                                                                 chip.hbm_bandwidth))
+    compute_s, memory_s = cost.flops / flops_per_s, cost.bytes / bandwidth
+    return {
+        "program": name, "arguments_gib": memory.argument_size_in_bytes / GiB,
+        "outputs_gib": memory.output_size_in_bytes / GiB, "aliased_gib": memory.alias_size_in_bytes / GiB,
+        "temporaries_gib": memory.temp_size_in_bytes / GiB,
+        "code_gib": memory.generated_code_size_in_bytes / GiB,
+        "total_gib": used / GiB, "hbm_gib": hbm / GiB, "fits": used <= hbm,
+        "tflop_per_step": cost.flops / 1e12, "gb_per_step": cost.bytes / 1e9,
+        "compute_ms": 1e3 * compute_s, "memory_ms": 1e3 * memory_s, "step_ms": 1e3 * max(compute_s, memory_s),
+        "bound": "compute" if compute_s >= memory_s else "memory",
+    }
+
+
+def report(config: ml_collections.ConfigDict, topology: str, devices: Sequence[jax.Device],
+           mesh_sizes: tuple[int, int, int] | None = None, programs: Sequence[str] | None = None) -> dict:
+    """Every program's analysis (`analyse`) for `config` on `devices` of `topology`."""
+    config = ml_collections.ConfigDict(config)
+    config.model.path = ""  # the preset's architecture; no checkpoint is read
+    cfg = models.config_from_dict(config.model)
+    data, fsdp, tensor = mesh_sizes or (config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+    mesh = models.make_mesh(data, fsdp, tensor, devices=devices)
+    chips = math.prod(int(d) for d in topology.split(":")[1].split("x"))
+    cores_per_chip = max(len(devices) // chips, 1)
+    jobs = {"learn": learn_inputs(config, cfg, mesh), **rollout_inputs(config, cfg, mesh)}
+    unknown = set(programs or ()) - set(jobs)
+    if unknown:
+        raise ValueError(f"unknown programs {sorted(unknown)}; known: {list(jobs)}")
+    rows = [analyse(name, fn, args, mesh, chip_of(topology), cores_per_chip)
+            for name, (fn, args) in jobs.items() if not programs or name in programs]
+    return {"topology": topology, "devices": len(devices), "device_kind": devices[0].device_kind,
+            "mesh": dict(mesh.shape), "model": config.model.preset, "programs": rows}
+
+
+def format_report(result: dict) -> str:
+    """A Markdown table of `report`'s result."""
+    head = (f"{result['model']} on {result['topology']} ({result['devices']} x {result['device_kind']}), "
+            f"mesh {result['mesh']}\n\n"
+            "| program | args GiB | out GiB | temp GiB | total GiB / HBM | fits | TFLOP/step | GB/step "
+            "| ms (compute, memory) |\n|---|---|---|---|---|---|---|---|---|\n")
+    return head + "".join(
+        f"| {r['program']} | {r['arguments_gib']:.2f} | {r['outputs_gib']:.2f} | {r['temporaries_gib']:.2f} "
+        f"| {r['total_gib']:.2f} / {r['hbm_gib']:.0f} | {'yes' if r['fits'] else 'no'} "
+        f"| {r['tflop_per_step']:.3g} | {r['gb_per_step']:.3g} "
+        f"| {r['step_ms']:.3g} ({r['compute_ms']:.3g}, {r['memory_ms']:.3g}) |\n" for r in result["programs"])
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    values = flags.FlagValues()
+    config = config_flags.DEFINE_config_file("config", None, "Experiment config: configs/FILE.py:PRESET.",
+                                             flag_values=values)
+    topology = flags.DEFINE_string("topology", "v5p:2x2x2", "TPU topology name", flag_values=values)
+    mesh = flags.DEFINE_string("mesh", "", "data,fsdp,tensor sizes (default: config.mesh)",
+                               flag_values=values)
+    programs = flags.DEFINE_list("programs", [], "programs to compile (default: all)", flag_values=values)
+    libtpu = flags.DEFINE_string("libtpu", DEFAULT_LIBTPU, "path of libtpu.so", flag_values=values)
+    as_json = flags.DEFINE_boolean("json", False, "print one JSON object instead of a table",
+                                   flag_values=values)
+    flags.mark_flag_as_required("config", flag_values=values)
+    cli.parse(values, argv, __doc__)
+    devices = topology_devices(topology.value, libtpu.value)
+    result = report(config.value, topology.value, devices, parse_mesh(mesh.value) if mesh.value else None,
+                    programs.value)
+    print(json.dumps(result) if as_json.value else format_report(result))
+
+
+if __name__ == "__main__":
+    cli.run(main)

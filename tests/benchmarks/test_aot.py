@@ -1,0 +1,53 @@
+"""Ahead-of-time compilation for a TPU topology on this CPU-only host (libtpu from `make libtpu`)."""
+import json
+import os
+import sys
+
+import pytest
+
+from searchrl.benchmarks import aot
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
+import autosearch  # noqa: E402
+
+CONFIG = "configs/autosearch.py:tiny"
+
+
+@pytest.fixture(scope="module")
+def devices():
+    return aot.topology_devices("v5p:2x2x1", aot.DEFAULT_LIBTPU)
+
+
+def test_the_tiny_preset_compiles_for_a_tpu_topology(devices, capsys):
+    aot.main([f"--config={CONFIG}", "--topology=v5p:2x2x1", "--mesh=2,2,1", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert result["device_kind"] == "TPU v5" and result["devices"] == 4
+    assert result["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1}
+    rows = {r["program"]: r for r in result["programs"]}
+    assert list(rows) == ["learn", "prefill", "extend", "decode"]
+    for row in rows.values():
+        assert row["fits"] and 0 < row["total_gib"] < row["hbm_gib"] == 95
+        assert row["arguments_gib"] > 0 and row["tflop_per_step"] > 0 and row["gb_per_step"] > 0
+        assert row["step_ms"] == max(row["compute_ms"], row["memory_ms"])
+    # A decode step reads every weight and the cache for one token per row: memory-bound; the PPO step's
+    # matmuls over whole sequences (3 models scored, the policy and critic trained) dwarf it.
+    assert rows["decode"]["bound"] == "memory"
+    assert rows["learn"]["tflop_per_step"] > 100 * rows["decode"]["tflop_per_step"]
+
+
+def test_a_bigger_model_needs_more_memory_per_chip(devices):
+    config = autosearch.get_config("tiny")
+    small = aot.report(config, "v5p:2x2x1", devices, (4, 1, 1), ["decode"])["programs"][0]
+    config.model.num_layers *= 2
+    big = aot.report(config, "v5p:2x2x1", devices, (4, 1, 1), ["decode"])["programs"][0]
+    assert big["arguments_gib"] > small["arguments_gib"]
+    assert big["tflop_per_step"] == pytest.approx(2 * small["tflop_per_step"], rel=0.05)
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="unknown TPU generation 'v9'"):
+        aot.chip_of("v9:2x2")
+    with pytest.raises(ValueError, match="data,fsdp,tensor"):
+        aot.parse_mesh("2x2")
+    with pytest.raises(FileNotFoundError, match="make libtpu"):
+        aot.topology_devices("v5p:2x2x1", "/nonexistent/libtpu.so")
