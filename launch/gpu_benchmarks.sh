@@ -7,9 +7,9 @@ OUT_DIR=${1:-runs/gpu_benchmarks}
 mkdir -p "$OUT_DIR"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT_DIR/gpu.csv"
-python3 -m searchrl.benchmarks.model --preset bench_small --batch 16 --seq 1024 --steps 10 --dtype bfloat16 --json \
+python3 -m searchrl.benchmarks.model --preset bench_small --batch 16 --seq 1024 --rounds 5 --steps 2 --dtype bfloat16 --json \
   | tee "$OUT_DIR/model_bench_small.json"
-python3 -m searchrl.benchmarks.model --preset qwen2p5_0p5b --batch 8 --seq 2048 --steps 5 --dtype bfloat16 --json \
+python3 -m searchrl.benchmarks.model --preset qwen2p5_0p5b --batch 8 --seq 2048 --rounds 5 --steps 1 --dtype bfloat16 --json \
   | tee "$OUT_DIR/model_qwen2p5_0p5b.json"
 python3 -m searchrl.benchmarks.rollout --preset bench_small --dtype bfloat16 --passages 100000 --json \
   | tee "$OUT_DIR/rollout.json"

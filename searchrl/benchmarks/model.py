@@ -2,14 +2,14 @@
 
 Both sides compute the gradient of the mean next-token NLL of the same batch, in the same dtype, on the same
 kind of device (JAX's default backend; PyTorch on CUDA when JAX runs on a GPU), after warm-up (compilation for
-JAX). Run: `python -m searchrl.benchmarks.model [--json] [--preset bench_small] [--batch 4] [--seq 256]
-[--steps 5] [--dtype float32|bfloat16]`.
+JAX), in interleaved rounds (`interleave`: the median ratio and its range). Run:
+`python -m searchrl.benchmarks.model [--json] [--preset bench_small] [--batch 4] [--seq 256] [--rounds 5]
+[--steps 2] [--dtype float32|bfloat16]`.
 """
 from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable, Sequence
 
 from absl import flags
@@ -20,17 +20,8 @@ import torch
 import transformers
 
 from searchrl import cli
+from searchrl.benchmarks.interleave import compare, describe
 from searchrl.models import ModelConfig, get_preset, init_params, to_hf_config, token_logprobs
-
-
-def _time(step: Callable[[], None], steps: int, warmup: int = 2) -> float:
-    """Seconds per call of `step` (which must block until its work is done), after `warmup` calls."""
-    for _ in range(warmup):
-        step()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return (time.perf_counter() - start) / steps
 
 
 def torch_device() -> str:
@@ -71,21 +62,20 @@ def torch_step(cfg: ModelConfig, tokens: np.ndarray, dtype: str) -> Callable[[],
     return step
 
 
-def run(preset: str, batch: int, seq: int, steps: int, dtype: str = "float32") -> dict:
+def run(preset: str, batch: int, seq: int, rounds: int, steps: int, dtype: str = "float32") -> dict:
     cfg = get_preset(preset)
     threads = len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, size=(batch, seq)).astype(np.int32)
-    ours = _time(searchrl_step(cfg, tokens, dtype), steps)
-    theirs = _time(torch_step(cfg, tokens, dtype), steps)
+    timed = compare(searchrl_step(cfg, tokens, dtype), torch_step(cfg, tokens, dtype), rounds, steps,
+                    warmup=2).summary("step")
     shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
     n_params = sum(x.size for x in jax.tree.leaves(shapes))
     return {
         "preset": preset, "params": n_params, "batch": batch, "seq": seq, "steps": steps, "threads": threads,
-        "device": jax.devices()[0].device_kind, "dtype": dtype,
-        "searchrl_step_s": ours, "torch_step_s": theirs,
-        "searchrl_tokens_per_s": batch * seq / ours, "torch_tokens_per_s": batch * seq / theirs,
-        "ratio": theirs / ours,
+        "device": jax.devices()[0].device_kind, "dtype": dtype, **timed,
+        "searchrl_tokens_per_s": batch * seq / timed["step_searchrl_s"],
+        "torch_tokens_per_s": batch * seq / timed["step_peer_s"],
     }
 
 
@@ -95,22 +85,25 @@ def main(argv: Sequence[str] | None = None) -> None:
                                  flag_values=values)
     batch = flags.DEFINE_integer("batch", 4, "sequences per step", flag_values=values)
     seq = flags.DEFINE_integer("seq", 256, "tokens per sequence", flag_values=values)
-    steps = flags.DEFINE_integer("steps", 5, "timed steps, after 2 warm-up steps", flag_values=values)
+    rounds = flags.DEFINE_integer("rounds", 5, "interleaved rounds (searchrl, then transformers)",
+                                  flag_values=values)
+    steps = flags.DEFINE_integer("steps", 2, "timed steps per side and round, after 2 warm-up steps",
+                                 flag_values=values)
     dtype = flags.DEFINE_enum("dtype", "float32", ("float32", "bfloat16"), "parameter and compute dtype",
                               flag_values=values)
     as_json = flags.DEFINE_boolean("json", False, "print one JSON object instead of a table",
                                    flag_values=values)
     cli.parse(values, argv, __doc__)
-    r = run(preset.value, batch.value, seq.value, steps.value, dtype.value)
+    r = run(preset.value, batch.value, seq.value, rounds.value, steps.value, dtype.value)
     if as_json.value:
         print(json.dumps(r))
         return
     print(f"forward+backward, {r['preset']} ({r['params'] / 1e6:.1f}M params), batch {r['batch']} x seq "
-          f"{r['seq']}, {r['dtype']}, {r['device']}, {r['threads']} threads, {r['steps']} timed steps")
-    print(f"{'impl':<22}{'step s':>10}{'tokens/s':>12}")
-    print(f"{'searchrl (jax.jit)':<22}{r['searchrl_step_s']:>10.3f}{r['searchrl_tokens_per_s']:>12.0f}")
-    print(f"{'transformers (torch)':<22}{r['torch_step_s']:>10.3f}{r['torch_tokens_per_s']:>12.0f}")
-    print(f"ratio searchrl / torch tokens/s: {r['ratio']:.2f}x")
+          f"{r['seq']}, {r['dtype']}, {r['device']}, {r['threads']} threads, {r['steps']} steps per round")
+    print(f"{'impl':<22}{'step s':>10}{'tokens/s':>12}   (medians over the rounds)")
+    print(f"{'searchrl (jax.jit)':<22}{r['step_searchrl_s']:>10.3f}{r['searchrl_tokens_per_s']:>12.0f}")
+    print(f"{'transformers (torch)':<22}{r['step_peer_s']:>10.3f}{r['torch_tokens_per_s']:>12.0f}")
+    print(describe(r, "step"))
 
 
 if __name__ == "__main__":

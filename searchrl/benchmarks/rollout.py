@@ -1,7 +1,8 @@
 """Rollout throughput: searchrl's jitted chunked generation against transformers' `generate`, and a search rollout.
 
 (a) plain greedy generation, batch 16 x 128 new tokens, same random weights and dtype on both sides, on the same
-    kind of device (PyTorch on CUDA when JAX runs on a GPU);
+    kind of device (PyTorch on CUDA when JAX runs on a GPU), in interleaved rounds (`interleave`: the median
+    ratio and its range);
 (b) a 4-turn search rollout against BM25 over a generated corpus: the share of wall time spent outside jitted
     compute (host: parsing, retrieval, tokenising, Python), and the largest gap between the sampler's
     log-probabilities and the trainer's recomputation of them;
@@ -15,7 +16,6 @@ import dataclasses
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -27,6 +27,7 @@ import torch
 import transformers
 
 from searchrl import cli, models
+from searchrl.benchmarks.interleave import compare, describe
 from searchrl.benchmarks.model import torch_device
 from searchrl.benchmarks.retrieval import make_queries, synthetic_corpus
 from searchrl.envs import search_qa
@@ -54,7 +55,7 @@ def searchrl_generate(cfg: models.ModelConfig, params, prompts: np.ndarray, new_
     return np.asarray(state.tokens[:, prompt_len:prompt_len + new_tokens])
 
 
-def bench_generate(preset: str, batch: int, prompt_len: int, new_tokens: int, repeats: int, dtype: str) -> dict:
+def bench_generate(preset: str, batch: int, prompt_len: int, new_tokens: int, rounds: int, dtype: str) -> dict:
     cfg = dataclasses.replace(models.get_preset(preset), eos_token_id=None)
     params = models.init_params(cfg, jax.random.key(0), jnp.dtype(dtype))
     prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, prompt_len)).astype(np.int32)
@@ -74,11 +75,12 @@ def bench_generate(preset: str, batch: int, prompt_len: int, new_tokens: int, re
     ours = searchrl_generate(cfg, params, prompts, new_tokens)  # warm-up (compilation)
     theirs = run_torch()[:, prompt_len:].numpy()
     agree = float((ours == theirs).mean())
-    t_ours = min(_seconds(lambda: searchrl_generate(cfg, params, prompts, new_tokens)) for _ in range(repeats))
-    t_torch = min(_seconds(run_torch) for _ in range(repeats))
+    timed = compare(lambda: searchrl_generate(cfg, params, prompts, new_tokens), run_torch, rounds,
+                    warmup=0).summary("generate")
     tokens = batch * new_tokens
-    return {"generate_searchrl_tokens_per_s": tokens / t_ours, "generate_torch_tokens_per_s": tokens / t_torch,
-            "generate_ratio_vs_torch": t_torch / t_ours, "generate_greedy_token_agreement": agree}
+    return {**timed, "generate_searchrl_tokens_per_s": tokens / timed["generate_searchrl_s"],
+            "generate_torch_tokens_per_s": tokens / timed["generate_peer_s"],
+            "generate_greedy_token_agreement": agree}
 
 
 @dataclasses.dataclass
@@ -130,12 +132,6 @@ def logprob_gap(cfg: models.ModelConfig, params, traj) -> float:
     return float(np.abs(np.asarray(recomputed)[policy] - traj.logprobs[policy]).max())
 
 
-def _seconds(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     values = flags.FlagValues()
     preset = flags.DEFINE_string("preset", "bench_small", "model preset (searchrl.models)",
@@ -144,8 +140,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     prompt_len = flags.DEFINE_integer("prompt-len", 32, "prompt tokens (a)", flag_values=values)
     new_tokens = flags.DEFINE_integer("new-tokens", 128, "generated tokens per prompt (a)",
                                       flag_values=values)
-    repeats = flags.DEFINE_integer("repeats", 2, "timed generations; the fastest counts (a)",
-                                   flag_values=values)
+    rounds = flags.DEFINE_integer("rounds", 5, "interleaved timed generations per side (a)",
+                                  flag_values=values)
     passages = flags.DEFINE_integer("passages", 20_000, "passages in the BM25 corpus (b)", flag_values=values)
     turns = flags.DEFINE_integer("turns", 4, "search turns per rollout (b)", flag_values=values)
     rollouts = flags.DEFINE_integer("rollouts", 2, "timed rollouts, after one untimed (b)",
@@ -162,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     r = {"preset": preset.value, "device": jax.devices()[0].device_kind, "batch": batch.value,
          "dtype": dtype.value}
     if "a" in parts.value:
-        r |= bench_generate(preset.value, batch.value, prompt_len.value, new_tokens.value, repeats.value,
+        r |= bench_generate(preset.value, batch.value, prompt_len.value, new_tokens.value, rounds.value,
                             dtype.value)
     if "b" in parts.value:
         r |= bench_search_rollout(preset.value, batch.value, passages.value, turns.value, rollouts.value,
@@ -181,8 +177,8 @@ def _print_generate(r: dict, prompt_len: int, new_tokens: int) -> None:
           f"{new_tokens} new tokens, {r['dtype']}, {r['device']}")
     print(f"    {'searchrl (jitted chunks)':<28}{r['generate_searchrl_tokens_per_s']:>10.0f} tokens/s")
     print(f"    {'transformers generate':<28}{r['generate_torch_tokens_per_s']:>10.0f} tokens/s")
-    print(f"    ratio searchrl / torch: {r['generate_ratio_vs_torch']:.2f}x "
-          f"(greedy tokens identical: {r['generate_greedy_token_agreement']:.1%})")
+    print(f"    {describe(r, 'generate')}")
+    print(f"    greedy tokens identical: {r['generate_greedy_token_agreement']:.1%}")
 
 
 def _print_search_rollout(r: dict, passages: int, turns: int) -> None:
