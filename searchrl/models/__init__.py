@@ -13,7 +13,7 @@ _EXPORTS = {
     "hf": ("load_hf", "save_hf"),
     "kv_cache": ("KVCache", "cache_shardings", "write_rows"),
     "layout": ("ParamSpec", "param_layout"),
-    "sharding": ("RULES", "SAMPLE_RULES", "TRAIN_RULES", "ShardingRules", "logical_to_sharding",
+    "sharding": ("RULES", "SAMPLE_RULES", "TRAIN_RULES", "ShardingRules", "constrain", "logical_to_sharding",
                  "logical_to_spec", "make_mesh", "mesh_from_config", "param_logical_axes", "param_shardings",
                  "rules_named"),
 }

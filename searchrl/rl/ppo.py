@@ -328,16 +328,18 @@ def _sharded(fn: Callable, config: PPOConfig, mesh: Mesh, batch_specs: NamedTupl
 
 
 def _program(fn: Callable, batch: NamedTuple, config: PPOConfig, mesh: Mesh, donate: bool
-             ) -> tuple[Callable, NamedTuple]:
-    """`fn` jitted for batches shaped like `batch` (once per config, mesh and batch shape), and `batch` as it
-    takes it."""
+             ) -> tuple[Callable, NamedTuple, NamedTuple]:
+    """`fn` jitted for batches shaped like `batch` (once per config, mesh and batch shape), `batch` as it
+    takes it, and its shardings."""
     batch = batch._replace(temperature=np.float32(batch.temperature))  # one dtype: no retrace per caller type
-    return _sharded(fn, config, mesh, batch_shardings(batch, mesh, config), donate), batch
+    shardings = batch_shardings(batch, mesh, config)
+    return _sharded(fn, config, mesh, shardings, donate), batch, shardings
 
 
 def _run(fn: Callable, state: TrainState, batch: NamedTuple, config: PPOConfig, mesh: Mesh, donate: bool):
-    """`fn` on (state, batch)."""
-    jitted, batch = _program(fn, batch, config, mesh, donate)
+    """`fn` on (state, batch); host arrays of `batch` are put on the mesh explicitly."""
+    jitted, batch, shardings = _program(fn, batch, config, mesh, donate)
+    batch = jax.tree.map(lambda x, s: x if isinstance(x, jax.Array) else jax.device_put(x, s), batch, shardings)
     with jax.set_mesh(mesh):
         return jitted(state, batch)
 
@@ -441,4 +443,4 @@ def learn_program(batch: Batch, config: PPOConfig, mesh: Mesh) -> tuple[Callable
     `batch` as it takes it: for ahead-of-time lowering (`searchrl.benchmarks.aot`), under
     `jax.set_mesh(mesh)`."""
     _check_rows(batch, config)
-    return _program(_learn, batch, config, mesh, donate=True)
+    return _program(_learn, batch, config, mesh, donate=True)[:2]

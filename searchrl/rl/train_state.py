@@ -69,11 +69,12 @@ def _init(spec: StateSpec, policy: dict, critic: dict | None, key_data: jax.Arra
 
 
 def _unsharded_abstract(spec: StateSpec) -> TrainState:
-    policy = jax.eval_shape(functools.partial(models.init_params, spec.model), jax.random.key(0))
+    policy = jax.eval_shape(lambda: models.init_params(spec.model, jax.random.key(0)))
     key_data = jax.ShapeDtypeStruct((2,), jnp.uint32)
     return jax.eval_shape(functools.partial(_init, spec, kl_coef=0.0), policy, None, key_data)
 
 
+@functools.lru_cache(maxsize=None)
 def state_shardings(spec: StateSpec, mesh: Mesh) -> TrainState:
     """NamedShardings of every state leaf: params per `param_shardings(rules)`, optimizer moments like their
     params, scalars and the RNG replicated."""

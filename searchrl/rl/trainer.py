@@ -81,11 +81,11 @@ class Trainer:
             raise ValueError(f"train.batch_size x rl.responses_per_prompt = {self.batch_rows} rows must be a "
                              f"multiple of the data-parallel size {shards} and of "
                              f"rl.minibatch_size={rl.minibatch_size}.")
-        self.engine = RolloutEngine(model_cfg, tokenizer, env, rollout)
+        self.engine = RolloutEngine(model_cfg, tokenizer, env, rollout, mesh=self.mesh)
         greedy = dataclasses.replace(rollout, sampling=SamplingParams(temperature=0.0))
-        self.eval_engine = RolloutEngine(model_cfg, tokenizer, env, greedy)
+        self.eval_engine = RolloutEngine(model_cfg, tokenizer, env, greedy, mesh=self.mesh)
         self.order = DataOrder(len(self.train_examples), self.seed)
-        self.key = jax.random.key(self.seed)
+        self.key, self.eval_key = jax.random.key(self.seed), jax.random.key(0)
         self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),
                                          max_to_keep=self.train_config.keep_checkpoints,
                                          async_save=self.train_config.async_checkpoints)
@@ -119,7 +119,9 @@ class Trainer:
         step = self.step_count
         examples, group_ids = self._next_batch()
         self.engine.stats = RolloutStats()
-        traj = self.engine.run(self.state.policy, examples, jax.random.fold_in(self.key, step + 1))
+        # The step number reaches the device explicitly: the loop makes no implicit host transfer.
+        key = jax.random.fold_in(self.key, jax.device_put(np.uint32(step + 1)))
+        traj = self.engine.run(self.state.policy, examples, key)
         # Train on the slots the batch uses, padded to one of a few widths (few compiled learn steps).
         traj = traj.cropped(padded_width(int(traj.lengths.max()), traj.tokens.shape[1]))
         turn_rewards = self.env.rewards(traj, examples)
@@ -154,13 +156,13 @@ class Trainer:
         for start in range(0, len(examples), self.batch_rows):
             chunk = examples[start:start + self.batch_rows]
             traj = self.eval_engine.run(self.state.policy, padded_batch(chunk, self.batch_rows),
-                                        jax.random.key(0)).first_rows(len(chunk))
+                                        self.eval_key).first_rows(len(chunk))
             rows += self.env.metrics(traj, chunk)
         return mean_metrics(rows)
 
     def save(self) -> None:
         """Checkpoints the state (never a non-finite one: that raises NonFiniteError)."""
-        if not bool(_all_finite(self.state)):
+        if not bool(jax.device_get(_all_finite(self.state))):
             raise NonFiniteError(f"the training state at step {self.step_count} is not finite; not saved.")
         self.checkpointer.save(self.step_count, self.state, model=self.model_cfg,
                                record={"data_position": self.data_position})

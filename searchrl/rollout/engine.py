@@ -9,6 +9,7 @@ on an emptied copy, from its own prompt).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import time
@@ -17,6 +18,7 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from searchrl import models
 from searchrl.episode import Env, Observation, SideBranch, Trajectory, Turn
@@ -57,15 +59,18 @@ class RolloutEngine:
     """Runs batches of multi-turn episodes of one environment with one model.
 
     `side_branch=False` skips the env's side branch (the trajectories are the same; the turns lack its
-    output).
+    output). With a `mesh`, the rollout is sharded: rows data-parallel over its data and fsdp axes, heads
+    and the MLP over its tensor axis (`models.SAMPLE_RULES`), the KV cache created in that layout, and the
+    params moved into it once per rollout, device to device (`sampling_params`). Host arrays reach the
+    device only through explicit transfers.
     """
 
     def __init__(self, cfg: models.ModelConfig, tokenizer: Any, env: Env, config: RolloutConfig,
-                 side_branch: bool = True):
-        self.cfg, self.tokenizer, self.env, self.config = cfg, tokenizer, env, config
+                 side_branch: bool = True, mesh: Mesh | None = None):
+        self.cfg, self.tokenizer, self.env, self.config, self.mesh = cfg, tokenizer, env, config, mesh
         self.eos_set = _eos_ids(tokenizer, cfg)
-        self.eos_ids = jnp.asarray(sorted(self.eos_set), jnp.int32)
-        self.stops = generate.stop_table([self._encode(s) for s in env.stop_strings])
+        self.eos_ids = self._replicated(jnp.asarray(sorted(self.eos_set), jnp.int32))
+        self.stops = self._replicated(generate.stop_table([self._encode(s) for s in env.stop_strings]))
         self.spec = generate.DecodeSpec(config.chunk_steps, config.max_turn_tokens, config.max_len, config.sampling)
         self.chunk_widths = tuple(sorted(config.obs_buckets))
         declared = env.side_branch
@@ -82,14 +87,39 @@ class RolloutEngine:
             sampling = SamplingParams(self.branch.temperature, self.branch.top_k, self.branch.top_p)
             self.branch_spec = generate.DecodeSpec(config.chunk_steps, self.branch.max_tokens, self.slots - 1,
                                                    sampling)
-            self.branch_stops = generate.stop_table([self._encode(s) for s in self.branch.stop_strings])
+            self.branch_stops = self._replicated(
+                generate.stop_table([self._encode(s) for s in self.branch.stop_strings]))
         self.stats = RolloutStats()
+        self._warmup_key = jax.random.key(0)  # made here: a key from a Python int is a host transfer
+
+    def sampling_params(self, params):
+        """The policy's params in the sampling layout (`SAMPLE_RULES`) on the engine's mesh, resharded device
+        to device (e.g. from the trainer's FSDP layout); unchanged without a mesh."""
+        if self.mesh is None:
+            return params
+        return jax.device_put(params, models.param_shardings(self.cfg, self.mesh, models.SAMPLE_RULES))
+
+    def _replicated(self, x: jax.Array) -> jax.Array:
+        """`x` on every device of the mesh, explicitly (or as it is, without one)."""
+        return x if self.mesh is None else jax.device_put(x, NamedSharding(self.mesh, PartitionSpec()))
+
+    def _placed(self, x: np.ndarray) -> jax.Array:
+        """A host array of per-row values put on device explicitly (never handed to a jitted call as is: an
+        implicit transfer), its rows sharded over the mesh's data axes."""
+        if self.mesh is None:
+            return jax.device_put(x)
+        axes = ("batch", "length")[:x.ndim]
+        return jax.device_put(x, models.logical_to_sharding(axes, self.mesh, models.SAMPLE_RULES, x.shape))
+
+    def _new_state(self, params, batch: int, key: jax.Array) -> generate.GenState:
+        dtype = jax.tree.leaves(params)[0].dtype
+        return self._device(generate.new_state, self.cfg, batch, self.slots, self._replicated(key), dtype)
 
     def warmup(self, params, batch: int) -> None:
         """Compiles every program a rollout of `batch` rows can use, so that none compiles afterwards."""
-        dtype = jax.tree.leaves(params)[0].dtype
-        state = generate.init_state(self.cfg, batch, self.slots, jax.random.key(0), dtype)
-        idle = np.zeros(batch, bool)
+        params = self.sampling_params(params)
+        state = self._new_state(params, batch, self._warmup_key)
+        idle = self._placed(np.zeros(batch, bool))
         specs = [(self.spec, self.stops)]
         if self.branch is not None:
             specs.append((self.branch_spec, self.branch_stops))
@@ -97,15 +127,17 @@ class RolloutEngine:
         for spec, stops in specs:
             widths = self.chunk_widths + ((self.config.max_prompt_tokens,) if spec is self.spec else ())
             for width in widths:
-                tokens, lengths = pad_batch([[]] * batch, width)
-                state = generate.extend(self.cfg, params, state, tokens, lengths, idle, spec.sampling)
-            state = generate.decode_chunk(self.cfg, params, state, stops, self.eos_ids, spec)
-        jax.block_until_ready(generate.truncate(state, jnp.zeros(batch, jnp.int32)))
+                tokens, lengths = map(self._placed, pad_batch([[]] * batch, width))
+                state = self._device(generate.extend, self.cfg, params, state, tokens, lengths, idle,
+                                     spec.sampling)
+            state = self._device(generate.decode_chunk, self.cfg, params, state, stops, self.eos_ids, spec)
+        self._device(generate.truncate, state, self._placed(np.zeros(batch, np.int32)))
 
     def _device(self, fn: Callable, *args) -> Any:
-        """Runs a jitted call to completion, counting its time as device time."""
+        """Runs a jitted call to completion (under the engine's mesh), counting its time as device time."""
         start = time.perf_counter()
-        out = jax.block_until_ready(fn(*args))
+        with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
+            out = jax.block_until_ready(fn(*args))
         self.stats.device_s += time.perf_counter() - start
         return out
 
@@ -135,10 +167,9 @@ class RolloutEngine:
                 raise ValueError(
                     f"Example {b}: prompt has {len(ids)} tokens > max_prompt_tokens={self.config.max_prompt_tokens}."
                 )
-        tokens, lengths = pad_batch(prompts, self.config.max_prompt_tokens)
-        dtype = jax.tree.leaves(params)[0].dtype
-        state = generate.init_state(self.cfg, len(examples), self.slots, key, dtype)
-        start = np.ones(len(examples), bool)
+        tokens, lengths = map(self._placed, pad_batch(prompts, self.config.max_prompt_tokens))
+        state = self._new_state(params, len(examples), key)
+        start = self._placed(np.ones(len(examples), bool))
         return self._device(generate.extend, self.cfg, params, state, tokens, lengths, start, self.config.sampling)
 
     def _finish_turn(self, tokens: np.ndarray, start: int, end: int) -> tuple[int, str]:
@@ -177,8 +208,8 @@ class RolloutEngine:
         calls = max(-(-len(s) // width) for s in sequences)
         for left in range(calls, 0, -1):  # `left` chunks to go, counted from each row's end
             pieces = [s[max(len(s) - left * width, 0):max(len(s) - (left - 1) * width, 0)] for s in sequences]
-            tokens, lengths = pad_batch(pieces, self._bucket(max(len(p) for p in pieces)))
-            starting = start if left == 1 else np.zeros_like(start)
+            tokens, lengths = map(self._placed, pad_batch(pieces, self._bucket(max(len(p) for p in pieces))))
+            starting = self._placed(start if left == 1 else np.zeros_like(start))
             state = self._device(generate.extend, self.cfg, params, state, tokens, lengths, starting,
                                  sampling)
         return state
@@ -194,7 +225,7 @@ class RolloutEngine:
         branch = self._device(generate.copy_state, state)
         batch = state.tokens.shape[0]
         if self.branch.separate_prompt:
-            branch = self._device(generate.truncate, branch, jnp.zeros(batch, jnp.int32))
+            branch = self._device(generate.truncate, branch, self._placed(np.zeros(batch, np.int32)))
             prompts = {b: self.env.side_branch_prompt(examples[b], turns[b]) for b in rows}
             sequences = [self._encode(chat.render(self.tokenizer, prompts[b])) if b in rows else []
                          for b in range(batch)]
@@ -225,6 +256,7 @@ class RolloutEngine:
 
     def _run(self, params, examples: Sequence[dict], key: jax.Array) -> Trajectory:
         batch = len(examples)
+        params = self.sampling_params(params)
         state = self._prefill(params, examples, key)
         prompt_lengths = np.asarray(jax.device_get(state.cache.length))
         turns: list[list[Turn]] = [[] for _ in range(batch)]
@@ -245,7 +277,7 @@ class RolloutEngine:
                     finish[b] = "done"
                 elif self.config.max_len - end >= 2:  # room for an observation and a new turn
                     waiting.append(b)
-            state = self._device(generate.truncate, state, jnp.asarray(length))
+            state = self._device(generate.truncate, state, self._placed(length))
             if not waiting:
                 break
             observations = self.env.observe([turns[b][-1].action for b in waiting])
@@ -265,8 +297,8 @@ class RolloutEngine:
                 for b, text in texts.items():
                     turns[b][-1].info[self.branch.name] = text
             sequences = [chunks.get(b, []) for b in range(batch)]
-            chunk, chunk_len = pad_batch(sequences, self._bucket(max(len(s) for s in sequences)))
-            start = np.isin(np.arange(batch), waiting)
+            chunk, chunk_len = map(self._placed, pad_batch(sequences, self._bucket(max(len(s) for s in sequences))))
+            start = self._placed(np.isin(np.arange(batch), waiting))
             state = self._device(
                 generate.extend, self.cfg, params, state, chunk, chunk_len, start, self.config.sampling
             )

@@ -45,6 +45,7 @@ class DecodeSpec:
     max_turn_tokens: int  # a turn stops after this many sampled tokens
     max_len: int  # a row stops when its trajectory reaches this many tokens
     sampling: SamplingParams = SamplingParams()
+    rules: models.ShardingRules = models.SAMPLE_RULES  # the layout under a mesh (`state_logical_axes`)
 
 
 def stop_table(stop_sequences: Sequence[Sequence[int]]) -> jax.Array:
@@ -56,6 +57,20 @@ def stop_table(stop_sequences: Sequence[Sequence[int]]) -> jax.Array:
     for i, seq in enumerate(stop_sequences):
         table[i, width - len(seq):] = seq
     return jnp.asarray(table)
+
+
+def state_logical_axes() -> GenState:
+    """The logical axes of each `GenState` field (the key is replicated): rows over the mesh's data axes, the
+    cache's heads over its tensor axis under `SAMPLE_RULES`."""
+    rows, slots = ("batch",), ("batch", "length")
+    return GenState(cache=models.KVCache.logical_axes(), tokens=slots, sampled=slots, logprobs=slots,
+                    pending=rows, active=rows, turn_start=rows, key=())
+
+
+def _placed(state: GenState, rules: models.ShardingRules) -> GenState:
+    """`state` constrained to its layout under `rules` when a mesh is set (`jax.set_mesh`); else `state`."""
+    return jax.tree.map(lambda axes, x: models.constrain(x, axes, rules), state_logical_axes(), state,
+                        is_leaf=lambda axes: type(axes) is tuple)
 
 
 def init_state(cfg: models.ModelConfig, batch: int, slots: int, key: jax.Array, dtype=jnp.float32) -> GenState:
@@ -72,6 +87,13 @@ def init_state(cfg: models.ModelConfig, batch: int, slots: int, key: jax.Array, 
     )
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "batch", "slots", "dtype", "rules"))
+def new_state(cfg: models.ModelConfig, batch: int, slots: int, key: jax.Array, dtype=jnp.float32,
+              rules: models.ShardingRules = models.SAMPLE_RULES) -> GenState:
+    """`init_state` created on device, in its layout under a mesh (`state_logical_axes`)."""
+    return _placed(init_state(cfg, batch, slots, key, dtype), rules)
+
+
 def _record_samples(state: GenState, rows: jax.Array, tokens: jax.Array, logprobs: jax.Array) -> GenState:
     """Puts freshly sampled tokens of `rows` into the buffers at their pending slot."""
     slot = state.cache.length
@@ -83,7 +105,7 @@ def _record_samples(state: GenState, rows: jax.Array, tokens: jax.Array, logprob
     )
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "sampling"), donate_argnums=(2,))
+@functools.partial(jax.jit, static_argnames=("cfg", "sampling", "rules"), donate_argnums=(2,))
 def extend(
     cfg: models.ModelConfig,
     params,
@@ -92,6 +114,7 @@ def extend(
     chunk_len: jax.Array,
     start_turn: jax.Array,
     sampling: SamplingParams,
+    rules: models.ShardingRules = models.SAMPLE_RULES,
 ) -> GenState:
     """Appends `chunk[b, :chunk_len[b]]` (right-padded [B, T]) to each row, then starts a policy turn on `start_turn` rows.
 
@@ -101,7 +124,7 @@ def extend(
     start = state.cache.length
     real = jnp.arange(chunk.shape[1])[None, :] < chunk_len[:, None]
     positions = start[:, None] + jnp.arange(chunk.shape[1])[None, :]
-    hidden, cache = models.backbone(cfg, params, chunk, positions, real, state.cache)
+    hidden, cache = models.backbone(cfg, params, chunk, positions, real, state.cache, rules=rules)
     cache = cache._replace(length=start + chunk_len)
     state = state._replace(
         cache=cache,
@@ -113,10 +136,10 @@ def extend(
     key, subkey = jax.random.split(state.key)
     tokens, logprobs = sample(models.lm_logits(cfg, params, last), subkey, sampling)
     state = _record_samples(state._replace(key=key), start_turn, tokens, logprobs)
-    return state._replace(
+    return _placed(state._replace(
         active=state.active | start_turn,
         turn_start=jnp.where(start_turn, cache.length, state.turn_start),
-    )
+    ), rules)
 
 
 def _stopped(state: GenState, stops: jax.Array, eos_ids: jax.Array, written: jax.Array) -> jax.Array:
@@ -152,7 +175,8 @@ def decode_chunk(
         rows = state.active
         written = state.cache.length
         token = jnp.take_along_axis(state.tokens, written[:, None], axis=1)
-        hidden, cache = models.backbone(cfg, params, token, written[:, None], rows[:, None], state.cache)
+        hidden, cache = models.backbone(cfg, params, token, written[:, None], rows[:, None], state.cache,
+                                        rules=spec.rules)
         cache = cache._replace(length=written + rows.astype(jnp.int32))
         state = state._replace(cache=cache, pending=state.pending & ~rows)
         turn_tokens = cache.length - state.turn_start
@@ -169,7 +193,7 @@ def decode_chunk(
         return (i < spec.steps) & jnp.any(state.active)
 
     _, state = jax.lax.while_loop(cond, step, (jnp.int32(0), state))
-    return state
+    return _placed(state, spec.rules)
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))

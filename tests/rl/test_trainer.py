@@ -112,3 +112,20 @@ def test_resume_is_exact(tmp_path, tokenizer):
     for step in (3, 4):
         for name in ("reward/mean", "actor/pg_loss", "critic/vf_loss", "actor/grad_norm"):
             np.testing.assert_allclose(b[step][name], a[step][name], rtol=1e-6, err_msg=f"{name} at {step}")
+
+
+def test_training_steps_on_a_3d_mesh_make_no_implicit_transfers(tmp_path, tokenizer):
+    """Rollout (sharded over data x fsdp, heads over tensor) and update on a (2, 2, 2) mesh of the 8 test
+    devices, with JAX refusing every implicit host<->device and device<->device transfer; a checkpoint and an
+    evaluation included."""
+    config = make_config(tmp_path)
+    config.mesh.update(dict(data=2, fsdp=2, tensor=2))
+    config.train.checkpoint_every = 2
+    trainer = make_trainer(config, tokenizer)
+    with jax.transfer_guard("disallow"):
+        history = trainer.train(2)
+        evaluation = trainer.evaluate()
+    trainer.close()
+    assert [row["train/nonfinite"] for row in history] == [0.0, 0.0]
+    assert 0.0 <= evaluation["low_share"] <= 1.0 and trainer.step_count == 2
+    assert trainer.checkpointer.latest_step() == 2

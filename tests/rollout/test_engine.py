@@ -76,11 +76,11 @@ class ScriptedEnv:
                 for a in actions]
 
 
-def make_engine(model, tokenizer, env, side_branch=True, **overrides):
+def make_engine(model, tokenizer, env, side_branch=True, mesh=None, **overrides):
     cfg, _ = model
     config = RolloutConfig(max_prompt_tokens=16, max_len=96, max_turn_tokens=6, max_obs_tokens=24,
                            obs_buckets=(8, 16, 32), chunk_steps=4, sampling=SamplingParams(temperature=1.0))
-    return RolloutEngine(cfg, tokenizer, env, dataclasses.replace(config, **overrides), side_branch)
+    return RolloutEngine(cfg, tokenizer, env, dataclasses.replace(config, **overrides), side_branch, mesh)
 
 
 EXAMPLES = [{"q": w} for w in WORDS[:6]]
@@ -245,3 +245,39 @@ def test_cropped_trajectory_keeps_every_token(model, tokenizer):
     assert traj.loss_mask[:, width:].sum() == 0 and cropped.turns is traj.turns
     with pytest.raises(ValueError, match="Cannot crop"):
         traj.cropped(width - 1)
+
+
+@pytest.mark.parametrize("separate", [False, True])
+def test_a_sharded_rollout_matches_one_device_without_host_transfers(model, tokenizer, separate):
+    """A (data 2, fsdp 2, tensor 2) mesh over the 8 test devices: rows over data x fsdp, heads over tensor,
+    params handed over from the trainer's FSDP layout; greedy tokens as on one device, side branch included,
+    and no implicit transfer between host and device anywhere in the rollout."""
+    cfg, params = model
+    examples = [{"q": w} for w in WORDS[:8]]
+    greedy = SamplingParams(temperature=0.0)
+
+    def env():
+        return ScriptedEnv(branch_prompt=" note <answer>", separate=separate)
+
+    one = make_engine(model, tokenizer, env(), sampling=greedy).run(params, examples, jax.random.key(0))
+    mesh = models.make_mesh(2, 2, 2)
+    engine = make_engine(model, tokenizer, env(), mesh=mesh, sampling=greedy)
+    trainer_layout = jax.device_put(params, models.param_shardings(cfg, mesh, models.TRAIN_RULES))
+    key = jax.random.key(0)
+    with jax.transfer_guard("disallow"):
+        engine.warmup(trainer_layout, len(examples))
+        sharded = engine.run(trainer_layout, examples, key)
+    np.testing.assert_array_equal(sharded.tokens, one.tokens)
+    assert [[(t.text, t.info) for t in row] for row in sharded.turns] == \
+        [[(t.text, t.info) for t in row] for row in one.turns]
+    state = engine._new_state(engine.sampling_params(trainer_layout), len(examples), key)
+    assert spec_of(state.cache.k) == (None, ("data", "fsdp"), "tensor", None, None)
+    assert spec_of(state.tokens) == (("data", "fsdp"), None)
+    q = engine.sampling_params(trainer_layout)["layers"]["q"]
+    assert spec_of(q) == (None, None, "tensor", None)  # whole on every data replica
+
+
+def spec_of(x: jax.Array) -> tuple:
+    """An array's partition spec, one entry per dimension."""
+    spec = tuple(x.sharding.spec)
+    return spec + (None,) * (x.ndim - len(spec))
