@@ -52,7 +52,7 @@ def paper_qwen3_8b(config):
 
 def tiny(config):
     """The CPU miniature (`python -m searchrl.demo --config configs/rpl.py:tiny`, `searchrl.demo.rpl`): two
-    RL seeds took 13.5 minutes on 2 cores; measured results in the README."""
+    RL seeds took 17 minutes on 2 shared cores; measured results in the README."""
     config.workdir = "runs/rpl_demo"
     config.demo = to_config(RPLDemoConfig())
     config.data.update(dict(dir=config.workdir, train="globalqa", eval="globalqa", eval_split="test"))
@@ -66,9 +66,10 @@ def tiny(config):
     # a CPU budget learns that, where copying multi-token ids stays at zero answer F1 (README).
     config.env.update(dict(action_space="sparse", max_turns=1, prompt_template="Question: {question}\n",
                            cite="rank"))
-    # A program shows at most 5 documents, fewer than the search agent's two searches of 3.
-    config.env.limits.update(dict(max_shown=5, max_retrieval_calls=4, max_docs_retrieved=200))
-    # Observations: a search's 3 passages take up to ~110 tokens, a program's 5 up to ~180.
+    # A program shows at most 4 documents, fewer than the search agent's two searches of 3.
+    config.env.limits.update(dict(max_shown=4, max_retrieval_calls=4, max_docs_retrieved=200))
+    config.demo.cold_start_top_k = (2, 3, 4)
+    # Observations: a search's 3 passages take up to ~110 tokens, a program's 4 up to ~150.
     config.rollout.update(dict(max_prompt_tokens=48, max_turn_tokens=24, max_obs_tokens=192,
                                obs_buckets=(112, 192), max_len=48 + 3 * 24 + 2 * 112, chunk_steps=12))
     config.rollout.sampling.temperature = 1.0
@@ -86,9 +87,10 @@ def tiny(config):
     config.rl.critic.update(dict(lr=1e-3, warmup_steps=0))
     # Program mutation at the run's half (the demo sets at_step), on 256 training tasks' programs; about a
     # third improve, and distillation sees each verified variant about three times.
-    config.mutation.update(dict(episodes=256, max_variants=16, max_shown=5))
+    # Distillation steps at the actor's learning rate: it changes the policy no faster than RL does.
+    config.mutation.update(dict(episodes=256, max_variants=16, max_shown=4))
     config.mutation.sft.update(dict(steps=16, batch_size=16, max_len=288))
-    config.mutation.sft.optim.update(dict(lr=3e-4, warmup_steps=5))
+    config.mutation.sft.optim.update(dict(lr=1e-4, warmup_steps=5))
     return config
 
 

@@ -35,6 +35,7 @@ import json
 import math
 import os
 import pathlib
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -170,27 +171,33 @@ def rollout_inputs(config: ml_collections.ConfigDict, cfg: models.ModelConfig, m
 
 def analyse(name: str, jitted, args: tuple, mesh: Mesh, chip: Chip, cores_per_chip: int) -> dict[str, Any]:
     """Compiles one program on `mesh` and returns its per-device memory, matmul cost per step (a decode
-    chunk's while loop: one decode step) and roofline time."""
-    with jax.set_mesh(mesh):
-        traced = jitted.trace(*args)
-        compiled = traced.lower().compile()
-    memory = compiled.memory_analysis()
-    cost: MatmulCost = matmul_cost(traced.jaxpr, while_trips=1) * (1 / mesh.size)
-    used = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
-            + memory.temp_size_in_bytes + memory.generated_code_size_in_bytes)
+    chunk's while loop: one decode step) and roofline time. A program XLA cannot fit into HBM does not
+    compile: its row says so (`compile_error`, XLA's message) and has no memory figures."""
     hbm, flops_per_s, bandwidth = (x / cores_per_chip for x in (chip.hbm_bytes, chip.peak_flops,
                                                                  chip.hbm_bandwidth))
+    with jax.set_mesh(mesh):
+        traced = jitted.trace(*args)
+        try:
+            memory = traced.lower().compile().memory_analysis()
+        except jax.errors.JaxRuntimeError as e:
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            memory, error = None, str(e).splitlines()[0]
+    cost: MatmulCost = matmul_cost(traced.jaxpr, while_trips=1) * (1 / mesh.size)
     compute_s, memory_s = cost.flops / flops_per_s, cost.bytes / bandwidth
-    return {
-        "program": name, "arguments_gib": memory.argument_size_in_bytes / GiB,
+    row = {"program": name, "hbm_gib": hbm / GiB, "tflop_per_step": cost.flops / 1e12,
+           "gb_per_step": cost.bytes / 1e9, "compute_ms": 1e3 * compute_s, "memory_ms": 1e3 * memory_s,
+           "step_ms": 1e3 * max(compute_s, memory_s),
+           "bound": "compute" if compute_s >= memory_s else "memory"}
+    if memory is None:
+        return row | {"fits": False, "compile_error": error}
+    used = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
+            + memory.temp_size_in_bytes + memory.generated_code_size_in_bytes)
+    return row | {
+        "fits": used <= hbm, "total_gib": used / GiB, "arguments_gib": memory.argument_size_in_bytes / GiB,
         "outputs_gib": memory.output_size_in_bytes / GiB, "aliased_gib": memory.alias_size_in_bytes / GiB,
         "temporaries_gib": memory.temp_size_in_bytes / GiB,
-        "code_gib": memory.generated_code_size_in_bytes / GiB,
-        "total_gib": used / GiB, "hbm_gib": hbm / GiB, "fits": used <= hbm,
-        "tflop_per_step": cost.flops / 1e12, "gb_per_step": cost.bytes / 1e9,
-        "compute_ms": 1e3 * compute_s, "memory_ms": 1e3 * memory_s, "step_ms": 1e3 * max(compute_s, memory_s),
-        "bound": "compute" if compute_s >= memory_s else "memory",
-    }
+        "code_gib": memory.generated_code_size_in_bytes / GiB}
 
 
 def report(config: ml_collections.ConfigDict, topology: str, devices: Sequence[jax.Device],
@@ -219,10 +226,16 @@ def format_report(result: dict) -> str:
             f"mesh {result['mesh']}\n\n"
             "| program | args GiB | out GiB | temp GiB | total GiB / HBM | fits | TFLOP/step | GB/step "
             "| ms (compute, memory) |\n|---|---|---|---|---|---|---|---|---|\n")
+    def memory(r: dict) -> str:
+        if "compile_error" in r:  # XLA: "... the total memory required for X (N G) exceeds available HBM"
+            needed = re.search(r"required for (.+?) \(([\d.]+G)\)", r["compile_error"])
+            what = f"{needed[1]}: {needed[2]}" if needed else r["compile_error"]
+            return f"- | - | - | {what} / {r['hbm_gib']:.0f} | no"
+        return (f"{r['arguments_gib']:.2f} | {r['outputs_gib']:.2f} | {r['temporaries_gib']:.2f} "
+                f"| {r['total_gib']:.2f} / {r['hbm_gib']:.0f} | {'yes' if r['fits'] else 'no'}")
+
     return head + "".join(
-        f"| {r['program']} | {r['arguments_gib']:.2f} | {r['outputs_gib']:.2f} | {r['temporaries_gib']:.2f} "
-        f"| {r['total_gib']:.2f} / {r['hbm_gib']:.0f} | {'yes' if r['fits'] else 'no'} "
-        f"| {r['tflop_per_step']:.3g} | {r['gb_per_step']:.3g} "
+        f"| {r['program']} | {memory(r)} | {r['tflop_per_step']:.3g} | {r['gb_per_step']:.3g} "
         f"| {r['step_ms']:.3g} ({r['compute_ms']:.3g}, {r['memory_ms']:.3g}) |\n" for r in result["programs"])
 
 
