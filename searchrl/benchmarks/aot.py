@@ -93,6 +93,8 @@ def topology_devices(topology: str, libtpu: str) -> list[jax.Device]:
     if not os.path.isfile(libtpu):
         raise FileNotFoundError(f"libtpu not found at {libtpu}: run `make libtpu` or pass --libtpu PATH")
     os.environ["TPU_LIBRARY_PATH"] = os.path.abspath(libtpu)
+    # Compiling only, so several processes may load libtpu at once (else the second fails on its lockfile).
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies  # noqa: PLC0415 (after TPU_LIBRARY_PATH is set)
     return list(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices)
 

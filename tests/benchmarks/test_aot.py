@@ -44,6 +44,18 @@ def test_a_bigger_model_needs_more_memory_per_chip(devices):
     assert big["tflop_per_step"] == pytest.approx(2 * small["tflop_per_step"], rel=0.05)
 
 
+def test_a_program_that_does_not_fit_is_reported_not_raised(devices):
+    config = autosearch.get_config("tiny")
+    # A prefill of 8192 prompts of 1024 tokens: its attention scores over 5120 slots take ~170 GiB per chip.
+    config.train.batch_size = 8192
+    config.rollout.update(dict(max_prompt_tokens=1024, max_len=4096))
+    row = aot.report(config, "v5p:2x2x1", devices, (4, 1, 1), ["prefill"])["programs"][0]
+    assert not row["fits"] and "RESOURCE_EXHAUSTED" in row["compile_error"] and "total_gib" not in row
+    assert row["tflop_per_step"] > 0  # counted on the jaxpr, compiled or not
+    assert "HLO temporaries: " in aot.format_report({"model": "tiny", "topology": "v5p:2x2x1", "devices": 4,
+                                                     "device_kind": "TPU v5", "mesh": {}, "programs": [row]})
+
+
 def test_bad_input_is_named():
     with pytest.raises(ValueError, match="unknown TPU generation 'v9'"):
         aot.chip_of("v9:2x2")
