@@ -113,7 +113,7 @@ class RolloutEngine:
 
     def _new_state(self, params, batch: int, key: jax.Array) -> generate.GenState:
         dtype = jax.tree.leaves(params)[0].dtype
-        return self._device(generate.new_state, self.cfg, batch, self.slots, self._replicated(key), dtype)
+        return self._call(generate.new_state, self.cfg, batch, self.slots, self._replicated(key), dtype)
 
     def warmup(self, params, batch: int) -> None:
         """Compiles every program a rollout of `batch` rows can use, so that none compiles afterwards."""
@@ -123,21 +123,25 @@ class RolloutEngine:
         specs = [(self.spec, self.stops)]
         if self.branch is not None:
             specs.append((self.branch_spec, self.branch_stops))
-            state = generate.copy_state(state)
+            state = self._call(generate.copy_state, state)
         for spec, stops in specs:
             widths = self.chunk_widths + ((self.config.max_prompt_tokens,) if spec is self.spec else ())
             for width in widths:
                 tokens, lengths = map(self._placed, pad_batch([[]] * batch, width))
-                state = self._device(generate.extend, self.cfg, params, state, tokens, lengths, idle,
-                                     spec.sampling)
-            state = self._device(generate.decode_chunk, self.cfg, params, state, stops, self.eos_ids, spec)
-        self._device(generate.truncate, state, self._placed(np.zeros(batch, np.int32)))
+                state = self._call(generate.extend, self.cfg, params, state, tokens, lengths, idle,
+                                   spec.sampling)
+            state = self._call(generate.decode_chunk, self.cfg, params, state, stops, self.eos_ids, spec)
+        self._call(generate.truncate, state, self._placed(np.zeros(batch, np.int32)))
+
+    def _call(self, fn: Callable, *args) -> Any:
+        """Runs a jitted call to completion, under the engine's mesh."""
+        with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
+            return jax.block_until_ready(fn(*args))
 
     def _device(self, fn: Callable, *args) -> Any:
-        """Runs a jitted call to completion (under the engine's mesh), counting its time as device time."""
+        """`_call`, counting its time as device time."""
         start = time.perf_counter()
-        with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
-            out = jax.block_until_ready(fn(*args))
+        out = self._call(fn, *args)
         self.stats.device_s += time.perf_counter() - start
         return out
 
