@@ -16,11 +16,10 @@ config's shapes and dtypes, on a (data, fsdp, tensor) mesh over the topology's d
   extend   an observation appended at the widest of rollout.obs_buckets;
   decode   one decode chunk (`decode_chunk`, rollout.chunk_steps steps); its costs are per decode step.
 
-The rollout programs take the policy as the trainer hands it to the engine (its float32 master weights, so
-the KV cache is float32 too) laid out by the sampling rules (`SAMPLE_RULES`: weights tensor-parallel only),
-with the rows and the cache sharded over the data axes, for the whole batch at once as the trainer rolls
-it out. (The engine itself still creates its state on one device; these are the layouts a sharded rollout
-runs with.)
+The rollout programs take the policy as the trainer's engine samples with it (cast to rl.compute_dtype, so
+the KV cache is in that dtype too) laid out by the sampling rules (`SAMPLE_RULES`: weights tensor-parallel
+only), with the rows and the cache sharded over the data axes, for the whole batch at once as the trainer
+rolls it out.
 
 Per program: bytes per device from XLA's memory analysis of the compiled program (arguments, outputs,
 temporaries, code; a donated argument counts once) against the device's HBM; matmul FLOPs and bytes per step
@@ -145,9 +144,10 @@ def rollout_inputs(config: ml_collections.ConfigDict, cfg: models.ModelConfig, m
     rows = from_config(TrainConfig, config.train, "config.train").batch_size * rl.responses_per_prompt
     rules = models.SAMPLE_RULES
     slots = rollout.slots(max(rollout.obs_buckets))
-    params = _abstract(jax.eval_shape(lambda: models.init_params(cfg, jax.random.key(0), jnp.float32)),
+    dtype = jnp.dtype(rl.compute_dtype)
+    params = _abstract(jax.eval_shape(lambda: models.init_params(cfg, jax.random.key(0), dtype)),
                        models.param_shardings(cfg, mesh, rules))
-    state = jax.eval_shape(lambda: generate.init_state(cfg, rows, slots, jax.random.key(0), jnp.float32))
+    state = jax.eval_shape(lambda: generate.init_state(cfg, rows, slots, jax.random.key(0), dtype))
     replicated = NamedSharding(mesh, PartitionSpec())
     state = state._replace(
         cache=_abstract(state.cache, models.cache_shardings(cfg, mesh, rules, rows, slots)),

@@ -81,9 +81,11 @@ class Trainer:
             raise ValueError(f"train.batch_size x rl.responses_per_prompt = {self.batch_rows} rows must be a "
                              f"multiple of the data-parallel size {shards} and of "
                              f"rl.minibatch_size={rl.minibatch_size}.")
-        self.engine = RolloutEngine(model_cfg, tokenizer, env, rollout, mesh=self.mesh)
+        # The rollout samples with the params in the dtype the update scores them in.
         greedy = dataclasses.replace(rollout, sampling=SamplingParams(temperature=0.0))
-        self.eval_engine = RolloutEngine(model_cfg, tokenizer, env, greedy, mesh=self.mesh)
+        self.engine, self.eval_engine = (
+            RolloutEngine(model_cfg, tokenizer, env, settings, mesh=self.mesh, dtype=rl.compute_dtype)
+            for settings in (rollout, greedy))
         self.order = DataOrder(len(self.train_examples), self.seed)
         self.key, self.eval_key = jax.random.key(self.seed), jax.random.key(0)
         self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),

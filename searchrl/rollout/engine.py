@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import re
 import time
 from typing import Any, Callable, Sequence
@@ -62,12 +63,14 @@ class RolloutEngine:
     output). With a `mesh`, the rollout is sharded: rows data-parallel over its data and fsdp axes, heads
     and the MLP over its tensor axis (`models.SAMPLE_RULES`), the KV cache created in that layout, and the
     params moved into it once per rollout, device to device (`sampling_params`). Host arrays reach the
-    device only through explicit transfers.
+    device only through explicit transfers. With a `dtype` (the trainer's compute dtype), the rollout samples
+    with the params cast to it, as the trainer scores them, and keeps its KV cache in it.
     """
 
     def __init__(self, cfg: models.ModelConfig, tokenizer: Any, env: Env, config: RolloutConfig,
-                 side_branch: bool = True, mesh: Mesh | None = None):
+                 side_branch: bool = True, mesh: Mesh | None = None, dtype: str | None = None):
         self.cfg, self.tokenizer, self.env, self.config, self.mesh = cfg, tokenizer, env, config, mesh
+        self.dtype = dtype
         self.eos_set = _eos_ids(tokenizer, cfg)
         self.eos_ids = self._replicated(jnp.asarray(sorted(self.eos_set), jnp.int32))
         self.stops = self._replicated(generate.stop_table([self._encode(s) for s in env.stop_strings]))
@@ -93,8 +96,11 @@ class RolloutEngine:
         self._warmup_key = jax.random.key(0)  # made here: a key from a Python int is a host transfer
 
     def sampling_params(self, params):
-        """The policy's params in the sampling layout (`SAMPLE_RULES`) on the engine's mesh, resharded device
-        to device (e.g. from the trainer's FSDP layout); unchanged without a mesh."""
+        """The policy's params as the rollout samples with them: cast to the engine's `dtype`, and on its mesh
+        in the sampling layout (`SAMPLE_RULES`), both on device (e.g. from the trainer's float32 FSDP layout,
+        never through the host)."""
+        if self.dtype is not None and jax.tree.leaves(params)[0].dtype != jnp.dtype(self.dtype):
+            params = _cast(params, self.dtype)
         if self.mesh is None:
             return params
         return jax.device_put(params, models.param_shardings(self.cfg, self.mesh, models.SAMPLE_RULES))
@@ -332,6 +338,11 @@ class RolloutEngine:
 
 _CLOSING_TAG = re.compile(r"</[A-Za-z_]+>\s*\Z")
 _BRANCH_PROMPT_ROOM = 64  # tokens reserved for a side branch's prompt
+
+
+@functools.partial(jax.jit, static_argnames=("dtype",))
+def _cast(params, dtype: str):
+    return jax.tree.map(lambda p: p.astype(dtype), params)
 
 
 def _eos_ids(tokenizer: Any, cfg: models.ModelConfig) -> set[int]:
