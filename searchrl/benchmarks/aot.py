@@ -147,20 +147,20 @@ def rollout_inputs(config: ml_collections.ConfigDict, cfg: models.ModelConfig, m
     dtype = jnp.dtype(rl.compute_dtype)
     params = _abstract(jax.eval_shape(lambda: models.init_params(cfg, jax.random.key(0), dtype)),
                        models.param_shardings(cfg, mesh, rules))
-    state = jax.eval_shape(lambda: generate.init_state(cfg, rows, slots, jax.random.key(0), dtype))
-    replicated = NamedSharding(mesh, PartitionSpec())
-    state = state._replace(
-        cache=_abstract(state.cache, models.cache_shardings(cfg, mesh, rules, rows, slots)),
-        **{name: _rows_sharded(getattr(state, name).shape, getattr(state, name).dtype, mesh, rules)
-           for name in ("tokens", "sampled", "logprobs", "pending", "active", "turn_start")},
-        key=jax.ShapeDtypeStruct(state.key.shape, state.key.dtype, sharding=replicated))
+    state = jax.tree.map(
+        lambda axes, x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                             sharding=models.logical_to_sharding(axes, mesh, rules, x.shape)),
+        generate.state_logical_axes(),
+        jax.eval_shape(lambda: generate.init_state(cfg, rows, slots, jax.random.key(0), dtype)),
+        is_leaf=lambda axes: type(axes) is tuple)
 
     def chunk(width: int) -> tuple:  # tokens, their lengths, the rows that start a turn
         shapes = (((rows, width), jnp.int32), ((rows,), jnp.int32), ((rows,), jnp.bool_))
-        return tuple(_rows_sharded(shape, dtype, mesh, rules) for shape, dtype in shapes)
+        return tuple(_rows_sharded(shape, kind, mesh, rules) for shape, kind in shapes)
 
     spec = generate.DecodeSpec(rollout.chunk_steps, rollout.max_turn_tokens, rollout.max_len,
                                rollout.sampling)
+    replicated = NamedSharding(mesh, PartitionSpec())
     stops = jax.ShapeDtypeStruct(STOP_TABLE, jnp.int32, sharding=replicated)
     eos = jax.ShapeDtypeStruct(EOS_IDS, jnp.int32, sharding=replicated)
     prompt, observation = chunk(rollout.max_prompt_tokens), chunk(max(rollout.obs_buckets))
