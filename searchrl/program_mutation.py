@@ -8,7 +8,6 @@ variant must show no more than `MutationConfig.max_shown` documents (the context
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any, Callable, Mapping, Sequence
 

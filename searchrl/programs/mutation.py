@@ -22,7 +22,6 @@ from searchrl.programs.language import ProgramError, parse
 from searchrl.programs.limits import Limits
 from searchrl.programs.sandbox import RETRIEVALS, ProgramResult, execute
 from searchrl.retrieval.ops import SDK_FUNCTIONS, RetrievalSDK
-from searchrl.text import tags
 
 OTHER_RETRIEVAL = {"sparse_retrieval": "dense_retrieval", "dense_retrieval": "sparse_retrieval"}
 TOP_K_VALUES = (1, 3, 5, 10, 20)  # what a top_k may change to, besides half and double its value
