@@ -111,15 +111,19 @@ def _abstract(tree, shardings):
 
 
 def _rows_sharded(shape: tuple[int, ...], dtype, mesh: Mesh, rules: models.ShardingRules):
-    axes = ("batch", "length")[:len(shape)]
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=models.logical_to_sharding(axes, mesh, rules, shape))
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=models.rows_sharding(shape, mesh, rules))
+
+
+def batch_rows(config: ml_collections.ConfigDict) -> int:
+    """Rows of a training batch (and so of its rollout): train.batch_size x rl.responses_per_prompt."""
+    rl = from_config(RLConfig, config.rl, "config.rl")
+    return from_config(TrainConfig, config.train, "config.train").batch_size * rl.responses_per_prompt
 
 
 def learn_inputs(config: ml_collections.ConfigDict, cfg: models.ModelConfig, mesh: Mesh):
     """The PPO step's program and abstract (state, batch) at the config's shapes."""
     rl = from_config(RLConfig, config.rl, "config.rl")
-    rows = from_config(TrainConfig, config.train, "config.train").batch_size * rl.responses_per_prompt
-    width = from_config(RolloutConfig, config.rollout, "config.rollout").max_len
+    rows, width = batch_rows(config), from_config(RolloutConfig, config.rollout, "config.rollout").max_len
     ppo_config = ppo.PPOConfig.create(rl, cfg, models.rules_named(config.mesh.train_rules))
     rules = ppo_config.spec.rules
 
@@ -139,11 +143,9 @@ def rollout_inputs(config: ml_collections.ConfigDict, cfg: models.ModelConfig, m
     """Each rollout program's name -> (jitted function, its arguments: abstract arrays and static
     settings)."""
     rollout = from_config(RolloutConfig, config.rollout, "config.rollout")
-    rl = from_config(RLConfig, config.rl, "config.rl")
-    rows = from_config(TrainConfig, config.train, "config.train").batch_size * rl.responses_per_prompt
-    rules = models.SAMPLE_RULES
+    rows, rules = batch_rows(config), models.SAMPLE_RULES
     slots = rollout.slots(max(rollout.obs_buckets))
-    dtype = jnp.dtype(rl.compute_dtype)
+    dtype = jnp.dtype(from_config(RLConfig, config.rl, "config.rl").compute_dtype)
     params = _abstract(jax.eval_shape(lambda: models.init_params(cfg, jax.random.key(0), dtype)),
                        models.param_shardings(cfg, mesh, rules))
     state = jax.tree.map(

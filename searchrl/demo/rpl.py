@@ -108,10 +108,10 @@ def build_world(config: ml_collections.ConfigDict, demo: RPLDemoConfig) -> list[
     # max_shown under cite="rank"), but none of a held-out entity, questions and programs. With a small
     # vocabulary, held-out names are made of pieces that training queries write too.
     shown = [p for p in world.passages if world.entities[p.entity].split not in HELD_OUT_SPLITS]
-    numbers = ([1 + i % config.env.limits.max_shown for i in range(len(shown))] if config.env.cite == "rank"
-               else [None] * len(shown))
-    texts = [format_documents([Hit(p.id, 0.0, f'"{p.title}"', p.text)], number)
-             for p, number in zip(shown, numbers, strict=True)]
+    numbered = config.env.cite == "rank"
+    texts = [format_documents([Hit(p.id, 0.0, f'"{p.title}"', p.text)],
+                              1 + i % config.env.limits.max_shown if numbered else None)
+             for i, p in enumerate(shown)]
     texts += [t["question"] for t in tasks["train"]]
     texts += [program_source(t["metadata"]["plan"][0], k)
               for t in tasks["train"] for k in demo.cold_start_top_k]

@@ -109,6 +109,12 @@ def logical_to_sharding(axes: Sequence[str | None], mesh: Mesh, rules: ShardingR
     return NamedSharding(mesh, logical_to_spec(axes, rules, dict(mesh.shape), shape))
 
 
+def rows_sharding(shape: Sequence[int], mesh: Mesh, rules: ShardingRules) -> NamedSharding:
+    """NamedSharding of a [B] or [B, S] array of per-row values (a batch, a rollout's inputs): rows over the
+    batch axes of `rules`."""
+    return logical_to_sharding(("batch", "length")[:len(shape)], mesh, rules, shape)
+
+
 def _is_spec(x) -> bool:
     return isinstance(x, ParamSpec)
 

@@ -287,7 +287,7 @@ def batch_shardings(batch: NamedTuple, mesh: Mesh, config: PPOConfig) -> NamedTu
         if x is None:
             return None
         shape = jnp.shape(x)
-        return models.logical_to_sharding(_ROWS[:len(shape)], mesh, config.spec.rules, shape)
+        return models.rows_sharding(shape, mesh, config.spec.rules)
 
     return type(batch)(*(sharding(x) for x in batch))
 

@@ -109,13 +109,12 @@ class RolloutEngine:
         """`x` on every device of the mesh, explicitly (or as it is, without one)."""
         return x if self.mesh is None else jax.device_put(x, NamedSharding(self.mesh, PartitionSpec()))
 
-    def _placed(self, x: np.ndarray) -> jax.Array:
+    def _to_device(self, x: np.ndarray) -> jax.Array:
         """A host array of per-row values put on device explicitly (never handed to a jitted call as is: an
         implicit transfer), its rows sharded over the mesh's data axes."""
         if self.mesh is None:
             return jax.device_put(x)
-        axes = ("batch", "length")[:x.ndim]
-        return jax.device_put(x, models.logical_to_sharding(axes, self.mesh, models.SAMPLE_RULES, x.shape))
+        return jax.device_put(x, models.rows_sharding(x.shape, self.mesh, models.SAMPLE_RULES))
 
     def _new_state(self, params, batch: int, key: jax.Array) -> generate.GenState:
         dtype = jax.tree.leaves(params)[0].dtype
@@ -125,7 +124,7 @@ class RolloutEngine:
         """Compiles every program a rollout of `batch` rows can use, so that none compiles afterwards."""
         params = self.sampling_params(params)
         state = self._new_state(params, batch, self._warmup_key)
-        idle = self._placed(np.zeros(batch, bool))
+        idle = self._to_device(np.zeros(batch, bool))
         specs = [(self.spec, self.stops)]
         if self.branch is not None:
             specs.append((self.branch_spec, self.branch_stops))
@@ -133,11 +132,11 @@ class RolloutEngine:
         for spec, stops in specs:
             widths = self.chunk_widths + ((self.config.max_prompt_tokens,) if spec is self.spec else ())
             for width in widths:
-                tokens, lengths = map(self._placed, pad_batch([[]] * batch, width))
+                tokens, lengths = map(self._to_device, pad_batch([[]] * batch, width))
                 state = self._call(generate.extend, self.cfg, params, state, tokens, lengths, idle,
                                    spec.sampling)
             state = self._call(generate.decode_chunk, self.cfg, params, state, stops, self.eos_ids, spec)
-        self._call(generate.truncate, state, self._placed(np.zeros(batch, np.int32)))
+        self._call(generate.truncate, state, self._to_device(np.zeros(batch, np.int32)))
 
     def _call(self, fn: Callable, *args) -> Any:
         """Runs a jitted call to completion, under the engine's mesh."""
@@ -177,9 +176,9 @@ class RolloutEngine:
                 raise ValueError(
                     f"Example {b}: prompt has {len(ids)} tokens > max_prompt_tokens={self.config.max_prompt_tokens}."
                 )
-        tokens, lengths = map(self._placed, pad_batch(prompts, self.config.max_prompt_tokens))
+        tokens, lengths = map(self._to_device, pad_batch(prompts, self.config.max_prompt_tokens))
         state = self._new_state(params, len(examples), key)
-        start = self._placed(np.ones(len(examples), bool))
+        start = self._to_device(np.ones(len(examples), bool))
         return self._device(generate.extend, self.cfg, params, state, tokens, lengths, start, self.config.sampling)
 
     def _finish_turn(self, tokens: np.ndarray, start: int, end: int) -> tuple[int, str]:
@@ -218,8 +217,8 @@ class RolloutEngine:
         calls = max(-(-len(s) // width) for s in sequences)
         for left in range(calls, 0, -1):  # `left` chunks to go, counted from each row's end
             pieces = [s[max(len(s) - left * width, 0):max(len(s) - (left - 1) * width, 0)] for s in sequences]
-            tokens, lengths = map(self._placed, pad_batch(pieces, self._bucket(max(len(p) for p in pieces))))
-            starting = self._placed(start if left == 1 else np.zeros_like(start))
+            tokens, lengths = map(self._to_device, pad_batch(pieces, self._bucket(max(len(p) for p in pieces))))
+            starting = self._to_device(start if left == 1 else np.zeros_like(start))
             state = self._device(generate.extend, self.cfg, params, state, tokens, lengths, starting,
                                  sampling)
         return state
@@ -235,7 +234,7 @@ class RolloutEngine:
         branch = self._device(generate.copy_state, state)
         batch = state.tokens.shape[0]
         if self.branch.separate_prompt:
-            branch = self._device(generate.truncate, branch, self._placed(np.zeros(batch, np.int32)))
+            branch = self._device(generate.truncate, branch, self._to_device(np.zeros(batch, np.int32)))
             prompts = {b: self.env.side_branch_prompt(examples[b], turns[b]) for b in rows}
             sequences = [self._encode(chat.render(self.tokenizer, prompts[b])) if b in rows else []
                          for b in range(batch)]
@@ -287,7 +286,7 @@ class RolloutEngine:
                     finish[b] = "done"
                 elif self.config.max_len - end >= 2:  # room for an observation and a new turn
                     waiting.append(b)
-            state = self._device(generate.truncate, state, self._placed(length))
+            state = self._device(generate.truncate, state, self._to_device(length))
             if not waiting:
                 break
             observations = self.env.observe([turns[b][-1].action for b in waiting])
@@ -307,8 +306,8 @@ class RolloutEngine:
                 for b, text in texts.items():
                     turns[b][-1].info[self.branch.name] = text
             sequences = [chunks.get(b, []) for b in range(batch)]
-            chunk, chunk_len = map(self._placed, pad_batch(sequences, self._bucket(max(len(s) for s in sequences))))
-            start = self._placed(np.isin(np.arange(batch), waiting))
+            chunk, chunk_len = map(self._to_device, pad_batch(sequences, self._bucket(max(len(s) for s in sequences))))
+            start = self._to_device(np.isin(np.arange(batch), waiting))
             state = self._device(
                 generate.extend, self.cfg, params, state, chunk, chunk_len, start, self.config.sampling
             )
