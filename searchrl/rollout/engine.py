@@ -105,9 +105,9 @@ class RolloutEngine:
             return params
         return jax.device_put(params, models.param_shardings(self.cfg, self.mesh, models.SAMPLE_RULES))
 
-    def _replicated(self, x: jax.Array) -> jax.Array:
-        """`x` on every device of the mesh, explicitly (or as it is, without one)."""
-        return x if self.mesh is None else jax.device_put(x, NamedSharding(self.mesh, PartitionSpec()))
+    def _replicated(self, x: jax.Array | np.ndarray) -> jax.Array:
+        """`x` put on every device of the mesh (on the default device without one), explicitly."""
+        return jax.device_put(x, None if self.mesh is None else NamedSharding(self.mesh, PartitionSpec()))
 
     def _to_device(self, x: np.ndarray) -> jax.Array:
         """A host array of per-row values put on device explicitly (never handed to a jitted call as is: an
@@ -116,9 +116,10 @@ class RolloutEngine:
             return jax.device_put(x)
         return jax.device_put(x, models.rows_sharding(x.shape, self.mesh, models.SAMPLE_RULES))
 
-    def _new_state(self, params, batch: int, key: jax.Array) -> generate.GenState:
+    def _new_state(self, params, batch: int, key: jax.Array, first_row: int = 0) -> generate.GenState:
         dtype = jax.tree.leaves(params)[0].dtype
-        return self._call(generate.new_state, self.cfg, batch, self.slots, self._replicated(key), dtype)
+        return self._call(generate.new_state, self.cfg, batch, self.slots, self._replicated(key),
+                          self._replicated(np.int32(first_row)), dtype)
 
     def warmup(self, params, batch: int) -> None:
         """Compiles every program a rollout of `batch` rows can use, so that none compiles afterwards."""
@@ -128,7 +129,7 @@ class RolloutEngine:
         specs = [(self.spec, self.stops)]
         if self.branch is not None:
             specs.append((self.branch_spec, self.branch_stops))
-            state = self._call(generate.copy_state, state)
+            state = self._call(generate.branch_state, state)
         for spec, stops in specs:
             widths = self.chunk_widths + ((self.config.max_prompt_tokens,) if spec is self.spec else ())
             for width in widths:
@@ -169,7 +170,7 @@ class RolloutEngine:
                 return width
         raise ValueError(f"A chunk of {n} tokens exceeds the largest chunk width {self.chunk_widths[-1]}.")
 
-    def _prefill(self, params, examples: Sequence[dict], key: jax.Array) -> generate.GenState:
+    def _prefill(self, params, examples: Sequence[dict], key: jax.Array, first_row: int) -> generate.GenState:
         prompts = [self._encode(chat.render(self.tokenizer, self.env.prompt(ex))) for ex in examples]
         for b, ids in enumerate(prompts):
             if len(ids) > self.config.max_prompt_tokens:
@@ -177,7 +178,7 @@ class RolloutEngine:
                     f"Example {b}: prompt has {len(ids)} tokens > max_prompt_tokens={self.config.max_prompt_tokens}."
                 )
         tokens, lengths = map(self._to_device, pad_batch(prompts, self.config.max_prompt_tokens))
-        state = self._new_state(params, len(examples), key)
+        state = self._new_state(params, len(examples), key, first_row)
         start = self._to_device(np.ones(len(examples), bool))
         return self._device(generate.extend, self.cfg, params, state, tokens, lengths, start, self.config.sampling)
 
@@ -231,7 +232,7 @@ class RolloutEngine:
         Runs on a copy of the state (emptied for a separate prompt), batched over rows; the main state is
         untouched.
         """
-        branch = self._device(generate.copy_state, state)
+        branch = self._device(generate.branch_state, state)
         batch = state.tokens.shape[0]
         if self.branch.separate_prompt:
             branch = self._device(generate.truncate, branch, self._to_device(np.zeros(batch, np.int32)))
@@ -256,17 +257,20 @@ class RolloutEngine:
             texts[b] = text if stop is None else text[:stop]
         return texts
 
-    def run(self, params, examples: Sequence[dict], key: jax.Array) -> Trajectory:
-        """Rolls out one episode per example; returns the finished batch. Adds its timings to `self.stats`."""
+    def run(self, params, examples: Sequence[dict], key: jax.Array, first_row: int = 0) -> Trajectory:
+        """Rolls out one episode per example; returns the finished batch. Adds its timings to `self.stats`.
+
+        The examples are rows `first_row` .. of a global batch (a process's share): each row samples with its
+        global index (`generate.init_state`), so the tokens do not depend on how the batch is split."""
         start = time.perf_counter()
-        trajectory = self._run(params, examples, key)
+        trajectory = self._run(params, examples, key, first_row)
         self.stats.wall_s += time.perf_counter() - start
         return trajectory
 
-    def _run(self, params, examples: Sequence[dict], key: jax.Array) -> Trajectory:
+    def _run(self, params, examples: Sequence[dict], key: jax.Array, first_row: int) -> Trajectory:
         batch = len(examples)
         params = self.sampling_params(params)
-        state = self._prefill(params, examples, key)
+        state = self._prefill(params, examples, key, first_row)
         prompt_lengths = np.asarray(jax.device_get(state.cache.length))
         turns: list[list[Turn]] = [[] for _ in range(batch)]
         finish = ["length"] * batch

@@ -34,7 +34,7 @@ class GenState(NamedTuple):
     pending: jax.Array  # [B] bool: the row holds a sampled token not yet in the cache
     active: jax.Array  # [B] bool: the row is generating its current turn
     turn_start: jax.Array  # [B] int32: slot of the current turn's first sampled token
-    key: jax.Array
+    key: jax.Array  # [B] keys: a row's token at slot s is drawn with fold_in(key[b], s) (`_row_keys`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,11 +60,11 @@ def stop_table(stop_sequences: Sequence[Sequence[int]]) -> jax.Array:
 
 
 def state_logical_axes() -> GenState:
-    """The logical axes of each `GenState` field (the key is replicated): rows over the mesh's data axes, the
-    cache's heads over its tensor axis under `SAMPLE_RULES`."""
+    """The logical axes of each `GenState` field: rows over the mesh's data axes, the cache's heads over its
+    tensor axis under `SAMPLE_RULES`."""
     rows, slots = ("batch",), ("batch", "length")
     return GenState(cache=models.KVCache.logical_axes(), tokens=slots, sampled=slots, logprobs=slots,
-                    pending=rows, active=rows, turn_start=rows, key=())
+                    pending=rows, active=rows, turn_start=rows, key=rows)
 
 
 def _placed(state: GenState, rules: models.ShardingRules) -> GenState:
@@ -73,8 +73,14 @@ def _placed(state: GenState, rules: models.ShardingRules) -> GenState:
                         is_leaf=lambda axes: type(axes) is tuple)
 
 
-def init_state(cfg: models.ModelConfig, batch: int, slots: int, key: jax.Array, dtype=jnp.float32) -> GenState:
-    """An empty batch of `slots` token slots per row."""
+def init_state(cfg: models.ModelConfig, batch: int, slots: int, key: jax.Array, dtype=jnp.float32,
+               first_row: jax.Array | int = 0) -> GenState:
+    """An empty batch of `slots` token slots per row; these are rows `first_row` .. of a global batch.
+
+    Row b samples with `fold_in(key, first_row + b)` and draws each token from that key folded with the token's
+    slot: a row's samples depend on the rollout key, its global row index and its own history only. A batch
+    split over processes (or side branches, or a different chunking of decode steps) samples the same tokens.
+    """
     return GenState(
         cache=models.KVCache.init(cfg, batch, slots, dtype),
         tokens=jnp.zeros((batch, slots), jnp.int32),
@@ -83,15 +89,20 @@ def init_state(cfg: models.ModelConfig, batch: int, slots: int, key: jax.Array, 
         pending=jnp.zeros((batch,), bool),
         active=jnp.zeros((batch,), bool),
         turn_start=jnp.zeros((batch,), jnp.int32),
-        key=key,
+        key=jax.vmap(jax.random.fold_in, (None, 0))(key, first_row + jnp.arange(batch)),
     )
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "batch", "slots", "dtype", "rules"))
-def new_state(cfg: models.ModelConfig, batch: int, slots: int, key: jax.Array, dtype=jnp.float32,
-              rules: models.ShardingRules = models.SAMPLE_RULES) -> GenState:
+def new_state(cfg: models.ModelConfig, batch: int, slots: int, key: jax.Array, first_row: jax.Array,
+              dtype=jnp.float32, rules: models.ShardingRules = models.SAMPLE_RULES) -> GenState:
     """`init_state` created on device, in its layout under a mesh (`state_logical_axes`)."""
-    return _placed(init_state(cfg, batch, slots, key, dtype), rules)
+    return _placed(init_state(cfg, batch, slots, key, dtype, first_row), rules)
+
+
+def _row_keys(state: GenState, slot: jax.Array) -> jax.Array:
+    """Each row's key for the token it samples into `slot` [B] (see `init_state`)."""
+    return jax.vmap(jax.random.fold_in)(state.key, slot)
 
 
 def _record_samples(state: GenState, rows: jax.Array, tokens: jax.Array, logprobs: jax.Array) -> GenState:
@@ -133,9 +144,8 @@ def extend(
         logprobs=models.write_rows(state.logprobs, jnp.zeros(chunk.shape, jnp.float32), start, real),
     )
     last = jnp.take_along_axis(hidden, jnp.maximum(chunk_len - 1, 0)[:, None, None], axis=1)[:, 0]
-    key, subkey = jax.random.split(state.key)
-    tokens, logprobs = sample(models.lm_logits(cfg, params, last), subkey, sampling)
-    state = _record_samples(state._replace(key=key), start_turn, tokens, logprobs)
+    tokens, logprobs = sample(models.lm_logits(cfg, params, last), _row_keys(state, cache.length), sampling)
+    state = _record_samples(state, start_turn, tokens, logprobs)
     return _placed(state._replace(
         active=state.active | start_turn,
         turn_start=jnp.where(start_turn, cache.length, state.turn_start),
@@ -183,9 +193,9 @@ def decode_chunk(
         done = _stopped(state, stops, eos_ids, written) | (turn_tokens >= spec.max_turn_tokens)
         done |= cache.length >= spec.max_len
         go_on = rows & ~done
-        key, subkey = jax.random.split(state.key)
-        tokens, logprobs = sample(models.lm_logits(cfg, params, hidden[:, 0]), subkey, spec.sampling)
-        state = _record_samples(state._replace(key=key), go_on, tokens, logprobs)
+        tokens, logprobs = sample(models.lm_logits(cfg, params, hidden[:, 0]), _row_keys(state, cache.length),
+                                  spec.sampling)
+        state = _record_samples(state, go_on, tokens, logprobs)
         return i + 1, state._replace(active=go_on)
 
     def cond(carry):
@@ -210,11 +220,13 @@ def truncate(state: GenState, length: jax.Array) -> GenState:
 
 
 @jax.jit
-def copy_state(state: GenState) -> GenState:
-    """An independent copy (for side branches: the original stays donatable)."""
-    return jax.tree.map(jnp.copy, state)
+def branch_state(state: GenState) -> GenState:
+    """An independent copy for a side branch (the original stays donatable), with its own row keys: the
+    branch's draws are independent of the main trajectory's."""
+    state = jax.tree.map(jnp.copy, state)
+    return state._replace(key=jax.vmap(jax.random.fold_in, (0, None))(state.key, 1))
 
 
 def compiled_programs() -> int:
     """How many programs the rollout's jitted functions have compiled so far in this process."""
-    return sum(f._cache_size() for f in (extend, decode_chunk, truncate, copy_state))
+    return sum(f._cache_size() for f in (extend, decode_chunk, truncate, branch_state))

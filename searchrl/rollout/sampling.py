@@ -37,14 +37,16 @@ def _argmax(x: jax.Array) -> jax.Array:
     return jnp.min(jnp.where(x == jnp.max(x, axis=-1, keepdims=True), iota, x.shape[-1] - 1), axis=-1)
 
 
-def sample(logits: jax.Array, key: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
-    """Draws one token per row from fp32 `logits` [B, V]; returns (tokens int32 [B], logprobs fp32 [B])."""
+def sample(logits: jax.Array, keys: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
+    """Draws one token per row from fp32 `logits` [B, V] with that row's key (`keys` [B]); returns (tokens
+    int32 [B], logprobs fp32 [B]). A row's draw depends on its own key and logits only, not on the batch."""
     logits = logits.astype(jnp.float32)
     if params.temperature > 0:
         scaled = logits / params.temperature
         # Gumbel-max, the draw `jax.random.categorical` makes, with the faster argmax.
         restricted = _restrict(scaled, params.top_k, params.top_p)
-        tokens = _argmax(jax.random.gumbel(key, restricted.shape, restricted.dtype) + restricted)
+        noise = jax.vmap(lambda key: jax.random.gumbel(key, restricted.shape[1:], restricted.dtype))(keys)
+        tokens = _argmax(noise + restricted)
     else:
         scaled = logits
         tokens = _argmax(logits)

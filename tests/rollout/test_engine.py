@@ -208,6 +208,22 @@ def test_side_branch_leaves_the_trajectory_unchanged(model, tokenizer, separate)
     assert any("note" in t.info for row in runs[1].turns for t in row)
 
 
+def test_a_batch_split_in_two_samples_the_same_tokens(model, tokenizer):
+    """At temperature 1, rows 0-3 and rows 4-7 rolled out apart (as two processes would, each with its rows'
+    global index) equal the whole batch's rollout: a row's draws do not depend on the batch it is in."""
+    examples = [{"q": w} for w in WORDS[:8]]
+    engine = make_engine(model, tokenizer, ScriptedEnv(branch_prompt=" <answer>"))
+    key = jax.random.key(4)
+    whole = engine.run(model[1], examples, key)
+    halves = [engine.run(model[1], examples[start:start + 4], key, first_row=start) for start in (0, 4)]
+    np.testing.assert_array_equal(np.concatenate([h.tokens for h in halves]), whole.tokens)
+    np.testing.assert_allclose(np.concatenate([h.logprobs for h in halves]), whole.logprobs, rtol=0, atol=1e-6)
+    assert [row for h in halves for row in h.turns] == whole.turns
+    assert len({tuple(t.text for t in row) for row in whole.turns}) > 4  # rows sampled differently
+    shifted = engine.run(model[1], examples[4:], key)  # the same rows as rows 0-3 of a batch: other draws
+    assert shifted.turns != halves[1].turns
+
+
 @pytest.mark.parametrize("branch_prompt,separate", [(None, False), (" <answer>", False), (" <answer>", True)])
 def test_nothing_compiles_after_warmup(model, tokenizer, branch_prompt, separate):
     engine = make_engine(model, tokenizer, ScriptedEnv(branch_prompt=branch_prompt, separate=separate))

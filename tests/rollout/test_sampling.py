@@ -12,9 +12,8 @@ LOGITS = jnp.log(jnp.asarray([[0.5, 0.25, 0.15, 0.07, 0.03]]))
 
 
 def draw(params: SamplingParams, n: int = 2000) -> tuple[np.ndarray, np.ndarray]:
-    keys = jax.random.split(jax.random.key(0), n)
-    tokens, logprobs = jax.vmap(lambda k: sample(LOGITS, k, params))(keys)
-    return np.asarray(tokens[:, 0]), np.asarray(logprobs[:, 0])
+    tokens, logprobs = sample(jnp.repeat(LOGITS, n, axis=0), jax.random.split(jax.random.key(0), n), params)
+    return np.asarray(tokens), np.asarray(logprobs)
 
 
 def test_greedy_takes_the_argmax_with_its_untempered_logprob():
@@ -42,3 +41,14 @@ def test_sampling_frequencies_and_logprobs_follow_the_tempered_distribution():
     # Top-k changes what can be drawn, not the reported log-probability (the trainer recomputes the full one).
     tokens, logprobs = draw(SamplingParams(temperature=2.0, top_k=2), n=50)
     np.testing.assert_allclose(logprobs, np.log(tempered[tokens]), rtol=1e-5)
+
+
+def test_a_rows_draw_depends_on_its_key_and_logits_only():
+    logits = jax.random.normal(jax.random.key(1), (6, 50))
+    keys = jax.random.split(jax.random.key(2), 6)
+    params = SamplingParams(temperature=1.0)
+    tokens, logprobs = sample(logits, keys, params)
+    part_tokens, part_logprobs = sample(logits[2:5], keys[2:5], params)
+    np.testing.assert_array_equal(part_tokens, tokens[2:5])
+    np.testing.assert_array_equal(part_logprobs, logprobs[2:5])
+    assert len(set(np.asarray(sample(jnp.repeat(logits[:1], 6, 0), keys, params)[0]))) > 1  # keys matter
