@@ -8,9 +8,13 @@ single host.
 """
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import jax
 import ml_collections
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from searchrl.models.sharding import TRAIN_RULES
@@ -84,3 +88,18 @@ def host_local_batch_to_global(mesh: Mesh, arrays, spec: PartitionSpec | None = 
         return jax.make_array_from_process_local_data(sharding, x, global_shape)
 
     return jax.tree.map(to_global, arrays)
+
+
+def all_processes(value: Any) -> list[Any]:
+    """Every process's `value` (JSON-serialisable: numbers, strings, lists, dicts), in process order.
+
+    All processes must call it at the same point. On one process it is `[value]`, without touching a device.
+    """
+    if jax.process_count() == 1:
+        return [value]
+    data = np.frombuffer(json.dumps(value).encode(), np.uint8)
+    sizes = multihost_utils.process_allgather(np.int32(data.size))
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[:data.size] = data
+    gathered = multihost_utils.process_allgather(padded)
+    return [json.loads(bytes(row[:size])) for row, size in zip(gathered, sizes)]

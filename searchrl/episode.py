@@ -174,11 +174,16 @@ class Env(Protocol):
         ...
 
 
+def numeric_metrics(row: Mapping[str, Any]) -> dict[str, float]:
+    """A row's metrics that are numbers, as floats (bools count as 0 / 1; None: not applicable)."""
+    return {name: float(value) for name, value in row.items()
+            if isinstance(value, (int, float, np.number, np.bool_))}
+
+
 def mean_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """The mean of each metric over the rows where it is a number (None: not applicable to that row)."""
+    """The mean of each metric over the rows where it is a number (`numeric_metrics`)."""
     values: dict[str, list[float]] = {}
     for row in rows:
-        for name, value in row.items():
-            if isinstance(value, (int, float, np.number, np.bool_)):  # bools count as 0 / 1
-                values.setdefault(name, []).append(float(value))
+        for name, value in numeric_metrics(row).items():
+            values.setdefault(name, []).append(value)
     return {name: float(np.mean(v)) for name, v in values.items()}

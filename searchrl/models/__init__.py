@@ -15,7 +15,7 @@ _EXPORTS = {
     "layout": ("ParamSpec", "param_layout"),
     "sharding": ("RULES", "SAMPLE_RULES", "TRAIN_RULES", "ShardingRules", "constrain", "logical_to_sharding",
                  "logical_to_spec", "make_mesh", "mesh_from_config", "param_logical_axes", "param_shardings",
-                 "rows_sharding", "rules_named"),
+                 "process_mesh", "rows_sharding", "rules_named", "to_process_mesh"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF)

@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 import jax
+import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from searchrl.models.config import MeshConfig, ModelConfig
@@ -83,6 +84,39 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1,
     sizes = [len(devices) // fixed if s == -1 else s for s in sizes]
     return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
                          devices=devices[:math.prod(sizes)])
+
+
+def process_mesh(mesh: Mesh) -> Mesh:
+    """The block of `mesh` on this process's devices, with the same axes: where a process runs its own work
+    (its rows of a rollout). `mesh` itself on one process. Each process's devices must form a block of the
+    mesh, as `make_mesh` lays them out (processes along the leading axes)."""
+    if jax.process_count() == 1:
+        return mesh
+    mine = np.vectorize(lambda d: d.process_index == jax.process_index())(mesh.devices)
+    box = tuple(slice(int(i.min()), int(i.max()) + 1) for i in np.nonzero(mine))
+    if not mine[box].all():
+        raise ValueError(f"process {jax.process_index()}'s devices are not a block of the mesh "
+                         f"{dict(mesh.shape)}")
+    return Mesh(mesh.devices[box], mesh.axis_names, axis_types=mesh.axis_types)
+
+
+def to_process_mesh(tree, mesh: Mesh):
+    """Global arrays whose every value this process holds (sharded only along the axes `mesh` has whole),
+    as arrays on this process's block `mesh` (`process_mesh`): the same device buffers, no copy, no
+    collective. Arrays already on `mesh` are returned as they are."""
+    def local(x: jax.Array) -> jax.Array:
+        if x.sharding.mesh == mesh:
+            return x
+        sharding = NamedSharding(mesh, x.sharding.spec)
+        held = x.sharding.addressable_devices_indices_map(x.shape)
+        if any(held.get(d) != index for d, index in sharding.addressable_devices_indices_map(x.shape).items()):
+            raise ValueError(f"a {x.shape} array sharded {x.sharding.spec} over {dict(x.sharding.mesh.shape)} "
+                             f"has no whole copy on this process's devices {dict(mesh.shape)}")
+        shards = {s.device: s.data for s in x.addressable_shards}
+        return jax.make_array_from_single_device_arrays(x.shape, sharding,
+                                                        [shards[d] for d in mesh.devices.flat])
+
+    return jax.tree.map(local, tree)
 
 
 def logical_to_spec(axes: Sequence[str | None], rules: ShardingRules, mesh_shape: Mapping[str, int],

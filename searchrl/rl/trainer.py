@@ -6,6 +6,14 @@ step, the data order from the seed and the data position, the update's shuffling
 stopped at step n and resumed therefore continues exactly as if it had not stopped; the metrics it logged
 past its checkpoint are dropped, as it logs those steps again.
 
+Across processes (`python -m searchrl.main train` on every host, `config.distributed`), every process reads
+the whole (text) training set and takes the same seeded global batch; it rolls out only its own rows
+(`distributed.local_rows`) on its own devices, against its own retriever, and the update is one jit over the
+global mesh. Each row samples with its global index, so the run is the same on any number of processes
+(`RolloutEngine.run`); metrics are averaged over all rows of all processes. (`tfds.split_for_jax_process`
+would instead give each process a fixed part of the data, and the batches would change with the process
+count.)
+
 A step whose rewards, losses or gradients are non-finite is skipped (`ppo.learn` applies no such value; the
 metrics train/nonfinite and train/nonfinite_in_a_row count them); `train.max_nonfinite_steps` such steps
 in a row stop the run with NonFiniteError. A non-finite state is never saved.
@@ -22,10 +30,10 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from searchrl import models
+from searchrl import distributed, models
 from searchrl.checkpoint import Checkpointer
 from searchrl.configlib import from_config
-from searchrl.episode import Env, mean_metrics
+from searchrl.episode import Env, mean_metrics, numeric_metrics
 from searchrl.metric_writer import MetricWriter
 from searchrl.rl import ppo
 from searchrl.rl.config import RLConfig, TrainConfig
@@ -81,6 +89,7 @@ class Trainer:
             raise ValueError(f"train.batch_size x rl.responses_per_prompt = {self.batch_rows} rows must be a "
                              f"multiple of the data-parallel size {shards} and of "
                              f"rl.minibatch_size={rl.minibatch_size}.")
+        self.rows = distributed.local_rows(self.mesh, self.batch_rows)  # this process's rows of every batch
         # The rollout samples with the params in the dtype the update scores them in.
         greedy = dataclasses.replace(rollout, sampling=SamplingParams(temperature=0.0))
         self.engine, self.eval_engine = (
@@ -120,28 +129,34 @@ class Trainer:
         """One RL iteration; returns its metrics (already written to the logs)."""
         step = self.step_count
         examples, group_ids = self._next_batch()
+        examples, group_ids = examples[self.rows], group_ids[self.rows]
         self.engine.stats = RolloutStats()
         # The step number reaches the device explicitly: the loop makes no implicit host transfer.
         key = jax.random.fold_in(self.key, jax.device_put(np.uint32(step + 1)))
-        traj = self.engine.run(self.state.policy, examples, key)
+        traj = self.engine.run(self.state.policy, examples, key, first_row=self.rows.start)
         # Train on the slots the batch uses, padded to one of a few widths (few compiled learn steps).
-        traj = traj.cropped(padded_width(int(traj.lengths.max()), traj.tokens.shape[1]))
+        longest = max(distributed.all_processes(int(traj.lengths.max())))
+        traj = traj.cropped(padded_width(longest, traj.tokens.shape[1]))
         turn_rewards = self.env.rewards(traj, examples)
-        batch = ppo.Batch(tokens=traj.tokens, attention_mask=traj.attention_mask, loss_mask=traj.loss_mask,
-                          sampler_logprobs=traj.logprobs,
-                          token_rewards=traj.turn_rewards_to_tokens(turn_rewards), group_ids=group_ids,
-                          temperature=traj.logprob_temperature)
+        rows = distributed.host_local_batch_to_global(self.mesh, dict(
+            tokens=traj.tokens, attention_mask=traj.attention_mask, loss_mask=traj.loss_mask,
+            sampler_logprobs=traj.logprobs, token_rewards=traj.turn_rewards_to_tokens(turn_rewards),
+            group_ids=group_ids))
+        batch = ppo.Batch(**rows, temperature=traj.logprob_temperature)
         self.state, learned = ppo.learn(self.state, batch, self.ppo, self.mesh)
         metrics = {k: float(v) for k, v in jax.device_get(learned).items()}
         self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if metrics["train/nonfinite"] else 0
         metrics["train/nonfinite_in_a_row"] = float(self.nonfinite_in_a_row)
-        metrics |= {
-            "reward/mean": float(np.mean([sum(r) for r in turn_rewards])),
-            "rollout/response_tokens": float(traj.response_lengths.mean()),
-            "rollout/host_fraction": self.engine.stats.host_fraction,
-            "rollout/seconds": self.engine.stats.wall_s,
-        }
-        metrics |= {f"env/{k}": v for k, v in mean_metrics(self.env.metrics(traj, examples)).items()}
+        row_metrics = [
+            {"reward/mean": float(sum(rewards)), "rollout/response_tokens": float(length)}
+            | {f"env/{k}": v for k, v in numeric_metrics(env_metrics).items()}
+            for rewards, length, env_metrics in zip(turn_rewards, traj.response_lengths.tolist(),
+                                                    self.env.metrics(traj, examples))]
+        stats = self.engine.stats
+        processes = distributed.all_processes([row_metrics, stats.host_fraction, stats.wall_s])
+        metrics |= mean_metrics([row for rows, _, _ in processes for row in rows])
+        metrics["rollout/host_fraction"] = float(np.mean([fraction for _, fraction, _ in processes]))
+        metrics["rollout/seconds"] = max(seconds for _, _, seconds in processes)  # the slowest process's
         self.writer.write(step + 1, metrics)
         if self.nonfinite_in_a_row >= self.train_config.max_nonfinite_steps:
             raise NonFiniteError(
@@ -151,15 +166,17 @@ class Trainer:
         return metrics
 
     def evaluate(self, examples: Sequence[dict] | None = None) -> dict[str, float]:
-        """Greedy rollouts of `examples` (default: the eval set) in training-sized batches; the env's metrics
-        averaged over the examples."""
+        """Greedy rollouts of `examples` (default: the eval set) in training-sized batches, each process
+        rolling out its rows of each; the env's metrics averaged over the examples."""
         examples = list(self.eval_examples if examples is None else examples)
         rows = []
         for start in range(0, len(examples), self.batch_rows):
-            chunk = examples[start:start + self.batch_rows]
-            traj = self.eval_engine.run(self.state.policy, padded_batch(chunk, self.batch_rows),
-                                        self.eval_key).first_rows(len(chunk))
-            rows += self.env.metrics(traj, chunk)
+            mine = padded_batch(examples[start:start + self.batch_rows], self.batch_rows)[self.rows]
+            real = min(max(len(examples) - start - self.rows.start, 0), len(mine))  # the rest is padding
+            traj = self.eval_engine.run(self.state.policy, mine, self.eval_key, first_row=self.rows.start)
+            metrics = ([numeric_metrics(m) for m in self.env.metrics(traj.first_rows(real), mine[:real])]
+                       if real else [])
+            rows += [row for process in distributed.all_processes(metrics) for row in process]
         return mean_metrics(rows)
 
     def save(self) -> None:

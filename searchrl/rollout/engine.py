@@ -62,14 +62,16 @@ class RolloutEngine:
     `side_branch=False` skips the env's side branch (the trajectories are the same; the turns lack its
     output). With a `mesh`, the rollout is sharded: rows data-parallel over its data and fsdp axes, heads
     and the MLP over its tensor axis (`models.SAMPLE_RULES`), the KV cache created in that layout, and the
-    params moved into it once per rollout, device to device (`sampling_params`). Host arrays reach the
-    device only through explicit transfers. With a `dtype` (the trainer's compute dtype), the rollout samples
+    params moved into it once per rollout, device to device (`sampling_params`). A mesh over several
+    processes is the training mesh: each process rolls out its own rows on its block of it
+    (`models.process_mesh`). Host arrays reach the device only through explicit transfers. With a `dtype` (the trainer's compute dtype), the rollout samples
     with the params cast to it, as the trainer scores them, and keeps its KV cache in it.
     """
 
     def __init__(self, cfg: models.ModelConfig, tokenizer: Any, env: Env, config: RolloutConfig,
                  side_branch: bool = True, mesh: Mesh | None = None, dtype: str | None = None):
-        self.cfg, self.tokenizer, self.env, self.config, self.mesh = cfg, tokenizer, env, config, mesh
+        self.cfg, self.tokenizer, self.env, self.config = cfg, tokenizer, env, config
+        self.train_mesh, self.mesh = mesh, mesh if mesh is None else models.process_mesh(mesh)
         self.dtype = dtype
         self.eos_set = _eos_ids(tokenizer, cfg)
         self.eos_ids = self._replicated(jnp.asarray(sorted(self.eos_set), jnp.int32))
@@ -98,12 +100,13 @@ class RolloutEngine:
     def sampling_params(self, params):
         """The policy's params as the rollout samples with them: cast to the engine's `dtype`, and on its mesh
         in the sampling layout (`SAMPLE_RULES`), both on device (e.g. from the trainer's float32 FSDP layout,
-        never through the host)."""
+        never through the host). Across processes, every process gets a whole copy on its own devices."""
         if self.dtype is not None and jax.tree.leaves(params)[0].dtype != jnp.dtype(self.dtype):
             params = _cast(params, self.dtype)
         if self.mesh is None:
             return params
-        return jax.device_put(params, models.param_shardings(self.cfg, self.mesh, models.SAMPLE_RULES))
+        params = jax.device_put(params, models.param_shardings(self.cfg, self.train_mesh, models.SAMPLE_RULES))
+        return models.to_process_mesh(params, self.mesh)
 
     def _replicated(self, x: jax.Array | np.ndarray) -> jax.Array:
         """`x` put on every device of the mesh (on the default device without one), explicitly."""
