@@ -49,6 +49,8 @@ def train(config: ml_collections.ConfigDict) -> None:
     eval_examples = [r for records in eval_sets.values() for r in records[: config.data.eval_limit or None]]
     trainer = Trainer(config, built.model_cfg, built.policy, built.tokenizer, built.env, built.train_examples,
                       eval_examples)
+    logging.info("process %d of %d: rows %d-%d of each batch of %d", jax.process_index(), jax.process_count(),
+                 trainer.rows.start, trainer.rows.stop - 1, trainer.batch_rows)
     mutation = (from_config(MutationConfig, config.mutation, "config.mutation") if "mutation" in config
                 else None)
     try:

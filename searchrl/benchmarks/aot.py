@@ -17,9 +17,9 @@ config's shapes and dtypes, on a (data, fsdp, tensor) mesh over the topology's d
   decode   one decode chunk (`decode_chunk`, rollout.chunk_steps steps); its costs are per decode step.
 
 The rollout programs take the policy as the trainer's engine samples with it (cast to rl.compute_dtype, so
-the KV cache is in that dtype too) laid out by the sampling rules (`SAMPLE_RULES`: weights tensor-parallel
-only), with the rows and the cache sharded over the data axes, for the whole batch at once as the trainer
-rolls it out.
+the KV cache is in that dtype too) laid out by the sampling rules (config.mesh.sample_rules, by default
+`SAMPLE_RULES`: weights tensor-parallel only), with the rows and the cache sharded over the data axes, for the
+whole batch at once as the trainer rolls it out.
 
 Per program: bytes per device from XLA's memory analysis of the compiled program (arguments, outputs,
 temporaries, code; a donated argument counts once) against the device's HBM; matmul FLOPs and bytes per step
@@ -143,7 +143,7 @@ def rollout_inputs(config: ml_collections.ConfigDict, cfg: models.ModelConfig, m
     """Each rollout program's name -> (jitted function, its arguments: abstract arrays and static
     settings)."""
     rollout = from_config(RolloutConfig, config.rollout, "config.rollout")
-    rows, rules = batch_rows(config), models.SAMPLE_RULES
+    rows, rules = batch_rows(config), models.rules_named(config.mesh.sample_rules)
     slots = rollout.slots(max(rollout.obs_buckets))
     dtype = jnp.dtype(from_config(RLConfig, config.rl, "config.rl").compute_dtype)
     params = _abstract(jax.eval_shape(lambda: models.init_params(cfg, jax.random.key(0), dtype)),
@@ -160,14 +160,14 @@ def rollout_inputs(config: ml_collections.ConfigDict, cfg: models.ModelConfig, m
         return tuple(_rows_sharded(shape, kind, mesh, rules) for shape, kind in shapes)
 
     spec = generate.DecodeSpec(rollout.chunk_steps, rollout.max_turn_tokens, rollout.max_len,
-                               rollout.sampling)
+                               rollout.sampling, rules)
     replicated = NamedSharding(mesh, PartitionSpec())
     stops = jax.ShapeDtypeStruct(STOP_TABLE, jnp.int32, sharding=replicated)
     eos = jax.ShapeDtypeStruct(EOS_IDS, jnp.int32, sharding=replicated)
     prompt, observation = chunk(rollout.max_prompt_tokens), chunk(max(rollout.obs_buckets))
     return {
-        "prefill": (generate.extend, (cfg, params, state, *prompt, rollout.sampling)),
-        "extend": (generate.extend, (cfg, params, state, *observation, rollout.sampling)),
+        "prefill": (generate.extend, (cfg, params, state, *prompt, rollout.sampling, rules)),
+        "extend": (generate.extend, (cfg, params, state, *observation, rollout.sampling, rules)),
         "decode": (generate.decode_chunk, (cfg, params, state, stops, eos, spec)),
     }
 

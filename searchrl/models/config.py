@@ -291,9 +291,10 @@ def config_from_dict(model: Any) -> ModelConfig:
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
     """`config.mesh`: the (data, fsdp, tensor) device mesh (one size may be -1: the devices left over) and the
-    sharding rules of training (a name in `sharding.RULES`)."""
+    sharding rules of training and of sampling (names in `sharding.RULES`)."""
 
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
     train_rules: str = "train"
+    sample_rules: str = "sample"

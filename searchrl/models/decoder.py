@@ -1,20 +1,25 @@
-"""Qwen2/Qwen2.5, Qwen3 and Llama-3 decoder as pure functions of a plain-dict parameter pytree.
+"""Qwen2/Qwen2.5, Qwen3 and Llama-3 decoder (and its value model) as a Flax linen module, used
+pure-functionally: the functions below apply `Decoder` to a plain-dict params pytree.
 
-Layers are stacked on a leading axis and run with `lax.scan`, so compile time does not grow with depth. One
-`forward` serves training (no cache), prefill, single-token decode and multi-turn extends (with a `KVCache`).
+Layers are stacked on a leading axis and run with `nn.scan`, so compile time does not grow with depth; the
+decode loop runs them unrolled from per-layer params instead (`unstack_layers`). One forward pass serves
+training (no cache), prefill, single-token decode and multi-turn extends (with a `KVCache`). Every param names
+its logical axes (`nn.with_logical_partitioning`), from which `layout.param_layout` reads shapes and shardings.
 Compute runs in the params' dtype; norms, softmax, logits and values are float32.
 """
 from __future__ import annotations
 
+import functools
 import math
+from typing import Any, Callable
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from searchrl.models.config import ModelConfig
 from searchrl.models.kv_cache import KVCache, write_layer, write_rows
-from searchrl.models.layout import ParamSpec, param_layout
 from searchrl.models.sharding import TRAIN_RULES, ShardingRules, constrain
 
 _INIT_STD = 0.02  # HF `initializer_range` of all three families.
@@ -22,20 +27,157 @@ _MASKED = -1e30  # score of a key that may not be attended (finite: fully masked
 _ACT = ("batch", "length", "embed")
 
 
-def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32) -> dict:
-    """Random params: N(0, 0.02) matrices and embeddings, unit norms, zero biases."""
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(
-        param_layout(cfg), is_leaf=lambda x: isinstance(x, ParamSpec))
-    out = []
-    for i, (path, spec) in enumerate(leaves):
-        name = path[-1].key
-        if name.endswith("norm"):
-            out.append(jnp.ones(spec.shape, dtype))
-        elif name.endswith("bias"):
-            out.append(jnp.zeros(spec.shape, dtype))
+def _normal(key: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
+    return (_INIT_STD * jax.random.normal(key, shape)).astype(dtype)
+
+
+def _init_for(name: str) -> Callable:
+    """Unit norms, zero biases, N(0, 0.02) matrices and embeddings."""
+    if name.endswith("norm"):
+        return nn.initializers.ones
+    return nn.initializers.zeros if name.endswith("bias") else _normal
+
+
+def _param(module: nn.Module, name: str, shape: tuple[int, ...], axes: tuple[str | None, ...]) -> jax.Array:
+    """A param of `module` named `name`, with the logical name of each axis."""
+    return module.param(name, nn.with_logical_partitioning(_init_for(name), axes), shape, module.param_dtype)
+
+
+class Layer(nn.Module):
+    """One pre-norm block: grouped-query attention (RoPE, optional biases and q/k norms), then SwiGLU."""
+
+    cfg: ModelConfig
+    rules: ShardingRules
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, carry: tuple, index: jax.Array | int, positions: jax.Array, attend: jax.Array,
+                 start: jax.Array | None) -> tuple[tuple, None]:
+        """carry = (x [B, T, D], the stacked cache's (k, v) or None); writes layer `index`'s keys/values."""
+        cfg = self.cfg
+        D, F, H, KV, hd = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        p = functools.partial(_param, self)
+        lp = {"attn_norm": p("attn_norm", (D,), (None,)),
+              "q": p("q", (D, H, hd), ("embed", "heads", "head_dim")),
+              "k": p("k", (D, KV, hd), ("embed", "kv_heads", "head_dim")),
+              "v": p("v", (D, KV, hd), ("embed", "kv_heads", "head_dim")),
+              "o": p("o", (H, hd, D), ("heads", "head_dim", "embed")),
+              "mlp_norm": p("mlp_norm", (D,), (None,)),
+              "gate": p("gate", (D, F), ("embed", "mlp")),
+              "up": p("up", (D, F), ("embed", "mlp")),
+              "down": p("down", (F, D), ("mlp", "embed"))}
+        if cfg.attention_bias:
+            lp |= {"q_bias": p("q_bias", (H, hd), ("heads", "head_dim")),
+                   "k_bias": p("k_bias", (KV, hd), ("kv_heads", "head_dim")),
+                   "v_bias": p("v_bias", (KV, hd), ("kv_heads", "head_dim"))}
+        if cfg.o_bias:
+            lp["o_bias"] = p("o_bias", (D,), (None,))
+        if cfg.qk_norm:
+            lp |= {"q_norm": p("q_norm", (hd,), (None,)), "k_norm": p("k_norm", (hd,), (None,))}
+        x, kv = carry
+        y, kv = _attention(cfg, lp, x, positions, attend, kv, index, start, self.rules)
+        x = constrain(x + y, _ACT, self.rules)
+        x = constrain(x + _mlp(cfg, lp, x, self.rules), _ACT, self.rules)
+        return (x, kv), None
+
+
+class ValueHead(nn.Module):
+    """The value model's scalar head on the final hidden states."""
+
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, hidden: jax.Array) -> jax.Array:
+        kernel = _param(self, "kernel", (hidden.shape[-1],), ("embed",))
+        bias = _param(self, "bias", (), ())
+        return (jnp.einsum("btd,d->bt", hidden, kernel, preferred_element_type=jnp.float32)
+                + bias.astype(jnp.float32))
+
+
+class Decoder(nn.Module):
+    """The decoder: `__call__` gives final-normed hidden states (and the extended cache), `logits` and
+    `value` the heads on them. `value=True` is the value model (a `ValueHead`, no LM head); `unrolled=True`
+    takes per-layer params `layers_0` .. (`unstack_layers`) instead of the stacked `layers`; `remat`
+    recomputes each layer in the backward pass to save memory."""
+
+    cfg: ModelConfig
+    value: bool = False
+    rules: ShardingRules = TRAIN_RULES
+    remat: bool = False
+    unrolled: bool = False
+    param_dtype: Any = jnp.float32
+
+    def setup(self):
+        cfg = self.cfg
+        D, V = cfg.hidden_size, cfg.vocab_size
+        self.embed = _param(self, "embed", (V, D), ("vocab", "embed"))
+        layer = nn.remat(Layer) if self.remat else Layer
+        if self.unrolled:  # XLA:CPU copies a weight sliced from a stack on every decode step: no stack
+            self.layers = [layer(cfg, self.rules, self.param_dtype) for _ in range(cfg.num_layers)]
+        else:  # The stacked cache is carried (not scanned over) so each layer updates its slots in place.
+            self.layers = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
+                                  in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+                                  metadata_params={nn.PARTITION_NAME: "layers"})(cfg, self.rules, self.param_dtype)
+        self.final_norm = _param(self, "final_norm", (D,), (None,))
+        if self.value:
+            self.value_head = ValueHead(self.param_dtype)
+        elif not cfg.tie_word_embeddings:
+            self.lm_head = _param(self, "lm_head", (D, V), ("embed", "vocab"))
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array, cache: KVCache | None = None
+                 ) -> tuple[jax.Array, KVCache | None]:
+        """Final-normed hidden states [B, T, D] and the extended cache (see `forward`)."""
+        cfg, rules = self.cfg, self.rules
+        T = tokens.shape[1]
+        if cache is None:
+            idx = jnp.arange(T)
+            attend = (idx[None, :] <= idx[:, None])[None] & mask[:, None, :]  # [B, T(query), T(key)]
+            start, kv = None, None
         else:
-            out.append((_INIT_STD * jax.random.normal(jax.random.fold_in(key, i), spec.shape)).astype(dtype))
-    return jax.tree_util.tree_unflatten(treedef, out)
+            start = cache.length
+            valid = write_rows(cache.valid, mask, start)
+            slot = start[:, None] + jnp.arange(T)  # [B, T] slot of each query
+            attend = valid[:, None, :] & (jnp.arange(valid.shape[1])[None, None, :] <= slot[:, :, None])
+            kv = (cache.k, cache.v)
+        carry = (constrain(jnp.take(self.embed, tokens, axis=0), _ACT, rules), kv)
+        if self.unrolled:
+            for index, layer in enumerate(self.layers):
+                carry, _ = layer(carry, index, positions, attend, start)
+        else:
+            carry, _ = self.layers(carry, jnp.arange(cfg.num_layers), positions, attend, start)
+        x, kv = carry
+        hidden = rms_norm(x, self.final_norm, cfg.rms_norm_eps)
+        if cache is not None:
+            cache = KVCache(k=kv[0], v=kv[1], valid=valid, length=cache.length + T)
+        return hidden, cache
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """Float32 logits [..., V] from final hidden states [..., D] (the tied embedding or lm_head)."""
+        head = self.embed.T if self.cfg.tie_word_embeddings else self.lm_head
+        return jnp.einsum("...d,dv->...v", hidden, head, preferred_element_type=jnp.float32)
+
+    def values(self, hidden: jax.Array) -> jax.Array:
+        """Value estimates [B, T] fp32 from final hidden states [B, T, D] (the value model)."""
+        return self.value_head(hidden)
+
+    def head(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+        """The head's output on the hidden states: what `init_params` runs, so that every param exists."""
+        hidden, _ = self(tokens, positions, mask)
+        return self.values(hidden) if self.value else self.logits(hidden)
+
+
+def _module(cfg: ModelConfig, params: dict, rules: ShardingRules | None = None, remat: bool = False) -> Decoder:
+    """The `Decoder` whose params `params` are: the value model's or the policy's, stacked or unrolled."""
+    return Decoder(cfg, value="value_head" in params, rules=rules or TRAIN_RULES, remat=remat,
+                   unrolled="layers" not in params)
+
+
+def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, *, value: bool = False) -> dict:
+    """Random params (`value=True`: the value model's), in `dtype`."""
+    one = jnp.zeros((1, 1), jnp.int32)
+    boxed = Decoder(cfg, value=value, param_dtype=dtype).init(key, one, one, jnp.ones((1, 1), bool),
+                                                              method=Decoder.head)
+    return nn.unbox(boxed["params"])
 
 
 def value_params_from_policy(cfg: ModelConfig, policy_params: dict, key: jax.Array,
@@ -130,50 +272,20 @@ def backbone(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.A
              cache: KVCache | None = None, *, rules: ShardingRules | None = None,
              remat: bool = False) -> tuple[jax.Array, KVCache | None]:
     """Final-normed hidden states [B, T, D] and the extended cache (see `forward`)."""
-    rules = rules or TRAIN_RULES
-    T = tokens.shape[1]
-    if cache is None:
-        idx = jnp.arange(T)
-        attend = (idx[None, :] <= idx[:, None])[None] & mask[:, None, :]  # [B, T(query), T(key)]
-        start, kv = None, None
-    else:
-        start = cache.length
-        valid = write_rows(cache.valid, mask, start)
-        slot = start[:, None] + jnp.arange(T)  # [B, T] slot of each query
-        attend = valid[:, None, :] & (jnp.arange(valid.shape[1])[None, None, :] <= slot[:, :, None])
-        kv = (cache.k, cache.v)
-
-    def layer(carry, xs):
-        x, kv = carry
-        lp, index = xs
-        y, kv = _attention(cfg, lp, x, positions, attend, kv, index, start, rules)
-        x = constrain(x + y, _ACT, rules)
-        x = constrain(x + _mlp(cfg, lp, x, rules), _ACT, rules)
-        return (x, kv), None
-
-    x = constrain(jnp.take(params["embed"], tokens, axis=0), _ACT, rules)
-    layer = jax.checkpoint(layer) if remat else layer
-    if isinstance(params["layers"], tuple):  # per-layer weights (`unstack_layers`): an unrolled loop
-        for index, lp in enumerate(params["layers"]):
-            (x, kv), _ = layer((x, kv), (lp, index))
-    else:  # The stacked cache is carried (not scanned over) so each layer updates its slots in place.
-        (x, kv), _ = jax.lax.scan(layer, (x, kv), (params["layers"], jnp.arange(cfg.num_layers)))
-    hidden = rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
-    if cache is not None:
-        cache = KVCache(k=kv[0], v=kv[1], valid=valid, length=cache.length + T)
-    return hidden, cache
+    return _module(cfg, params, rules, remat).apply({"params": params}, tokens, positions, mask, cache)
 
 
 def unstack_layers(params: dict) -> dict:
-    """The same params with `layers` as a tuple of per-layer dicts (run by `backbone` as an unrolled loop).
+    """The same params with the stacked `layers` split into per-layer `layers_0` .. (run unrolled).
 
     Scanning stacked layers slices every weight out of its stack on each call, and XLA:CPU copies each slice;
     a decode loop runs many steps of a small batch, each reading all the weights, so it unstacks them once,
     before the loop.
     """
-    layers = params["layers"]
+    params = dict(params)
+    layers = params.pop("layers")
     depth = jax.tree.leaves(layers)[0].shape[0]
-    return dict(params, layers=tuple(jax.tree.map(lambda w, i=i: w[i], layers) for i in range(depth)))
+    return params | {f"layers_{i}": jax.tree.map(lambda w, i=i: w[i], layers) for i in range(depth)}
 
 
 def forward(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
@@ -193,8 +305,7 @@ def forward(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Ar
 
 def lm_logits(cfg: ModelConfig, params: dict, hidden: jax.Array) -> jax.Array:
     """Float32 logits [..., V] from final hidden states [..., D] (the tied embedding or lm_head)."""
-    head = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
-    return jnp.einsum("...d,dv->...v", hidden, head, preferred_element_type=jnp.float32)
+    return _module(cfg, params).apply({"params": params}, hidden, method=Decoder.logits)
 
 
 def apply(cfg: ModelConfig, params: dict, tokens: jax.Array) -> jax.Array:
@@ -228,6 +339,4 @@ def values(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Arr
            *, rules: ShardingRules | None = None, remat: bool = False) -> jax.Array:
     """Value estimates [B, T] fp32 from value-model params (see `value_params_from_policy`)."""
     hidden = backbone(cfg, params, tokens, positions, mask, rules=rules, remat=remat)[0]
-    head = params["value_head"]
-    return (jnp.einsum("btd,d->bt", hidden, head["kernel"], preferred_element_type=jnp.float32)
-            + head["bias"].astype(jnp.float32))
+    return _module(cfg, params).apply({"params": params}, hidden, method=Decoder.values)

@@ -1,13 +1,22 @@
-"""The parameter layout of the decoder: every leaf's shape and logical axis names, in one place.
+"""The parameter layout of the decoder, read from its Flax module: every leaf's shape and logical axis names,
+and the shardings they give under a rule set.
 
-Layers are stacked on a leading axis so the forward pass can `lax.scan` over them. Initialisation, sharding
-and the HF import/export all read this table rather than restating shapes.
+Initialisation, sharding and the HF import/export all read this layout rather than restating shapes; it comes
+from `Decoder`'s own `nn.with_logical_partitioning` annotations (layers stacked on a leading "layers" axis).
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
 from searchrl.models.config import ModelConfig
+from searchrl.models.decoder import Decoder
+from searchrl.models.sharding import TRAIN_RULES, ShardingRules, logical_to_sharding
 
 
 class ParamSpec(NamedTuple):
@@ -17,37 +26,27 @@ class ParamSpec(NamedTuple):
     axes: tuple[str | None, ...]
 
 
+def _is_spec(x) -> bool:
+    return isinstance(x, ParamSpec)
+
+
+@functools.lru_cache(maxsize=None)
 def param_layout(cfg: ModelConfig, *, value: bool = False) -> dict:
     """Pytree of `ParamSpec` mirroring the params; `value=True`: the value model (value head, no lm_head)."""
-    L, D, F, V = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    layers = {
-        "attn_norm": ParamSpec((L, D), ("layers", None)),
-        "q": ParamSpec((L, D, H, hd), ("layers", "embed", "heads", "head_dim")),
-        "k": ParamSpec((L, D, KV, hd), ("layers", "embed", "kv_heads", "head_dim")),
-        "v": ParamSpec((L, D, KV, hd), ("layers", "embed", "kv_heads", "head_dim")),
-        "o": ParamSpec((L, H, hd, D), ("layers", "heads", "head_dim", "embed")),
-        "mlp_norm": ParamSpec((L, D), ("layers", None)),
-        "gate": ParamSpec((L, D, F), ("layers", "embed", "mlp")),
-        "up": ParamSpec((L, D, F), ("layers", "embed", "mlp")),
-        "down": ParamSpec((L, F, D), ("layers", "mlp", "embed")),
-    }
-    if cfg.attention_bias:
-        layers["q_bias"] = ParamSpec((L, H, hd), ("layers", "heads", "head_dim"))
-        layers["k_bias"] = ParamSpec((L, KV, hd), ("layers", "kv_heads", "head_dim"))
-        layers["v_bias"] = ParamSpec((L, KV, hd), ("layers", "kv_heads", "head_dim"))
-    if cfg.o_bias:
-        layers["o_bias"] = ParamSpec((L, D), ("layers", None))
-    if cfg.qk_norm:
-        layers["q_norm"] = ParamSpec((L, hd), ("layers", None))
-        layers["k_norm"] = ParamSpec((L, hd), ("layers", None))
-    layout = {
-        "embed": ParamSpec((V, D), ("vocab", "embed")),
-        "layers": layers,
-        "final_norm": ParamSpec((D,), (None,)),
-    }
-    if value:
-        layout["value_head"] = {"kernel": ParamSpec((D,), ("embed",)), "bias": ParamSpec((), ())}
-    elif not cfg.tie_word_embeddings:
-        layout["lm_head"] = ParamSpec((D, V), ("embed", "vocab"))
-    return layout
+    one = jnp.zeros((1, 1), jnp.int32)
+    boxed = jax.eval_shape(lambda: Decoder(cfg, value=value).init(
+        jax.random.key(0), one, one, jnp.ones((1, 1), bool), method=Decoder.head))["params"]
+    return jax.tree.map(lambda box: ParamSpec(tuple(box.value.shape), tuple(box.names)), boxed,
+                        is_leaf=lambda x: isinstance(x, nn.Partitioned))
+
+
+def param_logical_axes(cfg: ModelConfig, *, value: bool = False) -> dict:
+    """Pytree of logical axis-name tuples mirroring the params (`value=True`: the value model's)."""
+    return jax.tree.map(lambda s: s.axes, param_layout(cfg, value=value), is_leaf=_is_spec)
+
+
+def param_shardings(cfg: ModelConfig, mesh: Mesh, rules: ShardingRules = TRAIN_RULES, *,
+                    value: bool = False) -> dict:
+    """Pytree of NamedSharding mirroring the params, for jit in_shardings/out_shardings and `load_hf`."""
+    return jax.tree.map(lambda s: logical_to_sharding(s.axes, mesh, rules, s.shape),
+                        param_layout(cfg, value=value), is_leaf=_is_spec)

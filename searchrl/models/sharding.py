@@ -12,12 +12,12 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 
+import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from searchrl.models.config import MeshConfig, ModelConfig
-from searchrl.models.layout import ParamSpec, param_layout
 
 MESH_AXES = ("data", "fsdp", "tensor")
 LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers")
@@ -121,18 +121,20 @@ def to_process_mesh(tree, mesh: Mesh):
 
 def logical_to_spec(axes: Sequence[str | None], rules: ShardingRules, mesh_shape: Mapping[str, int],
                     shape: Sequence[int] | None = None) -> PartitionSpec:
-    """PartitionSpec for logical `axes`; with `shape`, axes that do not divide evenly are dropped."""
-    used: set[str] = set()
+    """PartitionSpec for logical `axes` under Flax's logical axis rules (`nn.logical_to_mesh_axes`), less
+    the mesh axes of size 1 and, with `shape`, those that do not divide their dimension evenly."""
+    for name in axes:
+        if name is not None:
+            rules.mesh_axes(name)  # a clear error for a name without a rule
     spec = []
-    for dim, name in enumerate(axes):
+    for dim, mesh_axes in enumerate(nn.logical_to_mesh_axes(tuple(axes), rules.rules)):
         kept: list[str] = []
-        for axis in rules.mesh_axes(name) if name is not None else ():
-            if axis in used or mesh_shape.get(axis, 1) == 1:
+        for axis in () if mesh_axes is None else (mesh_axes,) if isinstance(mesh_axes, str) else mesh_axes:
+            if mesh_shape.get(axis, 1) == 1:
                 continue
             if shape is not None and shape[dim] % (math.prod(mesh_shape[a] for a in kept) * mesh_shape[axis]):
                 break
             kept.append(axis)
-        used.update(kept)
         spec.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
     return PartitionSpec(*spec)
 
@@ -147,22 +149,6 @@ def rows_sharding(shape: Sequence[int], mesh: Mesh, rules: ShardingRules) -> Nam
     """NamedSharding of a [B] or [B, S] array of per-row values (a batch, a rollout's inputs): rows over the
     batch axes of `rules`."""
     return logical_to_sharding(("batch", "length")[:len(shape)], mesh, rules, shape)
-
-
-def _is_spec(x) -> bool:
-    return isinstance(x, ParamSpec)
-
-
-def param_logical_axes(cfg: ModelConfig, *, value: bool = False) -> dict:
-    """Pytree of logical axis-name tuples mirroring the params (`value=True`: the value model's)."""
-    return jax.tree.map(lambda s: s.axes, param_layout(cfg, value=value), is_leaf=_is_spec)
-
-
-def param_shardings(cfg: ModelConfig, mesh: Mesh, rules: ShardingRules = TRAIN_RULES, *,
-                    value: bool = False) -> dict:
-    """Pytree of NamedSharding mirroring the params, for jit in_shardings/out_shardings and `load_hf`."""
-    return jax.tree.map(lambda s: logical_to_sharding(s.axes, mesh, rules, s.shape),
-                        param_layout(cfg, value=value), is_leaf=_is_spec)
 
 
 def constrain(x: jax.Array, axes: Sequence[str | None], rules: ShardingRules) -> jax.Array:

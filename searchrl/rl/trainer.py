@@ -93,7 +93,8 @@ class Trainer:
         # The rollout samples with the params in the dtype the update scores them in.
         greedy = dataclasses.replace(rollout, sampling=SamplingParams(temperature=0.0))
         self.engine, self.eval_engine = (
-            RolloutEngine(model_cfg, tokenizer, env, settings, mesh=self.mesh, dtype=rl.compute_dtype)
+            RolloutEngine(model_cfg, tokenizer, env, settings, mesh=self.mesh, dtype=rl.compute_dtype,
+                          rules=models.rules_named(mesh.sample_rules))
             for settings in (rollout, greedy))
         self.order = DataOrder(len(self.train_examples), self.seed)
         self.key, self.eval_key = jax.random.key(self.seed), jax.random.key(0)

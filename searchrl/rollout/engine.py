@@ -61,7 +61,8 @@ class RolloutEngine:
 
     `side_branch=False` skips the env's side branch (the trajectories are the same; the turns lack its
     output). With a `mesh`, the rollout is sharded: rows data-parallel over its data and fsdp axes, heads
-    and the MLP over its tensor axis (`models.SAMPLE_RULES`), the KV cache created in that layout, and the
+    and the MLP over its tensor axis (`rules`, by default `models.SAMPLE_RULES`), the KV cache created in that
+    layout, and the
     params moved into it once per rollout, device to device (`sampling_params`). A mesh over several
     processes is the training mesh: each process rolls out its own rows on its block of it
     (`models.process_mesh`). Host arrays reach the device only through explicit transfers. With a `dtype` (the trainer's compute dtype), the rollout samples
@@ -69,14 +70,16 @@ class RolloutEngine:
     """
 
     def __init__(self, cfg: models.ModelConfig, tokenizer: Any, env: Env, config: RolloutConfig,
-                 side_branch: bool = True, mesh: Mesh | None = None, dtype: str | None = None):
+                 side_branch: bool = True, mesh: Mesh | None = None, dtype: str | None = None,
+                 rules: models.ShardingRules = models.SAMPLE_RULES):
         self.cfg, self.tokenizer, self.env, self.config = cfg, tokenizer, env, config
         self.train_mesh, self.mesh = mesh, mesh if mesh is None else models.process_mesh(mesh)
-        self.dtype = dtype
+        self.dtype, self.rules = dtype, rules
         self.eos_set = _eos_ids(tokenizer, cfg)
         self.eos_ids = self._replicated(jnp.asarray(sorted(self.eos_set), jnp.int32))
         self.stops = self._replicated(generate.stop_table([self._encode(s) for s in env.stop_strings]))
-        self.spec = generate.DecodeSpec(config.chunk_steps, config.max_turn_tokens, config.max_len, config.sampling)
+        self.spec = generate.DecodeSpec(config.chunk_steps, config.max_turn_tokens, config.max_len, config.sampling,
+                                        rules)
         self.chunk_widths = tuple(sorted(config.obs_buckets))
         declared = env.side_branch
         if declared is not None and not declared.separate_prompt:  # one more width: observation + its prompt
@@ -91,7 +94,7 @@ class RolloutEngine:
         if self.branch is not None:
             sampling = SamplingParams(self.branch.temperature, self.branch.top_k, self.branch.top_p)
             self.branch_spec = generate.DecodeSpec(config.chunk_steps, self.branch.max_tokens, self.slots - 1,
-                                                   sampling)
+                                                   sampling, rules)
             self.branch_stops = self._replicated(
                 generate.stop_table([self._encode(s) for s in self.branch.stop_strings]))
         self.stats = RolloutStats()
@@ -99,13 +102,13 @@ class RolloutEngine:
 
     def sampling_params(self, params):
         """The policy's params as the rollout samples with them: cast to the engine's `dtype`, and on its mesh
-        in the sampling layout (`SAMPLE_RULES`), both on device (e.g. from the trainer's float32 FSDP layout,
+        in the sampling layout (`rules`), both on device (e.g. from the trainer's float32 FSDP layout,
         never through the host). Across processes, every process gets a whole copy on its own devices."""
         if self.dtype is not None and jax.tree.leaves(params)[0].dtype != jnp.dtype(self.dtype):
             params = _cast(params, self.dtype)
         if self.mesh is None:
             return params
-        params = jax.device_put(params, models.param_shardings(self.cfg, self.train_mesh, models.SAMPLE_RULES))
+        params = jax.device_put(params, models.param_shardings(self.cfg, self.train_mesh, self.rules))
         return models.to_process_mesh(params, self.mesh)
 
     def _replicated(self, x: jax.Array | np.ndarray) -> jax.Array:
@@ -117,12 +120,12 @@ class RolloutEngine:
         implicit transfer), its rows sharded over the mesh's data axes."""
         if self.mesh is None:
             return jax.device_put(x)
-        return jax.device_put(x, models.rows_sharding(x.shape, self.mesh, models.SAMPLE_RULES))
+        return jax.device_put(x, models.rows_sharding(x.shape, self.mesh, self.rules))
 
     def _new_state(self, params, batch: int, key: jax.Array, first_row: int = 0) -> generate.GenState:
         dtype = jax.tree.leaves(params)[0].dtype
         return self._call(generate.new_state, self.cfg, batch, self.slots, self._replicated(key),
-                          self._replicated(np.int32(first_row)), dtype)
+                          self._replicated(np.int32(first_row)), dtype, self.rules)
 
     def warmup(self, params, batch: int) -> None:
         """Compiles every program a rollout of `batch` rows can use, so that none compiles afterwards."""
@@ -138,7 +141,7 @@ class RolloutEngine:
             for width in widths:
                 tokens, lengths = map(self._to_device, pad_batch([[]] * batch, width))
                 state = self._call(generate.extend, self.cfg, params, state, tokens, lengths, idle,
-                                   spec.sampling)
+                                   spec.sampling, self.rules)
             state = self._call(generate.decode_chunk, self.cfg, params, state, stops, self.eos_ids, spec)
         self._call(generate.truncate, state, self._to_device(np.zeros(batch, np.int32)))
 
@@ -183,7 +186,8 @@ class RolloutEngine:
         tokens, lengths = map(self._to_device, pad_batch(prompts, self.config.max_prompt_tokens))
         state = self._new_state(params, len(examples), key, first_row)
         start = self._to_device(np.ones(len(examples), bool))
-        return self._device(generate.extend, self.cfg, params, state, tokens, lengths, start, self.config.sampling)
+        return self._device(generate.extend, self.cfg, params, state, tokens, lengths, start, self.config.sampling,
+                            self.rules)
 
     def _finish_turn(self, tokens: np.ndarray, start: int, end: int) -> tuple[int, str]:
         """Re-checks stop strings on the turn's text: returns the end slot and the text, cut after the first stop.
@@ -224,7 +228,7 @@ class RolloutEngine:
             tokens, lengths = map(self._to_device, pad_batch(pieces, self._bucket(max(len(p) for p in pieces))))
             starting = self._to_device(start if left == 1 else np.zeros_like(start))
             state = self._device(generate.extend, self.cfg, params, state, tokens, lengths, starting,
-                                 sampling)
+                                 sampling, self.rules)
         return state
 
     def _side_branch(self, params, state: generate.GenState, rows: list[int], chunks: dict[int, list[int]],
@@ -316,7 +320,7 @@ class RolloutEngine:
             chunk, chunk_len = map(self._to_device, pad_batch(sequences, self._bucket(max(len(s) for s in sequences))))
             start = self._to_device(np.isin(np.arange(batch), waiting))
             state = self._device(
-                generate.extend, self.cfg, params, state, chunk, chunk_len, start, self.config.sampling
+                generate.extend, self.cfg, params, state, chunk, chunk_len, start, self.config.sampling, self.rules
             )
             generating = waiting
             turn_index += 1

@@ -64,13 +64,13 @@ def test_prefill_then_decode_equals_full_forward():
 
 
 def test_unstacked_layers_compute_the_same_logits_and_cache():
-    layers = unstack_layers(PARAMS)["layers"]
-    assert len(layers) == CFG.num_layers
-    np.testing.assert_array_equal(layers[1]["q"], PARAMS["layers"]["q"][1])
+    unstacked_params = unstack_layers(PARAMS)
+    assert "layers" not in unstacked_params and f"layers_{CFG.num_layers}" not in unstacked_params
+    np.testing.assert_array_equal(unstacked_params["layers_1"]["q"], PARAMS["layers"]["q"][1])
     tokens, positions, mask = _left_pad([random_tokens(CFG, (n,), seed=30 + n) for n in (5, 8)], 8)
     cache = KVCache.init(CFG, batch=2, max_len=12)
     stacked = fwd(PARAMS, tokens, positions, mask, cache)
-    unstacked = fwd(unstack_layers(PARAMS), tokens, positions, mask, cache)
+    unstacked = fwd(unstacked_params, tokens, positions, mask, cache)
     np.testing.assert_allclose(unstacked[0], stacked[0], atol=1e-5, rtol=0)
     for field in ("k", "v", "valid", "length"):
         np.testing.assert_allclose(getattr(unstacked[2], field), getattr(stacked[2], field), atol=1e-5, rtol=0)

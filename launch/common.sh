@@ -1,0 +1,21 @@
+# Sourced by the launch scripts: each builds the command line every host runs, then `on_hosts` runs it here
+# or, with DRY_RUN=1, prints it for each host and runs nothing.
+
+# Quotes a command line for `bash -c` (and for reading it back): `quoted ARG ...`.
+quoted() {
+  local line
+  line=$(printf '%q ' "$@")
+  echo "${line% }"
+}
+
+# `on_hosts N COMMAND_LINE RUNNER ...`: DRY_RUN=1 prints "host i: COMMAND_LINE" for i < N; otherwise runs
+# RUNNER ... (which starts COMMAND_LINE on every host: srun, gcloud, or bash -c here).
+on_hosts() {
+  local hosts=$1 line=$2
+  shift 2
+  if [[ "${DRY_RUN:-0}" == 1 ]]; then
+    for ((i = 0; i < hosts; i++)); do echo "host $i: $line"; done
+    return 0
+  fi
+  "$@"
+}
