@@ -13,14 +13,16 @@ if ((PROCESSES == 1)); then
   on_hosts 1 "$LINE" bash -c "$LINE"
   exit
 fi
-PORT=${PORT:-$(python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
+FREE_PORT='import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+PORT=${PORT:-$(python -c "$FREE_PORT")}
 FLAGS=$(echo "${XLA_FLAGS:-}" | sed -E 's/ *--xla_force_host_platform_device_count=[0-9]+//g')
 lines=()
 for ((i = 0; i < PROCESSES; i++)); do
-  lines+=("$(quoted env JAX_PLATFORMS=cpu XLA_FLAGS="$FLAGS --xla_force_host_platform_device_count=${DEVICES:-4}" \
+  lines+=("$(quoted env JAX_PLATFORMS=cpu \
+    XLA_FLAGS="$FLAGS --xla_force_host_platform_device_count=${DEVICES:-4}" \
     python -m searchrl.main --config "$CONFIG" "$@" --config.distributed.enabled=True \
-    --config.distributed.coordinator_address=127.0.0.1:"$PORT" --config.distributed.num_processes="$PROCESSES" \
-    --config.distributed.process_id="$i" train)")
+    --config.distributed.coordinator_address=127.0.0.1:"$PORT" \
+    --config.distributed.num_processes="$PROCESSES" --config.distributed.process_id="$i" train)")
 done
 if [[ "${DRY_RUN:-0}" == 1 ]]; then
   for i in "${!lines[@]}"; do echo "host $i: ${lines[$i]}"; done

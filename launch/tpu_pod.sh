@@ -11,7 +11,9 @@ ZONE=${2:?}
 CONFIG=${3:?}
 INDEX_DIR=${4:?}
 shift 4
-LINE="cd ~/searchrl && source .venv/bin/activate && $(quoted bash launch/retrieval_server.sh "$INDEX_DIR" 8000) \
-&& $(quoted python -m searchrl.main --config "$CONFIG" --config.distributed.enabled=True \
-  --config.retrieval.kind=remote --config.retrieval.url=http://127.0.0.1:8000/retrieve "$@" train)"
-on_hosts "${WORKERS:-1}" "$LINE" gcloud compute tpus tpu-vm ssh "$TPU" --zone "$ZONE" --worker=all --command "$LINE"
+LINE="cd ~/searchrl && source .venv/bin/activate \
+&& $(quoted bash launch/retrieval_server.sh "$INDEX_DIR" 8000) \
+&& $(quoted python -m searchrl.main --config "$CONFIG" --config.distributed.enabled=True --config.retrieval.kind=remote \
+   --config.retrieval.url=http://127.0.0.1:8000/retrieve "$@" train)"
+on_hosts "${WORKERS:-1}" "$LINE" \
+  gcloud compute tpus tpu-vm ssh "$TPU" --zone "$ZONE" --worker=all --command "$LINE"

@@ -14,8 +14,8 @@ _EXPORTS = {
     "kv_cache": ("KVCache", "cache_shardings", "write_rows"),
     "layout": ("ParamSpec", "param_layout", "param_logical_axes", "param_shardings"),
     "sharding": ("RULES", "SAMPLE_RULES", "TRAIN_RULES", "ShardingRules", "constrain", "logical_to_sharding",
-                 "logical_to_spec", "make_mesh", "mesh_from_config", "process_mesh", "rows_sharding", "rules_named",
-                 "to_process_mesh"),
+                 "logical_to_spec", "make_mesh", "mesh_from_config", "process_mesh", "rows_sharding",
+                 "rules_named", "to_process_mesh"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF)

@@ -3,8 +3,9 @@ pure-functionally: the functions below apply `Decoder` to a plain-dict params py
 
 Layers are stacked on a leading axis and run with `nn.scan`, so compile time does not grow with depth; the
 decode loop runs them unrolled from per-layer params instead (`unstack_layers`). One forward pass serves
-training (no cache), prefill, single-token decode and multi-turn extends (with a `KVCache`). Every param names
-its logical axes (`nn.with_logical_partitioning`), from which `layout.param_layout` reads shapes and shardings.
+training (no cache), prefill, single-token decode and multi-turn extends (with a `KVCache`). Every param
+names its logical axes (`nn.with_logical_partitioning`): `layout.param_layout` reads shapes and shardings
+from them.
 Compute runs in the params' dtype; norms, softmax, logits and values are float32.
 """
 from __future__ import annotations
@@ -55,7 +56,8 @@ class Layer(nn.Module):
                  start: jax.Array | None) -> tuple[tuple, None]:
         """carry = (x [B, T, D], the stacked cache's (k, v) or None); writes layer `index`'s keys/values."""
         cfg = self.cfg
-        D, F, H, KV, hd = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        D, F, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+        H, KV = cfg.num_heads, cfg.num_kv_heads
         p = functools.partial(_param, self)
         lp = {"attn_norm": p("attn_norm", (D,), (None,)),
               "q": p("q", (D, H, hd), ("embed", "heads", "head_dim")),
@@ -173,11 +175,18 @@ def _module(cfg: ModelConfig, params: dict, rules: ShardingRules | None = None, 
 
 
 def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, *, value: bool = False) -> dict:
-    """Random params (`value=True`: the value model's), in `dtype`."""
+    """Random params (`value=True`: the value model's), in `dtype`: each leaf drawn by its initializer from
+    `fold_in(key, i)`, i its index among the params' sorted leaves.
+
+    `Decoder.init` would draw from Flax's per-module RNG streams instead; these draws are the ones searchrl's
+    models have always had, so a seed gives the same model (and a run the same results) across versions.
+    """
     one = jnp.zeros((1, 1), jnp.int32)
-    boxed = Decoder(cfg, value=value, param_dtype=dtype).init(key, one, one, jnp.ones((1, 1), bool),
-                                                              method=Decoder.head)
-    return nn.unbox(boxed["params"])
+    shapes = jax.eval_shape(lambda: Decoder(cfg, value=value).init(
+        jax.random.key(0), one, one, jnp.ones((1, 1), bool), method=Decoder.head))["params"]
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(nn.unbox(shapes))
+    return treedef.unflatten([_init_for(path[-1].key)(jax.random.fold_in(key, i), x.shape, dtype)
+                              for i, (path, x) in enumerate(leaves)])
 
 
 def value_params_from_policy(cfg: ModelConfig, policy_params: dict, key: jax.Array,

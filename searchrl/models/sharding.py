@@ -1,10 +1,11 @@
 """Device mesh and logical-axis sharding rules for the decoder.
 
-Arrays name their axes logically (`batch`, `embed`, `heads`, ...); a `ShardingRules` table maps each name to
-mesh axes (`data`, `fsdp`, `tensor`). Training uses FSDP + tensor parallelism, sampling keeps weights whole
-across the data axes. A mesh axis shards at most one dimension of an array (mesh axes of size 1 are left out),
-and a dimension that a mesh axis does not divide evenly is left unsharded along it, so tiny test models run on
-any mesh.
+Arrays name their axes logically (`batch`, `embed`, `heads`, ...); a `ShardingRules` table (Flax's logical
+axis rules) maps each name to mesh axes (`data`, `fsdp`, `tensor`). Training uses FSDP + tensor parallelism,
+sampling keeps weights whole across the data axes. A mesh axis shards at most one dimension of an array, as
+`nn.logical_to_mesh_axes` assigns them; unlike `nn.logical_to_mesh_sharding`, mesh axes of size 1 are left
+out and a dimension that a mesh axis does not divide evenly is left unsharded along it, so tiny test models
+run on any mesh.
 """
 from __future__ import annotations
 
@@ -109,7 +110,8 @@ def to_process_mesh(tree, mesh: Mesh):
             return x
         sharding = NamedSharding(mesh, x.sharding.spec)
         held = x.sharding.addressable_devices_indices_map(x.shape)
-        if any(held.get(d) != index for d, index in sharding.addressable_devices_indices_map(x.shape).items()):
+        wanted = sharding.addressable_devices_indices_map(x.shape)
+        if any(held.get(device) != index for device, index in wanted.items()):
             raise ValueError(f"a {x.shape} array sharded {x.sharding.spec} over {dict(x.sharding.mesh.shape)} "
                              f"has no whole copy on this process's devices {dict(mesh.shape)}")
         shards = {s.device: s.data for s in x.addressable_shards}

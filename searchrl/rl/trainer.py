@@ -139,11 +139,11 @@ class Trainer:
         longest = max(distributed.all_processes(int(traj.lengths.max())))
         traj = traj.cropped(padded_width(longest, traj.tokens.shape[1]))
         turn_rewards = self.env.rewards(traj, examples)
-        rows = distributed.host_local_batch_to_global(self.mesh, dict(
+        arrays = distributed.host_local_batch_to_global(self.mesh, dict(
             tokens=traj.tokens, attention_mask=traj.attention_mask, loss_mask=traj.loss_mask,
             sampler_logprobs=traj.logprobs, token_rewards=traj.turn_rewards_to_tokens(turn_rewards),
             group_ids=group_ids))
-        batch = ppo.Batch(**rows, temperature=traj.logprob_temperature)
+        batch = ppo.Batch(**arrays, temperature=traj.logprob_temperature)
         self.state, learned = ppo.learn(self.state, batch, self.ppo, self.mesh)
         metrics = {k: float(v) for k, v in jax.device_get(learned).items()}
         self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if metrics["train/nonfinite"] else 0
@@ -155,7 +155,7 @@ class Trainer:
                                                     self.env.metrics(traj, examples))]
         stats = self.engine.stats
         processes = distributed.all_processes([row_metrics, stats.host_fraction, stats.wall_s])
-        metrics |= mean_metrics([row for rows, _, _ in processes for row in rows])
+        metrics |= mean_metrics([row for process_rows, _, _ in processes for row in process_rows])
         metrics["rollout/host_fraction"] = float(np.mean([fraction for _, fraction, _ in processes]))
         metrics["rollout/seconds"] = max(seconds for _, _, seconds in processes)  # the slowest process's
         self.writer.write(step + 1, metrics)

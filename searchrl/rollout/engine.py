@@ -61,12 +61,12 @@ class RolloutEngine:
 
     `side_branch=False` skips the env's side branch (the trajectories are the same; the turns lack its
     output). With a `mesh`, the rollout is sharded: rows data-parallel over its data and fsdp axes, heads
-    and the MLP over its tensor axis (`rules`, by default `models.SAMPLE_RULES`), the KV cache created in that
-    layout, and the
-    params moved into it once per rollout, device to device (`sampling_params`). A mesh over several
-    processes is the training mesh: each process rolls out its own rows on its block of it
-    (`models.process_mesh`). Host arrays reach the device only through explicit transfers. With a `dtype` (the trainer's compute dtype), the rollout samples
-    with the params cast to it, as the trainer scores them, and keeps its KV cache in it.
+    and the MLP over its tensor axis (`rules`, by default `models.SAMPLE_RULES`), the KV cache created in
+    that layout, and the params moved into it once per rollout, device to device (`sampling_params`). A mesh
+    over several processes is the training mesh: each process rolls out its own rows on its block of it
+    (`models.process_mesh`). Host arrays reach the device only through explicit transfers. With a `dtype`
+    (the trainer's compute dtype), the rollout samples with the params cast to it, as the trainer scores
+    them, and keeps its KV cache in it.
     """
 
     def __init__(self, cfg: models.ModelConfig, tokenizer: Any, env: Env, config: RolloutConfig,
@@ -78,8 +78,8 @@ class RolloutEngine:
         self.eos_set = _eos_ids(tokenizer, cfg)
         self.eos_ids = self._replicated(jnp.asarray(sorted(self.eos_set), jnp.int32))
         self.stops = self._replicated(generate.stop_table([self._encode(s) for s in env.stop_strings]))
-        self.spec = generate.DecodeSpec(config.chunk_steps, config.max_turn_tokens, config.max_len, config.sampling,
-                                        rules)
+        self.spec = generate.DecodeSpec(config.chunk_steps, config.max_turn_tokens, config.max_len,
+                                        config.sampling, rules)
         self.chunk_widths = tuple(sorted(config.obs_buckets))
         declared = env.side_branch
         if declared is not None and not declared.separate_prompt:  # one more width: observation + its prompt
@@ -186,8 +186,8 @@ class RolloutEngine:
         tokens, lengths = map(self._to_device, pad_batch(prompts, self.config.max_prompt_tokens))
         state = self._new_state(params, len(examples), key, first_row)
         start = self._to_device(np.ones(len(examples), bool))
-        return self._device(generate.extend, self.cfg, params, state, tokens, lengths, start, self.config.sampling,
-                            self.rules)
+        return self._device(generate.extend, self.cfg, params, state, tokens, lengths, start,
+                            self.config.sampling, self.rules)
 
     def _finish_turn(self, tokens: np.ndarray, start: int, end: int) -> tuple[int, str]:
         """Re-checks stop strings on the turn's text: returns the end slot and the text, cut after the first stop.
@@ -320,8 +320,8 @@ class RolloutEngine:
             chunk, chunk_len = map(self._to_device, pad_batch(sequences, self._bucket(max(len(s) for s in sequences))))
             start = self._to_device(np.isin(np.arange(batch), waiting))
             state = self._device(
-                generate.extend, self.cfg, params, state, chunk, chunk_len, start, self.config.sampling, self.rules
-            )
+                generate.extend, self.cfg, params, state, chunk, chunk_len, start, self.config.sampling,
+                self.rules)
             generating = waiting
             turn_index += 1
         return self._trajectory(state, prompt_lengths, turns, finish)

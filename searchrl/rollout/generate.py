@@ -77,9 +77,10 @@ def init_state(cfg: models.ModelConfig, batch: int, slots: int, key: jax.Array, 
                first_row: jax.Array | int = 0) -> GenState:
     """An empty batch of `slots` token slots per row; these are rows `first_row` .. of a global batch.
 
-    Row b samples with `fold_in(key, first_row + b)` and draws each token from that key folded with the token's
-    slot: a row's samples depend on the rollout key, its global row index and its own history only. A batch
-    split over processes (or side branches, or a different chunking of decode steps) samples the same tokens.
+    Row b samples with `fold_in(key, first_row + b)` and draws each token from that key folded with the
+    token's slot: a row's samples depend on the rollout key, its global row index and its own history only. A
+    batch split over processes (or side branches, or a different chunking of decode steps) samples the same
+    tokens.
     """
     return GenState(
         cache=models.KVCache.init(cfg, batch, slots, dtype),
