@@ -8,7 +8,7 @@ import importlib
 _EXPORTS = {
     "config": ("PRESETS", "MeshConfig", "ModelConfig", "ModelSource", "RopeScaling", "config_from_dict",
                "from_hf_config", "get_preset", "to_hf_config"),
-    "decoder": ("apply", "backbone", "forward", "init_params", "lm_logits", "logprobs_from_logits",
+    "decoder": ("Decoder", "apply", "backbone", "forward", "init_params", "lm_logits", "logprobs_from_logits",
                 "token_logprobs", "unstack_layers", "value_params_from_policy", "values"),
     "hf": ("load_hf", "save_hf"),
     "kv_cache": ("KVCache", "cache_shardings", "write_rows"),

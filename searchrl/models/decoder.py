@@ -117,9 +117,10 @@ class Decoder(nn.Module):
         if self.unrolled:  # XLA:CPU copies a weight sliced from a stack on every decode step: no stack
             self.layers = [layer(cfg, self.rules, self.param_dtype) for _ in range(cfg.num_layers)]
         else:  # The stacked cache is carried (not scanned over) so each layer updates its slots in place.
-            self.layers = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
-                                  in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
-                                  metadata_params={nn.PARTITION_NAME: "layers"})(cfg, self.rules, self.param_dtype)
+            stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
+                            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+                            metadata_params={nn.PARTITION_NAME: "layers"})
+            self.layers = stack(cfg, self.rules, self.param_dtype)
         self.final_norm = _param(self, "final_norm", (D,), (None,))
         if self.value:
             self.value_head = ValueHead(self.param_dtype)
@@ -168,7 +169,8 @@ class Decoder(nn.Module):
         return self.values(hidden) if self.value else self.logits(hidden)
 
 
-def _module(cfg: ModelConfig, params: dict, rules: ShardingRules | None = None, remat: bool = False) -> Decoder:
+def _module(cfg: ModelConfig, params: dict, rules: ShardingRules | None = None,
+            remat: bool = False) -> Decoder:
     """The `Decoder` whose params `params` are: the value model's or the policy's, stacked or unrolled."""
     return Decoder(cfg, value="value_head" in params, rules=rules or TRAIN_RULES, remat=remat,
                    unrolled="layers" not in params)

@@ -112,8 +112,9 @@ def to_process_mesh(tree, mesh: Mesh):
         held = x.sharding.addressable_devices_indices_map(x.shape)
         wanted = sharding.addressable_devices_indices_map(x.shape)
         if any(held.get(device) != index for device, index in wanted.items()):
-            raise ValueError(f"a {x.shape} array sharded {x.sharding.spec} over {dict(x.sharding.mesh.shape)} "
-                             f"has no whole copy on this process's devices {dict(mesh.shape)}")
+            raise ValueError(f"a {x.shape} array sharded {x.sharding.spec} over "
+                             f"{dict(x.sharding.mesh.shape)} has no whole copy on this process's devices "
+                             f"{dict(mesh.shape)}")
         shards = {s.device: s.data for s in x.addressable_shards}
         return jax.make_array_from_single_device_arrays(x.shape, sharding,
                                                         [shards[d] for d in mesh.devices.flat])

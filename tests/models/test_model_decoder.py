@@ -183,3 +183,25 @@ def test_lm_logits_of_one_hidden_state_per_row():
     logits, hidden, _ = fwd(PARAMS, tokens, positions, np.ones((2, 5), bool))
     np.testing.assert_allclose(np.asarray(lm_logits(CFG, PARAMS, hidden[:, -1])), np.asarray(logits[:, -1]),
                                atol=1e-6, rtol=0)
+
+
+def test_the_decoder_is_a_flax_module_applied_to_a_params_pytree():
+    """`Decoder.init` gives the params' structure with each axis's logical name (Flax's logical partitioning);
+    `Decoder.apply` on the params pytree is what `forward` computes; the value model has a value head."""
+    import flax.linen as nn
+    from jax.sharding import PartitionSpec as P
+
+    from searchrl.models import Decoder, init_params
+
+    tokens, positions, mask = _left_pad([random_tokens(CFG, (n,), seed=40 + n) for n in (4, 7)], 7)
+    boxed = Decoder(CFG).init(jax.random.key(0), tokens, positions, mask, method=Decoder.head)["params"]
+    assert jax.tree.structure(nn.unbox(boxed)) == jax.tree.structure(PARAMS)
+    specs = nn.get_partition_spec(boxed)
+    assert specs["layers"]["q"] == P("layers", "embed", "heads", "head_dim")
+    assert specs["embed"] == P("vocab", "embed")
+    hidden, _ = Decoder(CFG).apply({"params": PARAMS}, tokens, positions, mask)
+    logits = Decoder(CFG).apply({"params": PARAMS}, hidden, method=Decoder.logits)
+    np.testing.assert_allclose(logits, fwd(PARAMS, tokens, positions, mask)[0], atol=1e-6, rtol=0)
+    critic = init_params(CFG, jax.random.key(1), value=True)
+    assert "value_head" in critic and "lm_head" not in critic
+    assert values(CFG, critic, tokens, positions, mask).shape == tokens.shape
