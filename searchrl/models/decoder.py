@@ -176,6 +176,14 @@ def _module(cfg: ModelConfig, params: dict, rules: ShardingRules | None = None,
                    unrolled="layers" not in params)
 
 
+def abstract_params(cfg: ModelConfig, *, value: bool = False) -> dict:
+    """The params as `Decoder.init` makes them, traced abstractly: shapes and dtypes, each leaf boxed with
+    its logical axis names (`nn.Partitioned`)."""
+    one = jnp.zeros((1, 1), jnp.int32)
+    return jax.eval_shape(lambda: Decoder(cfg, value=value).init(
+        jax.random.key(0), one, one, jnp.ones((1, 1), bool), method=Decoder.head))["params"]
+
+
 def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, *, value: bool = False) -> dict:
     """Random params (`value=True`: the value model's), in `dtype`: each leaf drawn by its initializer from
     `fold_in(key, i)`, i its index among the params' sorted leaves.
@@ -183,10 +191,7 @@ def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, *, value: b
     `Decoder.init` would draw from Flax's per-module RNG streams instead; these draws are the ones searchrl's
     models have always had, so a seed gives the same model (and a run the same results) across versions.
     """
-    one = jnp.zeros((1, 1), jnp.int32)
-    shapes = jax.eval_shape(lambda: Decoder(cfg, value=value).init(
-        jax.random.key(0), one, one, jnp.ones((1, 1), bool), method=Decoder.head))["params"]
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(nn.unbox(shapes))
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(nn.unbox(abstract_params(cfg, value=value)))
     return treedef.unflatten([_init_for(path[-1].key)(jax.random.fold_in(key, i), x.shape, dtype)
                               for i, (path, x) in enumerate(leaves)])
 

@@ -11,11 +11,10 @@ from typing import NamedTuple
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from searchrl.models.config import ModelConfig
-from searchrl.models.decoder import Decoder
+from searchrl.models.decoder import abstract_params
 from searchrl.models.sharding import TRAIN_RULES, ShardingRules, logical_to_sharding
 
 
@@ -33,11 +32,8 @@ def _is_spec(x) -> bool:
 @functools.lru_cache(maxsize=None)
 def param_layout(cfg: ModelConfig, *, value: bool = False) -> dict:
     """Pytree of `ParamSpec` mirroring the params; `value=True`: the value model (value head, no lm_head)."""
-    one = jnp.zeros((1, 1), jnp.int32)
-    boxed = jax.eval_shape(lambda: Decoder(cfg, value=value).init(
-        jax.random.key(0), one, one, jnp.ones((1, 1), bool), method=Decoder.head))["params"]
-    return jax.tree.map(lambda box: ParamSpec(tuple(box.value.shape), tuple(box.names)), boxed,
-                        is_leaf=lambda x: isinstance(x, nn.Partitioned))
+    return jax.tree.map(lambda box: ParamSpec(tuple(box.value.shape), tuple(box.names)),
+                        abstract_params(cfg, value=value), is_leaf=lambda x: isinstance(x, nn.Partitioned))
 
 
 def param_logical_axes(cfg: ModelConfig, *, value: bool = False) -> dict:

@@ -48,6 +48,9 @@ def overrides(world: Path, workdir: Path, steps: int) -> list[str]:
             f"--config.data.eval_limit={EVAL_QUESTIONS}",
             "--config.rl.responses_per_prompt=2", "--config.rl.minibatch_size=8",
             "--config.rl.micro_batch_size=4",
+            # Adam divides by |g| + eps: with the default 1e-8, a coordinate whose gradient is round-off turns
+            # the update's round-off into an O(lr) step (as in tests/rl/test_ppo.py).
+            "--config.rl.actor.eps=1e-5", "--config.rl.critic.eps=1e-5",
             "--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"]
 
 
