@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from absl import app, flags, logging
+from absl import app, logging
 import jax
 import ml_collections
 from ml_collections import config_flags

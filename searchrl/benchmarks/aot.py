@@ -50,6 +50,7 @@ from searchrl.benchmarks.jaxpr_cost import MatmulCost, matmul_cost
 from searchrl.configlib import from_config
 from searchrl.rl import ppo
 from searchrl.rl.config import RLConfig, TrainConfig
+from searchrl.rl.config import batch_rows as rl_batch_rows
 from searchrl.rl.train_state import abstract_train_state
 from searchrl.rollout import generate
 from searchrl.rollout.config import RolloutConfig
@@ -116,8 +117,8 @@ def _rows_sharded(shape: tuple[int, ...], dtype, mesh: Mesh, rules: models.Shard
 
 def batch_rows(config: ml_collections.ConfigDict) -> int:
     """Rows of a training batch (and so of its rollout): train.batch_size x rl.responses_per_prompt."""
-    rl = from_config(RLConfig, config.rl, "config.rl")
-    return from_config(TrainConfig, config.train, "config.train").batch_size * rl.responses_per_prompt
+    return rl_batch_rows(from_config(TrainConfig, config.train, "config.train"),
+                         from_config(RLConfig, config.rl, "config.rl"))
 
 
 def learn_inputs(config: ml_collections.ConfigDict, cfg: models.ModelConfig, mesh: Mesh):

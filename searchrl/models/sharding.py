@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from searchrl.models.config import MeshConfig, ModelConfig
+from searchrl.models.config import MeshConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers")

@@ -111,6 +111,11 @@ class RLConfig:
                              "rl.use_reference=True.")
 
 
+def batch_rows(train: TrainConfig, rl: RLConfig) -> int:
+    """Rows of a training batch, and so of its rollout: train.batch_size x rl.responses_per_prompt."""
+    return train.batch_size * rl.responses_per_prompt
+
+
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
     """`config.sft`: supervised fine-tuning steps, batch and optimizer."""

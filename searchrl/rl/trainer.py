@@ -36,7 +36,7 @@ from searchrl.configlib import from_config
 from searchrl.episode import Env, mean_metrics, numeric_metrics
 from searchrl.metric_writer import MetricWriter
 from searchrl.rl import ppo
-from searchrl.rl.config import RLConfig, TrainConfig
+from searchrl.rl.config import RLConfig, TrainConfig, batch_rows
 from searchrl.rl.train_state import abstract_train_state, init_train_state
 from searchrl.rollout.config import RolloutConfig, SamplingParams
 from searchrl.rollout.engine import RolloutEngine, RolloutStats
@@ -83,7 +83,7 @@ class Trainer:
         self.workdir = workdir or config.workdir
         self.mesh = models.mesh_from_config(mesh)
         self.ppo = ppo.PPOConfig.create(rl, model_cfg, models.rules_named(mesh.train_rules))
-        self.batch_rows = self.train_config.batch_size * rl.responses_per_prompt
+        self.batch_rows = batch_rows(self.train_config, rl)
         shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         if self.batch_rows % shards or self.batch_rows % rl.minibatch_size:
             raise ValueError(f"train.batch_size x rl.responses_per_prompt = {self.batch_rows} rows must be a "
