@@ -6,9 +6,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 REQS   := requirements.txt requirements-test.txt requirements-lucene.txt pyproject.toml
 
-# JAX on CPU with 8 fake devices so that sharded code paths are really exercised in tests.
+# JAX on CPU; the tests add 8 fake devices (tests/conftest.py) so that sharded code paths are really exercised.
 export JAX_PLATFORMS ?= cpu
-export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false

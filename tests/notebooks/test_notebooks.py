@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -31,10 +33,10 @@ KERNEL = "searchrl-test"
 # (78, 23, 47, 160 and 64 s; notebooks/README.md), as other tests may share the cores.
 TIMEOUTS = {"01_quickstart": 420, "02_pilot_study": 300, "03_deepretrieval": 360, "04_rpl": 800,
             "05_bring_your_model": 360}
-# The kernel's environment. XLA_FLAGS replaces the test suite's (8 fake devices: only overhead here) with
-# cheaper CPU code generation: a smoke run is mostly compilation, and its numbers mean nothing.
-KERNEL_ENV = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_level=0 "
-              "--xla_llvm_disable_expensive_passes=true", "TOKENIZERS_PARALLELISM": "false",
+# The kernel's environment: the suite's XLA_FLAGS (cheaper code generation, tests/conftest.py) without its
+# 8 fake devices (only overhead here).
+KERNEL_ENV = {"JAX_PLATFORMS": "cpu", "TOKENIZERS_PARALLELISM": "false",
+              "XLA_FLAGS": re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ["XLA_FLAGS"]),
               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
 
 

@@ -86,7 +86,10 @@ def test_masked_statistics_match_numpy():
     mask = rng.random((4, 7)) > 0.4
     x_nan = np.where(mask, x, np.nan)  # garbage outside the mask must not leak in
     sel = x[mask].astype(np.float64)
-    np.testing.assert_allclose(adv_lib.masked_mean(x_nan, mask), sel.mean(), rtol=1e-6)
+    # A float32 mean of terms of size ~1 is exact to a few float32 ulps of that size (this one cancels to
+    # ~0.006, so a relative tolerance would ask for more than float32 summation gives in any order).
+    ulp = np.finfo(np.float32).eps * np.abs(sel).mean()
+    np.testing.assert_allclose(adv_lib.masked_mean(x_nan, mask), sel.mean(), rtol=0, atol=4 * ulp)
     np.testing.assert_allclose(adv_lib.masked_var(x_nan, mask), sel.var(ddof=1), rtol=1e-5)
     np.testing.assert_allclose(adv_lib.masked_var(x_nan, mask, unbiased=False), sel.var(), rtol=1e-5)
     np.testing.assert_allclose(

@@ -27,8 +27,6 @@ from searchrl.demo.config import DemoConfig, world_config
 REPO = Path(__file__).resolve().parents[2]
 TIMING = ("rollout/seconds", "rollout/host_fraction")  # wall-clock figures, not results
 EVAL_QUESTIONS = 12  # two eval batches of 8 rows, the second padded: process 1 has no real row in it
-# Cheaper CPU code generation (as the notebook tests): these runs are mostly compilation.
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
 def free_port() -> int:
@@ -55,11 +53,11 @@ def overrides(world: Path, workdir: Path, steps: int) -> list[str]:
 
 
 def launch(world: Path, workdir: Path, steps: int, processes: int, cache: Path) -> subprocess.Popen:
-    """`bash launch/local.sh` with `processes` processes over 8 CPU devices in all; output in workdir/log."""
+    """`bash launch/local.sh` with `processes` processes over 8 CPU devices in all; output in workdir/log.
+    XLA_FLAGS are the suite's (tests/conftest.py: cheaper code generation): local.sh sets the device count."""
     workdir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO),
            "JAX_COMPILATION_CACHE_DIR": str(cache), "PROCESSES": str(processes), "DEVICES": "4",
-           "XLA_FLAGS": f"{FAST_COMPILE} --xla_force_host_platform_device_count=8",
            "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])}  # this python
     with open(workdir / "log", "a") as log:
         return subprocess.Popen(["bash", "launch/local.sh", "configs/autosearch.py:tiny",
