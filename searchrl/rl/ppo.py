@@ -138,10 +138,9 @@ def _positions(tokens: jax.Array) -> jax.Array:
 
 
 def _policy_logprobs(config: PPOConfig, params: dict, tokens, mask, temperature, with_entropy: bool):
-    logits = models.forward(config.spec.model, _cast(params, config.rl.compute_dtype), tokens,
-                            _positions(tokens), mask, rules=config.spec.rules, remat=config.rl.remat)[0]
-    logprobs, entropy = models.logprobs_from_logits(logits / temperature, tokens)
-    return (logprobs, entropy) if with_entropy else logprobs
+    return models.token_logprobs(config.spec.model, _cast(params, config.rl.compute_dtype), tokens,
+                                 _positions(tokens), mask, with_entropy=with_entropy, temperature=temperature,
+                                 rules=config.spec.rules, remat=config.rl.remat)
 
 
 def _state_values(config: PPOConfig, params: dict, tokens, mask) -> jax.Array:
