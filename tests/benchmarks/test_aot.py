@@ -18,6 +18,7 @@ def devices():
     return aot.topology_devices("v5p:2x2x1", aot.DEFAULT_LIBTPU)
 
 
+@pytest.mark.slow
 def test_the_tiny_preset_compiles_for_a_tpu_topology(devices, capsys):
     aot.main([f"--config={CONFIG}", "--topology=v5p:2x2x1", "--mesh=2,2,1", "--json"])
     result = json.loads(capsys.readouterr().out)

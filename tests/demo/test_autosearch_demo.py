@@ -4,10 +4,13 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from configs import autosearch
 from searchrl.demo import autosearch as demo
 
 
+@pytest.mark.slow
 def test_demo_pipeline_writes_its_results(tmp_path):
     config = autosearch.get_config("tiny")
     workdir = str(tmp_path / "demo")

@@ -48,6 +48,7 @@ def test_raw_queries_fail_and_the_technical_rewrite_succeeds(world, tmp_path):
     assert recall(lambda q: rewrite_world.candidate_rewrite(world, q, rng)) < 0.5
 
 
+@pytest.mark.slow
 def test_demo_pipeline_writes_its_results(tmp_path):
     config = deepretrieval.get_config("tiny")
     config.workdir = str(tmp_path / "demo")

@@ -130,6 +130,7 @@ def quickstart(kernel_dirs):
     return execute("01_quickstart", kernel_dirs)
 
 
+@pytest.mark.slow
 def test_01_quickstart(quickstart, kernel_dirs):
     _, runs = kernel_dirs
     workdir = runs / "01_quickstart"
@@ -139,6 +140,7 @@ def test_01_quickstart(quickstart, kernel_dirs):
         assert (workdir / name).exists(), name
 
 
+@pytest.mark.slow
 def test_02_pilot_study(quickstart, kernel_dirs):
     execute("02_pilot_study", kernel_dirs)
     _, runs = kernel_dirs
@@ -147,6 +149,7 @@ def test_02_pilot_study(quickstart, kernel_dirs):
     assert results["budgets"]["budgets"] == [0, 1, 2] and results["depth"]["buckets"][-1] == "never"
 
 
+@pytest.mark.slow
 def test_03_deepretrieval(kernel_dirs):
     execute("03_deepretrieval", kernel_dirs)
     _, runs = kernel_dirs
@@ -154,6 +157,7 @@ def test_03_deepretrieval(kernel_dirs):
     assert list(results["held_out"]) == ["0"]
 
 
+@pytest.mark.slow
 def test_04_rpl(kernel_dirs):
     """The RPL miniature end to end: every policy evaluated, the mutation arm one run with the continued arm
     up to the branch point (its checkpoint and metrics), and results.json's claims read from its numbers."""
@@ -183,6 +187,7 @@ def test_04_rpl(kernel_dirs):
             assert row["retrieval_calls"] == row["retrieval_turns"] <= 2
 
 
+@pytest.mark.slow
 def test_05_bring_your_model(kernel_dirs):
     execute("05_bring_your_model", kernel_dirs)
     _, runs = kernel_dirs

@@ -87,6 +87,7 @@ def metrics(workdir: Path) -> dict[int, dict[str, float]]:
     return out
 
 
+@pytest.mark.slow
 def test_two_processes_train_resume_and_evaluate_like_one(tmp_path):
     world, cache = tmp_path / "world", tmp_path / "jax_cache"  # the cache: the resumed launch compiles less
     config = autosearch.get_config("tiny")
