@@ -143,6 +143,12 @@ def test_token_logprobs_match_numpy_log_softmax():
     np.testing.assert_array_equal(np.asarray(logprobs)[:, 0], 0)
     np.testing.assert_array_equal(
         np.asarray(token_logprobs(CFG, PARAMS, tokens, positions, mask)), np.asarray(logprobs))
+    cooled = logits / 0.7  # the distribution at temperature 0.7
+    cooled -= cooled.max(-1, keepdims=True)
+    logp = cooled - np.log(np.exp(cooled).sum(-1, keepdims=True))
+    np.testing.assert_allclose(
+        np.asarray(token_logprobs(CFG, PARAMS, tokens, positions, mask, temperature=0.7))[:, 1:],
+        np.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1)[..., 0], atol=1e-5, rtol=0)
 
 
 def test_value_model_params_and_outputs():
