@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 REQS   := requirements.txt requirements-test.txt requirements-lucene.txt pyproject.toml
 
-# JAX on CPU; the tests add 8 fake devices (tests/conftest.py) so that sharded code paths are really exercised.
+# JAX on CPU; the tests add 8 fake devices (tests/conftest.py), so sharded code paths are really exercised.
 export JAX_PLATFORMS ?= cpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1

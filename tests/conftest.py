@@ -1,8 +1,8 @@
 """Test-wide setup: JAX on CPU with 8 fake devices, float32 matmuls, offline Hugging Face.
 
 The suite is mostly compilation of tiny programs, so XLA:CPU generates cheaper code (no LLVM optimisation):
-a third less time for the suite. It computes the same; float results may differ from optimised code in the
-last bits (another order of summation).
+measured, a third less time for the PPO, SFT and trainer tests. It computes the same; float results may
+differ from optimised code in the last bits (another order of summation).
 """
 import os
 
