@@ -324,13 +324,19 @@ def forward(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Ar
     masked positions are unspecified. `remat` recomputes each layer in the backward pass to save memory.
     """
     hidden, cache = backbone(cfg, params, tokens, positions, mask, cache, rules=rules, remat=remat)
-    logits = constrain(lm_logits(cfg, params, hidden), ("batch", "length", "vocab"), rules or TRAIN_RULES)
+    logits = _sharded_logits(cfg, params, hidden, rules)
     return logits, hidden, cache
 
 
 def lm_logits(cfg: ModelConfig, params: dict, hidden: jax.Array) -> jax.Array:
     """Float32 logits [..., V] from final hidden states [..., D] (the tied embedding or lm_head)."""
     return _module(cfg, params).apply({"params": params}, hidden, method=Decoder.logits)
+
+
+def _sharded_logits(cfg: ModelConfig, params: dict, hidden: jax.Array, rules: ShardingRules | None
+                    ) -> jax.Array:
+    """`lm_logits` [B, T, V] laid out by `rules` (default: the training rules)."""
+    return constrain(lm_logits(cfg, params, hidden), ("batch", "length", "vocab"), rules or TRAIN_RULES)
 
 
 def apply(cfg: ModelConfig, params: dict, tokens: jax.Array) -> jax.Array:
@@ -371,8 +377,7 @@ def token_logprobs(cfg: ModelConfig, params: dict, tokens: jax.Array, positions:
     that predict a token (all but the last position), so no logits are computed that nothing reads.
     """
     hidden = backbone(cfg, params, tokens, positions, mask, rules=rules, remat=remat)[0]
-    logits = lm_logits(cfg, params, hidden[:, :-1])
-    logits = constrain(logits, ("batch", "length", "vocab"), rules or TRAIN_RULES)
+    logits = _sharded_logits(cfg, params, hidden[:, :-1], rules)
     logprobs, entropy = map(_after_first, _next_token_logprobs(logits / temperature, tokens[:, 1:]))
     return (logprobs, entropy) if with_entropy else logprobs
 

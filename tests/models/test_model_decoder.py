@@ -133,9 +133,12 @@ def test_token_logprobs_match_numpy_log_softmax():
     mask = np.ones((2, 10), bool)
     logprobs, entropy = token_logprobs(CFG, PARAMS, tokens, positions, mask, with_entropy=True)
     assert logprobs.shape == entropy.shape == (2, 10) and logprobs.dtype == jnp.float32
+    def log_softmax(x):
+        shifted = x - x.max(-1, keepdims=True)
+        return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
     logits = np.asarray(apply(CFG, PARAMS, tokens), np.float64)
-    shifted = logits - logits.max(-1, keepdims=True)
-    logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    logp = log_softmax(logits)
     expected = np.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1)[..., 0]
     np.testing.assert_allclose(np.asarray(logprobs)[:, 1:], expected, atol=1e-5, rtol=0)
     np.testing.assert_allclose(np.asarray(entropy)[:, 1:], -(np.exp(logp) * logp).sum(-1)[:, :-1],
@@ -143,9 +146,7 @@ def test_token_logprobs_match_numpy_log_softmax():
     np.testing.assert_array_equal(np.asarray(logprobs)[:, 0], 0)
     np.testing.assert_array_equal(
         np.asarray(token_logprobs(CFG, PARAMS, tokens, positions, mask)), np.asarray(logprobs))
-    cooled = logits / 0.7  # the distribution at temperature 0.7
-    cooled -= cooled.max(-1, keepdims=True)
-    logp = cooled - np.log(np.exp(cooled).sum(-1, keepdims=True))
+    logp = log_softmax(logits / 0.7)  # the distribution at temperature 0.7
     np.testing.assert_allclose(
         np.asarray(token_logprobs(CFG, PARAMS, tokens, positions, mask, temperature=0.7))[:, 1:],
         np.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1)[..., 0], atol=1e-5, rtol=0)
