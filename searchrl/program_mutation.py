@@ -1,6 +1,10 @@
 """Program mutation inside an RL run (Retrieval Program Learning's PM): at a chosen step, the policy's weaker
-programs on training questions are mutated (`searchrl.programs.mutation`), the variants whose execution
-verifies an improvement are distilled into the policy with SFT, and RL resumes from the distilled policy.
+programs on training questions are mutated (`searchrl.programs.mutation`, for `MutationConfig.rounds`
+rounds of verified edits), the variants whose execution verifies an improvement are turned into trajectories
+(the prompt, the policy's turn with the variant in place of its program, the variant's observation, and the
+policy's own greedy answer to it), the trajectories are distilled into the policy with SFT, and RL resumes
+from the distilled policy. Distilling the program turn alone would teach the new programs but let the
+answer turn drift, since no example would show it.
 
 A program is scored by what it shows: for GlobalQA the dF1 of the shown documents against the evidence, for
 open-domain QA whether a shown passage holds a gold answer. Only programs scoring below 1 are mutated, and a
@@ -8,18 +12,21 @@ variant must show no more than `MutationConfig.max_shown` documents (the context
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
 
+from searchrl.episode import SamplingParams
 from searchrl.envs.program import PROGRAM, ProgramEnv, is_globalqa, program_span, set_f1
 from searchrl.programs import ProgramResult, execute, mutation
 from searchrl.rewards import qa
 from searchrl.rl import sft
 from searchrl.rl.config import MutationConfig
 from searchrl.rl.trainer import Trainer
+from searchrl.rollout.engine import RolloutEngine
 from searchrl.text import chat, tags
 
 log = logging.getLogger(__name__)
@@ -43,16 +50,48 @@ def program_frame(turn_text: str) -> tuple[tuple[str, str], str]:
     return (turn_text[:start], turn_text[stop:]), turn_text[start:stop]
 
 
+class _Continuing:
+    """`env`, except that an example's prompt is its "prefix": the rendered trajectory so far, which the
+    policy continues."""
+
+    def __init__(self, env: ProgramEnv):
+        self._env = env
+
+    def prompt(self, example: Mapping[str, Any]) -> str:
+        return example["prefix"]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._env, name)
+
+
+def policy_answers(trainer: Trainer, prefixes: Sequence[str], key: jax.Array) -> list[str | None]:
+    """The policy's greedy next turn after each of `prefixes` (rendered trajectories that end where the
+    policy writes), when that turn is an answer; None when it is not. Runs on the trainer's rollout
+    settings, mesh and dtype, with room for the prefix as the prompt."""
+    engine = trainer.engine
+    rollout = dataclasses.replace(engine.config, sampling=SamplingParams(temperature=0.0),
+                                  max_prompt_tokens=engine.config.max_len)
+    continuing = RolloutEngine(trainer.model_cfg, engine.tokenizer, _Continuing(trainer.env), rollout,
+                               side_branch=False, mesh=engine.train_mesh, dtype=engine.dtype,
+                               rules=engine.rules)
+    traj = continuing.run(trainer.state.policy, [{"prefix": prefix} for prefix in prefixes], key)
+    return [turns[0].text if turns[0].action.kind == tags.ANSWER else None for turns in traj.turns]
+
+
 def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], config: MutationConfig,
                       key: jax.Array) -> tuple[list[list[tuple[str, bool]]], dict[str, float]]:
-    """Rolls out `examples` with the trainer's policy and returns the SFT examples of the verified mutants of
-    their first programs, with counts of what happened."""
+    """Rolls out `examples` with the trainer's policy, mutates their first programs (`mutation.climb`) and
+    returns the SFT examples of the verified variants: prompt, the policy's turn with the variant in place of
+    its program, the variant's observation (as a rollout shows it) and the policy's greedy answer to it (the
+    program turn alone when the policy's next turn is no answer). Also counts what happened (`edits`: the
+    verified edits on all paths; `answered`: the examples with the policy's answer)."""
     env = trainer.env
     if not isinstance(env, ProgramEnv):
         raise ValueError(f"program mutation needs the program env, not {type(env).__name__}")
-    traj = trainer.engine.run(trainer.state.policy, list(examples), key)
+    rollout_key, answer_key = jax.random.split(key)
+    traj = trainer.engine.run(trainer.state.policy, list(examples), rollout_key)
     prompts, frames, verified = [], [], []
-    counts = {"programs": 0, "weak": 0, "improved": 0}
+    counts = {"programs": 0, "weak": 0, "improved": 0, "edits": 0}
     for turns, example in zip(traj.turns, examples):
         turn = next((t for t in turns if t.action.kind == PROGRAM), None)
         if turn is None:
@@ -63,13 +102,24 @@ def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], c
         if score(execute(source, env.sdk, env.config.limits)) >= 1.0:
             continue
         counts["weak"] += 1
-        variants = mutation.mutations(source, env.sdk.available, config.max_variants, env.config.limits)
-        better = mutation.verify(source, variants, env.sdk, score, env.config.limits, config.max_shown)
-        counts["improved"] += bool(better)
-        prompts.append(chat.render(trainer.engine.tokenizer, env.prompt(example)))
-        frames.append(frame)
-        verified.append(better)
+        path = mutation.climb(source, env.sdk, score, env.sdk.available, config.max_variants,
+                              env.config.limits, config.max_shown, config.rounds)
+        counts["improved"] += bool(path)
+        counts["edits"] += len(path)
+        if path:
+            prompts.append(chat.render(trainer.engine.tokenizer, env.prompt(example)))
+            frames.append(frame)
+            verified.append(path[-1:])
     segments = mutation.distillation_examples(prompts, frames, verified)
+    observations = env.observe([env.parse_action(turn, 0) for (_, (turn, _)) in segments])
+    seen = [trainer.engine.observation_text(observation, len(trainer.engine.tokenizer.encode(
+        prompt + turn, add_special_tokens=False))) for ((prompt, _), (turn, _)), observation
+        in zip(segments, observations)]  # as a rollout shows it
+    answers = policy_answers(trainer, [prompt + turn + text for ((prompt, _), (turn, _)), text
+                                       in zip(segments, seen)], answer_key) if segments else []
+    segments = [example + ([(text, False), (answer, True)] if answer is not None else [])
+                for example, text, answer in zip(segments, seen, answers)]
+    counts["answered"] = sum(answer is not None for answer in answers)
     return segments, {name: float(count) for name, count in counts.items()}
 
 

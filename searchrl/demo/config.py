@@ -47,7 +47,8 @@ class RPLDemoConfig:
     types: tuple[str, ...] = ("count",)  # GlobalQA task types trained and evaluated
     max_answer: int = 6  # largest group asked about
     vocab_size: int = 800  # of the BPE tokenizer: held-out names in pieces that training queries write too
-    cold_start_top_k: tuple[int, ...] = (3, 4, 5)  # the scripted programs' top_k: one trajectory each
+    cold_start_top_k: int = 8  # the scripted programs retrieve this many documents
+    cold_start_windows: tuple[tuple[int, int], ...] = ((0, 4),)  # and show ranks [i, j): a trajectory each
     search_turns: int = 2  # searches of a scripted search trajectory (the plan query, then the value)
     eval_questions: int = 128  # held-out tasks evaluated
     prefix_sft: SFTConfig = SFTConfig()  # the first cold-start stage, on prompts and first turns

@@ -8,7 +8,8 @@ turns of both kinds (the prompt says which kind to write; `cold_start`). From th
 - search: the AutoSearch-style agent (`program` env, `search` space): one query per turn, Search-R1's top 3
   passages back; scripted with the plan query, then the group's value alone;
 - program: one program turn over the sparse SDK (`sparse` space: sparse_retrieval, fuse, dedup); scripted
-  as `show(sparse_retrieval(<plan query>, k))`, one trajectory per k of `cold_start_top_k`.
+  as `show(sparse_retrieval(<plan query>, cold_start_top_k)[i:j])`, one trajectory per window of
+  `cold_start_windows`.
 
 Halfway, the program run's checkpoint is copied: one copy continues RL, the other runs program mutation on
 the policy's weak programs, distils the verified variants (`searchrl.program_mutation`) and resumes RL on the
@@ -62,11 +63,13 @@ METRICS = ("answer_f1", "doc_f1", "context_tokens", "retrieval_turns", "retrieva
 Segments = list[tuple[str, bool]]
 
 
-def program_source(query: str, top_k: int) -> str:
-    """A scripted program, written as `ast.unparse` writes the variants mutation distils. The query starts
-    with a space, as its words do in the question: byte-level BPE then gives them the same tokens in both, and
-    the policy's copy of a name it has never seen is token for token."""
-    return f"show(sparse_retrieval({' ' + query!r}, {top_k}))"
+def program_source(query: str, top_k: int, window: tuple[int, int]) -> str:
+    """A scripted program: retrieve `top_k`, show the ranks window[0] .. window[1] - 1; written as
+    `ast.unparse` writes the variants mutation distils. The query starts with a space, as its words do in the
+    question: byte-level BPE then gives them the same tokens in both, and the policy's copy of a name it has
+    never seen is token for token."""
+    start, stop = window
+    return f"show(sparse_retrieval({' ' + query!r}, {top_k})[{start or ''}:{stop}])"
 
 
 def turn_text(action: Action) -> str:
@@ -113,8 +116,8 @@ def build_world(config: ml_collections.ConfigDict, demo: RPLDemoConfig) -> list[
                               1 + i % config.env.limits.max_shown if numbered else None)
              for i, p in enumerate(shown)]
     texts += [t["question"] for t in tasks["train"]]
-    texts += [program_source(t["metadata"]["plan"][0], k)
-              for t in tasks["train"] for k in demo.cold_start_top_k]
+    texts += [program_source(t["metadata"]["plan"][0], demo.cold_start_top_k, window)
+              for t in tasks["train"] for window in demo.cold_start_windows]
     train_bpe_tokenizer(texts, demo.vocab_size, out_dir=config.tokenizer,
                         special_tokens=(*PROTOCOL_TAGS, tags.open_tag(tags.PROGRAM),
                                         tags.close_tag(tags.PROGRAM)))
@@ -123,11 +126,12 @@ def build_world(config: ml_collections.ConfigDict, demo: RPLDemoConfig) -> list[
 
 def scripted_plans(example: Mapping[str, Any], env: ProgramEnv, demo: RPLDemoConfig) -> list[list[Action]]:
     """The cold start's retrieval turns for `example`, one list per trajectory: a program of the plan query
-    for each top_k of `demo.cold_start_top_k`, or one search plan (the plan query, then the group's value
+    per window of `demo.cold_start_windows`, or one search plan (the plan query, then the group's value
     alone) cut to the env's turns."""
     meta = example["metadata"]
     if env.tool == PROGRAM:
-        return [[Action(PROGRAM, program_source(meta["plan"][0], k))] for k in demo.cold_start_top_k]
+        return [[Action(PROGRAM, program_source(meta["plan"][0], demo.cold_start_top_k, window))]
+                for window in demo.cold_start_windows]
     queries = [meta["plan"][0], meta["value"]][: min(demo.search_turns, env.config.max_turns)]
     return [[Action(SEARCH, query) for query in queries]]
 

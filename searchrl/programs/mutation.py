@@ -3,13 +3,15 @@ verified by running them, and distilled back into the policy.
 
     variants = mutations(source, available=("sparse_retrieval", "dense_retrieval", "fuse"))
     better = verify(source, variants, sdk, score, max_shown=5)  # strictly better, no error, within budget
+    path = climb(source, sdk, score, max_shown=5, rounds=4)  # the best of the best ..., one edit per round
     examples = distillation_examples(prompts, [(before, after), ...], [better, ...])  # SFT segments
 
 An edit is a small pure function of the program's syntax tree that returns every variant it can make, in
 source order (`EDITS`, in grammar order): change a top_k, swap sparse and dense retrieval, fuse a retrieval
 with the other retriever, dedup or rerank what is shown, split a query into sub-queries (one retrieval each,
-fused), and widen or narrow the slice that is shown. Variants are regenerated with `ast.unparse` and kept only
-when the language's parser accepts them and every SDK function they call is in the action space.
+fused), and widen, narrow or move the window that is shown. Variants are regenerated with `ast.unparse`
+and kept only when the language's parser accepts them and every SDK function they call is in the action
+space.
 """
 from __future__ import annotations
 
@@ -147,18 +149,28 @@ def _show_argument(node: ast.AST) -> ast.expr | None:
     return shown
 
 
-def _head(node: ast.expr) -> tuple[ast.expr, ast.expr] | None:
-    """(docs, k) when `node` is `docs[:k]` (or `docs[0:k]`)."""
+def _window(node: ast.expr) -> tuple[ast.expr, int, ast.expr | None] | None:
+    """(docs, j, k) when `node` is `docs[j:k]` with a constant j (0 when left out) and no step; k is None
+    for `docs[j:]`."""
     if not (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice)):
         return None
     lower, upper, step = node.slice.lower, node.slice.upper, node.slice.step
-    if upper is None or step is not None or not (lower is None or _is_int(lower) and lower.value == 0):
+    if step is not None or not (lower is None or _is_int(lower) and lower.value >= 0):
         return None
-    return node.value, upper
+    return node.value, 0 if lower is None else lower.value, upper
 
 
-def _sliced(docs: ast.expr, upper: ast.expr) -> ast.Subscript:
-    return ast.Subscript(docs, ast.Slice(None, upper, None), ast.Load())
+def _head(node: ast.expr) -> tuple[ast.expr, ast.expr] | None:
+    """(docs, k) when `node` is `docs[:k]` (or `docs[0:k]`)."""
+    window = _window(node)
+    if window is None or window[1] != 0 or window[2] is None:
+        return None
+    return window[0], window[2]
+
+
+def _sliced(docs: ast.expr, upper: ast.expr | None, lower: int = 0) -> ast.Subscript:
+    """`docs[lower:upper]`, written `docs[:upper]` when lower is 0."""
+    return ast.Subscript(docs, ast.Slice(ast.Constant(lower) if lower else None, upper, None), ast.Load())
 
 
 def _bound_strings(tree: ast.Module) -> dict[str, str]:
@@ -291,21 +303,28 @@ def split_query(tree: ast.Module) -> list[str]:
 
 
 def resize_shown(tree: ast.Module) -> list[str]:
-    """What one `show` shows widened or narrowed: `docs[:k]` to k - 1, k + 1, k // 2, 2k or all of docs;
-    a whole list cut to each of `SHOW_SIZES`."""
+    """What one `show` shows widened, narrowed or moved down the ranking. A window `docs[j:k]` (j may be 0)
+    ends at k - 1, k + 1, k // 2 or 2k, starts one later (the first shown dropped), moves down or up by one,
+    or becomes all of docs; a whole list is cut to each of `SHOW_SIZES`, or loses its first document."""
     def rewrite(node: ast.AST) -> list[ast.expr]:
         shown = _show_argument(node)
         if shown is None:
             return []
-        head = _head(shown)
-        if head is None:
-            return [_call("show", [_sliced(shown, ast.Constant(size))]) for size in SHOW_SIZES]
-        docs, upper = head
-        if not _is_int(upper):
+        window = _window(shown)
+        if window is None:
+            return [_call("show", [_sliced(shown, ast.Constant(size))]) for size in SHOW_SIZES] + [
+                _call("show", [_sliced(shown, None, 1)])]
+        docs, j, upper = window
+        if upper is not None and not _is_int(upper):
             return [_call("show", [docs])]
-        k = upper.value
-        sizes = [size for size in dict.fromkeys((k - 1, k + 1, k // 2, 2 * k)) if size >= 1 and size != k]
-        resized = [_call("show", [_sliced(docs, ast.Constant(size))]) for size in sizes]
+        if upper is None:
+            windows = [(j + 1, None)] + ([(j - 1, None)] if j > 1 else [])  # docs[0:] is all of docs
+        else:
+            k = upper.value
+            ends = [(j, end) for end in dict.fromkeys((k - 1, k + 1, k // 2, 2 * k)) if end > j and end != k]
+            windows = ends + [(j + 1, k), (j + 1, k + 1)] + ([(j - 1, k - 1)] if j else [])
+        resized = [_call("show", [_sliced(docs, None if end is None else ast.Constant(end), start)])
+                   for start, end in dict.fromkeys(windows) if end is None or start < end]
         return resized + [_call("show", [docs])]
     return _variants(tree, rewrite)
 
@@ -376,6 +395,24 @@ def verify(source: str, variants: Sequence[Mutation], sdk: RetrievalSDK, score: 
             if value > baseline:
                 out.append(Verified(variant.source, value, baseline, len(result.shown), variant.edit))
     return sorted(out, key=lambda verified: -verified.score)
+
+
+def climb(source: str, sdk: RetrievalSDK, score: Score, available: Sequence[str] = SDK_FUNCTIONS,
+          max_variants: int | None = None, limits: Limits | None = None, max_shown: int | None = None,
+          rounds: int = 1) -> list[Verified]:
+    """Local search by verified edits: the best verified variant of `source` (`mutations`, then `verify`),
+    then the best verified variant of that one, and so on for at most `rounds` rounds, stopping at the first
+    round that verifies none. Returns that path, one `Verified` per round (each scored against the last), so
+    a change of several coordinated edits is reached one improvement at a time; empty when none verifies."""
+    path: list[Verified] = []
+    for _ in range(rounds):
+        current = path[-1].source if path else source
+        better = verify(current, mutations(current, available, max_variants, limits), sdk, score, limits,
+                        max_shown)
+        if not better:
+            break
+        path.append(better[0])
+    return path
 
 
 def distillation_examples(prompts: Sequence[str], turn_frames: Sequence[tuple[str, str]],

@@ -139,7 +139,8 @@ class MutationConfig:
 
     at_step: int = 0  # the RL step after which mutation and distillation run once (0: never; the paper: 200)
     episodes: int = 64  # training questions whose programs are rolled out and mutated
-    max_variants: int = 64  # single-edit variants verified per program
+    max_variants: int = 64  # single-edit variants verified per program and round
+    rounds: int = 1  # of local search: each round mutates the last round's best verified variant
     max_shown: int = 10  # a verified variant shows at most this many documents (the context budget)
     sft: SFTConfig = SFTConfig(steps=50, batch_size=8, max_len=1024,
                                optim=OptimConfig(lr=1e-5, warmup_steps=5))

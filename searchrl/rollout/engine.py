@@ -217,6 +217,11 @@ class RolloutEngine:
         closing = self._encode(_closing_suffix(obs.text))
         return ids[: max(limit - len(closing), 0)] + closing[:limit]
 
+    def observation_text(self, obs: Observation, used: int) -> str:
+        """The observation's text as a rollout gives it to a row that has used `used` slots: truncated to
+        `max_obs_tokens` and to the room left."""
+        return self._decode(self._observation_tokens(obs, self.config.max_len - used - 1))
+
     def _extend_in_chunks(self, params, state: generate.GenState, sequences: list[list[int]],
                           start: np.ndarray, sampling: SamplingParams) -> generate.GenState:
         """Appends each row's tokens in chunks of at most the widest chunk width, aligned so that every row's

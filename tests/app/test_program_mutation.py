@@ -58,7 +58,10 @@ class ScriptedEngine:
     """Stands in for the rollout engine: every row's first turn is the weak program of its city."""
 
     def __init__(self, engine):
-        self.tokenizer = engine.tokenizer
+        self.engine, self.tokenizer = engine, engine.tokenizer
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
 
     def run(self, params, examples, key):
         programs = [WEAK.format(city=ex["question"][-4:]) for ex in examples]
@@ -75,7 +78,15 @@ def test_program_frame_is_the_turn_around_the_program_source():
     assert frame[0] + source + frame[1] == turn
 
 
-def test_weak_programs_are_mutated_verified_and_turned_into_sft_examples(trainer):
+def test_weak_programs_are_mutated_verified_and_turned_into_sft_examples(trainer, monkeypatch):
+    """The policy's answers stand in: rows 0 and 2 answer, rows 1 and 3 write something else (the random
+    policy answers nothing; its greedy turns are tested below)."""
+    asked = []
+
+    def answers(trainer, prefixes, key):
+        asked.extend(prefixes)
+        return [f"<answer> {i} </answer>" if i % 2 == 0 else None for i in range(len(prefixes))]
+    monkeypatch.setattr(program_mutation, "policy_answers", answers)
     config = MutationConfig(max_variants=64, max_shown=4)
     real_engine, trainer.engine = trainer.engine, ScriptedEngine(trainer.engine)
     try:
@@ -83,15 +94,49 @@ def test_weak_programs_are_mutated_verified_and_turned_into_sft_examples(trainer
                                                               jax.random.key(0))
     finally:
         trainer.engine = real_engine
-    assert counts == {"programs": 4.0, "weak": 4.0, "improved": 4.0}
-    for (prompt, is_prompt_policy), (turn, is_policy) in segments:
+    # one round each
+    assert counts == {"programs": 4.0, "weak": 4.0, "improved": 4.0, "edits": 4.0, "answered": 2.0}
+    assert [len(example) for example in segments] == [4, 2, 4, 2]
+    for i, example in enumerate(segments):
+        (prompt, is_prompt_policy), (turn, is_policy) = example[:2]
         assert not is_prompt_policy and is_policy
+        [observation] = trainer.env.observe([trainer.env.parse_action(turn, 0)])
+        used = len(trainer.engine.tokenizer.encode(prompt + turn, add_special_tokens=False))
+        seen = trainer.engine.observation_text(observation, used)  # as a rollout shows it: truncated
+        assert asked[i] == prompt + turn + seen and len(seen) < len(observation.text)
+        if i % 2 == 0:  # the variant's observation, then the policy's answer
+            assert example[2:] == [(seen, False), (f"<answer> {i} </answer>", True)]
         assert turn.startswith("<think>go</think><program> ") and turn.endswith("\n</program>")  # as written
         source = rpl.program_source(tags.blocks(turn, rpl.PROGRAM)[0])
         result = execute(source, trainer.env.sdk, trainer.env.config.limits)
         city = prompt.strip()[-4:]
         assert result.error is None and len(result.shown) <= 4
         assert rpl.set_f1([h.id for h in result.shown], [f"{city}{i}" for i in range(4)]) > 2 / 3  # was 2/3
+
+
+def test_policy_answers_are_the_greedy_continuation_of_each_prefix(trainer, monkeypatch):
+    """Every turn counts as an answer here (the random policy writes none): each is the greedy decode of
+    the prefix, token by token with the full forward pass, cut after the first stop string."""
+    monkeypatch.setattr(trainer.env, "parse_action", lambda text, turn: Action(tags.ANSWER, text, done=True))
+    tokenizer, cfg = trainer.engine.tokenizer, trainer.model_cfg
+    prefixes = ["which organisations are in arno\n<program> show(sparse_retrieval('arno', 2)) </program>",
+                "which organisations are in cora\n"]
+    params = jax.device_get(trainer.state.policy)
+    expected = []
+    for prefix in prefixes:
+        ids = tokenizer.encode(prefix, add_special_tokens=False)
+        start = len(ids)
+        for _ in range(trainer.engine.config.max_turn_tokens):
+            tokens = np.asarray(ids)[None]
+            positions = np.arange(len(ids))[None]
+            logits, _, _ = models.forward(cfg, params, tokens, positions, np.ones_like(tokens, bool))
+            ids.append(int(np.argmax(logits[0, -1])))
+            text = tokenizer.decode(ids[start:])
+            if ids[-1] == cfg.eos_token_id or any(stop in text for stop in trainer.env.stop_strings):
+                break
+        stops = [text.index(s) + len(s) for s in trainer.env.stop_strings if s in text]
+        expected.append(text[:min(stops)] if stops else text)
+    assert program_mutation.policy_answers(trainer, prefixes, jax.random.key(1)) == expected
 
 
 def test_distillation_updates_the_policy_in_place_and_rl_resumes(trainer):

@@ -27,7 +27,7 @@ def world(tmp_path_factory):
 
 
 def test_scripted_cold_starts_answer_with_the_gold_documents_shown(world):
-    """Against the real env and index: a program per cold-start top_k or the two-search plan, the
+    """Against the real env and index: a program per cold-start window or the two-search plan, the
     observations the env gives, and an answer naming exactly the gold documents shown, in shown order; the
     prefix stage holds each prompt and first turn."""
     seeded, demo, prefix_tasks = world
@@ -40,8 +40,8 @@ def test_scripted_cold_starts_answer_with_the_gold_documents_shown(world):
         plans = [(example, plan) for example in examples
                  for plan in rpl.scripted_plans(example, built.env, demo)]
         if arm == "program":
-            expected = [[rpl.program_source(e["metadata"]["plan"][0], k)]
-                        for e in examples for k in demo.cold_start_top_k]
+            expected = [[rpl.program_source(e["metadata"]["plan"][0], demo.cold_start_top_k, window)]
+                        for e in examples for window in demo.cold_start_windows]
         else:
             expected = [[e["metadata"]["plan"][0], e["metadata"]["value"]] for e in examples]
         assert [[a.content for a in plan] for _, plan in plans] == expected

@@ -62,10 +62,15 @@ def edit(name: str, source: str) -> list[str]:
      ["q = 'cats and dogs'\nshow(fuse(dense_retrieval('cats'), dense_retrieval('dogs')))"]),
     ("split_query", "q = 'cats and dogs'\nq = 'x'\nshow(dense_retrieval(q))", []),  # q is bound twice
     ("resize_shown", "docs = sparse_retrieval('cat', 10)\nshow(docs[:4])",
-     [f"docs = sparse_retrieval('cat', 10)\nshow(docs[:{k}])" for k in (3, 5, 2, 8)]
+     [f"docs = sparse_retrieval('cat', 10)\nshow(docs[{window}])"
+      for window in (":3", ":5", ":2", ":8", "1:4", "1:5")]
      + ["docs = sparse_retrieval('cat', 10)\nshow(docs)"]),
+    ("resize_shown", "show(docs[2:4])",  # ends at 3, 5 or 8 (not 2), starts at 3, moves down or up by one
+     [f"show(docs[{window}])" for window in ("2:3", "2:5", "2:8", "3:4", "3:5", "1:3")] + ["show(docs)"]),
+    ("resize_shown", "show(docs[1:])", ["show(docs[2:])", "show(docs)"]),
+    ("resize_shown", "show(docs[3:])", ["show(docs[4:])", "show(docs[2:])", "show(docs)"]),
     ("resize_shown", "show(sparse_retrieval('cat', 10))",
-     [f"show(sparse_retrieval('cat', 10)[:{k}])" for k in (1, 3, 5)]),
+     [f"show(sparse_retrieval('cat', 10)[{window}])" for window in (":1", ":3", ":5", "1:")]),
     ("resize_shown", "k = 2\nshow(docs[:k])", ["k = 2\nshow(docs)"]),
 ])
 def test_edits(name, source, expected):
@@ -153,6 +158,24 @@ def test_verify_needs_a_strict_improvement():
     source = "show(dense_retrieval('cat', 1))"  # already finds d:cat:0 alone: F1 2/3
     same = [Mutation("show(dense_retrieval('cat', 1)[:1])", "resize_shown")]
     assert verify(source, same, SDK, doc_f1) == []
+
+
+def test_climb_reaches_a_window_no_single_edit_reaches():
+    """The gold are ranks 2 and 3 and the budget is two documents: moving the window from [:2] to [2:4]
+    takes two verified edits, each scored against the one before; the climb stops at the best."""
+    gold = ("s:cat:2", "s:cat:3")
+
+    def score(result):
+        return set_f1(ids(result), gold)
+    source = "show(sparse_retrieval('cat', 8)[:2])"
+    path = mutation.climb(source, SDK, score, ("sparse_retrieval",), max_shown=2, rounds=4)
+    assert [(v.source, v.edit, v.shown_count) for v in path] == [
+        ("show(sparse_retrieval('cat', 8)[1:3])", "resize_shown", 2),
+        ("show(sparse_retrieval('cat', 8)[2:4])", "resize_shown", 2)]
+    assert [v.baseline for v in path] == pytest.approx([0.0, 0.5])
+    assert [v.score for v in path] == pytest.approx([0.5, 1.0])
+    assert mutation.climb(source, SDK, score, ("sparse_retrieval",), max_shown=2) == path[:1]
+    assert mutation.climb(path[-1].source, SDK, score, ("sparse_retrieval",), max_shown=2, rounds=4) == []
 
 
 def test_distillation_examples():
