@@ -92,7 +92,7 @@ def tiny(config):
     # rounds of verified edits each: moving the shown window past the group's own passages (which BM25 ranks
     # first) takes 2 rounds for a city's group and 4 for an organisation's.
     # Distillation is SFT at a third of the cold start's peak learning rate, about one pass over the
-    # verified variants (more passes learn the training names by heart and copy held-out names worse).
+    # verified variants (about five passes raised held-out dF1 but lowered answer F1: README).
     config.mutation.update(dict(episodes=512, max_variants=16, max_shown=4, rounds=4))
     config.mutation.sft.update(dict(steps=16, batch_size=16, max_len=288))
     config.mutation.sft.optim.update(dict(lr=1e-3, warmup_steps=5))
