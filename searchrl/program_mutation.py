@@ -2,9 +2,15 @@
 programs on training questions are mutated (`searchrl.programs.mutation`, for `MutationConfig.rounds`
 rounds of verified edits), the variants whose execution verifies an improvement are turned into trajectories
 (the prompt, the policy's turn with the variant in place of its program, the variant's observation, and the
-policy's own greedy answer to it), the trajectories are distilled into the policy with SFT, and RL resumes
-from the distilled policy. Distilling the program turn alone would teach the new programs but let the
-answer turn drift, since no example would show it.
+policy's own greedy answer to it), those that score at least as well as the rolled-out episode are
+distilled into the policy with SFT, and RL resumes from the distilled policy. Distilling the program turn
+alone would teach the new programs but let the answer turn drift, since no example would show it;
+distilling every answer would teach the answers that cite nothing right along with the ones that do.
+
+searchrl also distils, by default (`MutationConfig.keep_unimproved`), the policy's programs that no edit
+improves, each with its greedy answer: with the improved ones alone, distillation moved every program the
+same way, including those already best (in the miniature, a window that suits one question type was
+written for all of them).
 
 A program is scored by what it shows: for GlobalQA the dF1 of the shown documents against the evidence, for
 open-domain QA whether a shown passage holds a gold answer. Only programs scoring below 1 are mutated, and a
@@ -19,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from searchrl.episode import SamplingParams
+from searchrl.episode import SamplingParams, Turn
 from searchrl.envs.program import PROGRAM, ProgramEnv, is_globalqa, program_span, set_f1
 from searchrl.programs import ProgramResult, execute, mutation
 from searchrl.rewards import qa
@@ -81,46 +87,61 @@ def policy_answers(trainer: Trainer, prefixes: Sequence[str], key: jax.Array) ->
 def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], config: MutationConfig,
                       key: jax.Array) -> tuple[list[list[tuple[str, bool]]], dict[str, float]]:
     """Rolls out `examples` with the trainer's policy, mutates their first programs (`mutation.climb`) and
-    returns the SFT examples of the verified variants: prompt, the policy's turn with the variant in place of
-    its program, the variant's observation (as a rollout shows it) and the policy's greedy answer to it (the
-    program turn alone when the policy's next turn is no answer). Also counts what happened (`edits`: the
-    verified edits on all paths; `answered`: the examples with the policy's answer)."""
+    returns the SFT examples: prompt, the policy's turn with the best program found in place of its own
+    (`before + source + after`: its reasoning and tags stay as written), that program's observation (as a
+    rollout shows it) and the policy's greedy answer to it. The best program is the verified variant, or
+    under `config.keep_unimproved` the policy's own when no edit improves it: distillation then moves the
+    programs mutation improved and holds the others where they were. A trajectory is kept when its reward
+    (`ProgramEnv.episode_reward`: the task metric of that answer) is positive and at least the rolled-out
+    episode's. Also counts what happened (`edits`: the verified edits on all paths; `answered`: the
+    trajectories the policy answered; `variants`: the kept trajectories with a variant)."""
     env = trainer.env
     if not isinstance(env, ProgramEnv):
         raise ValueError(f"program mutation needs the program env, not {type(env).__name__}")
     rollout_key, answer_key = jax.random.split(key)
     traj = trainer.engine.run(trainer.state.policy, list(examples), rollout_key)
-    prompts, frames, verified = [], [], []
+    rolled_out = [row[-1] for row in env.rewards(traj, examples)]
+    candidates = []  # (example, the rolled-out reward, prompt, the turn to distil, whether it is a variant)
     counts = {"programs": 0, "weak": 0, "improved": 0, "edits": 0}
-    for turns, example in zip(traj.turns, examples):
+    for turns, example, reward in zip(traj.turns, examples, rolled_out):
         turn = next((t for t in turns if t.action.kind == PROGRAM), None)
         if turn is None:
             continue
         counts["programs"] += 1
-        frame, source = program_frame(turn.text)
+        (before, after), source = program_frame(turn.text)
         score = program_score(example)
-        if score(execute(source, env.sdk, env.config.limits)) >= 1.0:
-            continue
-        counts["weak"] += 1
-        path = mutation.climb(source, env.sdk, score, env.sdk.available, config.max_variants,
-                              env.config.limits, config.max_shown, config.rounds)
-        counts["improved"] += bool(path)
-        counts["edits"] += len(path)
-        if path:
-            prompts.append(chat.render(trainer.engine.tokenizer, env.prompt(example)))
-            frames.append(frame)
-            verified.append(path[-1:])
-    segments = mutation.distillation_examples(prompts, frames, verified)
-    observations = env.observe([env.parse_action(turn, 0) for (_, (turn, _)) in segments])
+        path = []
+        if score(execute(source, env.sdk, env.config.limits)) < 1.0:
+            counts["weak"] += 1
+            path = mutation.climb(source, env.sdk, score, env.sdk.available, config.max_variants,
+                                  env.config.limits, config.max_shown, config.rounds)
+            counts["improved"] += bool(path)
+            counts["edits"] += len(path)
+        if path or config.keep_unimproved:
+            prompt = chat.render(trainer.engine.tokenizer, env.prompt(example))
+            program = path[-1].source if path else source
+            candidates.append((example, reward, prompt, before + program + after, bool(path)))
+    actions = [env.parse_action(text, 0) for _, _, _, text, _ in candidates]
+    observations = env.observe(actions)
     seen = [trainer.engine.observation_text(observation, len(trainer.engine.tokenizer.encode(
-        prompt + turn, add_special_tokens=False))) for ((prompt, _), (turn, _)), observation
-        in zip(segments, observations)]  # as a rollout shows it
-    answers = policy_answers(trainer, [prompt + turn + text for ((prompt, _), (turn, _)), text
-                                       in zip(segments, seen)], answer_key) if segments else []
-    segments = [example + ([(text, False), (answer, True)] if answer is not None else [])
-                for example, text, answer in zip(segments, seen, answers)]
-    counts["answered"] = sum(answer is not None for answer in answers)
-    return segments, {name: float(count) for name, count in counts.items()}
+        prompt + text, add_special_tokens=False))) for (_, _, prompt, text, _), observation
+        in zip(candidates, observations)]  # as a rollout shows it
+    answers = policy_answers(trainer, [prompt + text + shown for (_, _, prompt, text, _), shown
+                                       in zip(candidates, seen)], answer_key) if candidates else []
+    kept = []
+    counts["answered"] = counts["variants"] = 0
+    for (example, reward, prompt, text, variant), action, observation, shown, answer in zip(
+            candidates, actions, observations, seen, answers):
+        if answer is None:
+            continue
+        counts["answered"] += 1
+        turns = [Turn(0, 0, text, action, shown, observation.info),
+                 Turn(0, 0, answer, env.parse_action(answer, 1))]
+        distilled = env.episode_reward(turns, example)
+        if distilled > 0 and distilled >= reward:
+            kept.append([(prompt, False), (text, True), (shown, False), (answer, True)])
+            counts["variants"] += variant
+    return kept, {name: float(count) for name, count in counts.items()}
 
 
 def distill(trainer: Trainer, segments: Sequence[Sequence[tuple[str, bool]]], config: MutationConfig

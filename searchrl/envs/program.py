@@ -231,13 +231,15 @@ class ProgramEnv:
                     "doc_f1": set_f1(shown, example["metadata"]["evidence_ids"])}
         return {"em": qa.exact_match(answer, golds), "f1": qa.f1(answer, golds)}
 
+    def episode_reward(self, turns: Sequence[Turn], example: Mapping[str, Any]) -> float:
+        """One episode's reward: EM for QA, answer F1 over document ids for GlobalQA."""
+        scores = self._scores(turns, example)
+        return scores.get("answer_f1", scores.get("em", 0.0))
+
     def rewards(self, trajectory: Trajectory, examples: Sequence[Mapping[str, Any]]) -> list[list[float]]:
-        """On the last turn: EM for QA, answer F1 over document ids for GlobalQA."""
-        out = []
-        for turns, example in zip(trajectory.turns, examples):
-            scores = self._scores(turns, example)
-            out.append([0.0] * (len(turns) - 1) + [scores.get("answer_f1", scores.get("em", 0.0))])
-        return out
+        """The episode's reward (`episode_reward`) on its last turn."""
+        return [[0.0] * (len(turns) - 1) + [self.episode_reward(turns, example)]
+                for turns, example in zip(trajectory.turns, examples)]
 
     def metrics(self, trajectory: Trajectory, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Per episode: the answer, the task type (a GlobalQA type or "qa") and its scores, the context tokens

@@ -1,10 +1,9 @@
 """Program mutation for Retrieval Program Learning: grammar-constrained local variants of a program,
-verified by running them, and distilled back into the policy.
+verified by running them (`searchrl.program_mutation` distils them back into the policy).
 
     variants = mutations(source, available=("sparse_retrieval", "dense_retrieval", "fuse"))
     better = verify(source, variants, sdk, score, max_shown=5)  # strictly better, no error, within budget
     path = climb(source, sdk, score, max_shown=5, rounds=4)  # the best of the best ..., one edit per round
-    examples = distillation_examples(prompts, [(before, after), ...], [better, ...])  # SFT segments
 
 An edit is a small pure function of the program's syntax tree that returns every variant it can make, in
 source order (`EDITS`, in grammar order): change a top_k, swap sparse and dense retrieval, fuse a retrieval
@@ -35,7 +34,6 @@ _TOP_K_POSITION = {"sparse_retrieval": 1, "dense_retrieval": 1, "rerank": 2}  # 
 
 Edit = Callable[[ast.Module], list[str]]
 Score = Callable[[ProgramResult], float]
-Segments = list[tuple[str, bool]]  # (text, is_policy), as `searchrl.rl.sft` takes them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -413,14 +411,3 @@ def climb(source: str, sdk: RetrievalSDK, score: Score, available: Sequence[str]
             break
         path.append(better[0])
     return path
-
-
-def distillation_examples(prompts: Sequence[str], turn_frames: Sequence[tuple[str, str]],
-                          verified: Sequence[Sequence[Verified]]) -> list[Segments]:
-    """SFT examples (`searchrl.rl.sft`'s (text, is_policy) segments), one per episode with a verified variant:
-    its prompt, then the policy's own turn with the best variant in place of its program: `before + source +
-    after`, where `turn_frames` holds the text the policy wrote before and after its program's source
-    (reasoning, the `<program>` tags with the whitespace or code fence inside them), so that distillation
-    changes the program and nothing else."""
-    return [[(prompt, False), (before + better[0].source + after, True)]
-            for prompt, (before, after), better in zip(prompts, turn_frames, verified, strict=True) if better]

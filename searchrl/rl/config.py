@@ -142,5 +142,6 @@ class MutationConfig:
     max_variants: int = 64  # single-edit variants verified per program and round
     rounds: int = 1  # of local search: each round mutates the last round's best verified variant
     max_shown: int = 10  # a verified variant shows at most this many documents (the context budget)
+    keep_unimproved: bool = True  # also distil the programs no edit improves (the paper: variants only)
     sft: SFTConfig = SFTConfig(steps=50, batch_size=8, max_len=1024,
                                optim=OptimConfig(lr=1e-5, warmup_steps=5))

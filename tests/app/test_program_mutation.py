@@ -2,6 +2,7 @@
 the verified mutants are distilled into the trainer's policy, and RL resumes from it."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -24,6 +25,8 @@ CITIES = ("arno", "beni", "cora", "dune")
 DOCS = [(f"{c}{i}", f"Org{i} {c}", f"organisation {i} is headquartered in {c}")
         for c in CITIES for i in range(4)]
 WEAK = "show(sparse_retrieval('headquartered {city}', 2))"  # shows 2 of the city's 4 documents
+BEST = "show(sparse_retrieval('headquartered {city}', 4))"  # all 4: no edit improves it
+ANSWERED = ("cora", "dune")  # the rows whose rolled-out episode answers (the others end after the program)
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +67,13 @@ class ScriptedEngine:
         return getattr(self.engine, name)
 
     def run(self, params, examples, key):
-        programs = [WEAK.format(city=ex["question"][-4:]) for ex in examples]
+        cities = [ex["question"][-4:] for ex in examples]
+        programs = [(WEAK if i < len(CITIES) else BEST).format(city=city) for i, city in enumerate(cities)]
         texts = ["<think>go</think>" + tags.block(tags.PROGRAM, f" {p}\n") for p in programs]
         turns = [[Turn(0, 1, text, Action(rpl.PROGRAM, p))] for text, p in zip(texts, programs)]
+        for row, city in zip(turns[:len(CITIES)], cities):
+            if city in ANSWERED:  # answer F1 2/3
+                row.append(Turn(1, 2, "", Action(tags.ANSWER, f"{city}0, {city}1", done=True)))
         return type("Rows", (), {"turns": turns})()
 
 
@@ -79,37 +86,49 @@ def test_program_frame_is_the_turn_around_the_program_source():
 
 
 def test_weak_programs_are_mutated_verified_and_turned_into_sft_examples(trainer, monkeypatch):
-    """The policy's answers stand in: rows 0 and 2 answer, rows 1 and 3 write something else (the random
-    policy answers nothing; its greedy turns are tested below)."""
+    """The policy's answers stand in (the random policy answers nothing; its greedy turns are tested below).
+    Rows 0-3 write the weak program of their city, row 4 (arno again) the best one. Against the gold of 4
+    documents, the rolled-out episodes score 0 (no answer: arno, beni, arno) and 2/3 (cora, dune). With the
+    best programs found, arno's answer (1 of 4: F1 0.4) beats 0, beni's turn is no answer, cora's (3 of 4:
+    6/7) beats 2/3, dune's (0.4) does not, and the second arno's (all 4) beats 0: rows 0 and 2 are kept with
+    their variants, row 4 with its own program, unless `keep_unimproved` is off."""
+    answers = ["<answer> arno0 </answer>", None, "<answer> cora0, cora1, cora2 </answer>",
+               "<answer> dune0 </answer>", "<answer> arno0, arno1, arno2, arno3 </answer>"]
     asked = []
 
-    def answers(trainer, prefixes, key):
-        asked.extend(prefixes)
-        return [f"<answer> {i} </answer>" if i % 2 == 0 else None for i in range(len(prefixes))]
-    monkeypatch.setattr(program_mutation, "policy_answers", answers)
-    config = MutationConfig(max_variants=64, max_shown=4)
+    def policy_answers(trainer, prefixes, key):
+        asked.append(prefixes)
+        return answers[:len(prefixes)]
+    monkeypatch.setattr(program_mutation, "policy_answers", policy_answers)
+    config, rows = MutationConfig(max_variants=64, max_shown=4), trainer.train_examples[:5]
     real_engine, trainer.engine = trainer.engine, ScriptedEngine(trainer.engine)
     try:
-        segments, counts = program_mutation.mutation_examples(trainer, trainer.train_examples[:4], config,
-                                                              jax.random.key(0))
+        segments, counts = program_mutation.mutation_examples(trainer, rows, config, jax.random.key(0))
+        variants_only, _ = program_mutation.mutation_examples(
+            trainer, rows, dataclasses.replace(config, keep_unimproved=False), jax.random.key(0))
     finally:
         trainer.engine = real_engine
     # one round each
-    assert counts == {"programs": 4.0, "weak": 4.0, "improved": 4.0, "edits": 4.0, "answered": 2.0}
-    assert [len(example) for example in segments] == [4, 2, 4, 2]
-    for i, example in enumerate(segments):
-        (prompt, is_prompt_policy), (turn, is_policy) = example[:2]
-        assert not is_prompt_policy and is_policy
+    assert counts == {"programs": 5.0, "weak": 4.0, "improved": 4.0, "edits": 4.0, "answered": 4.0,
+                      "variants": 2.0}
+    assert [len(prefixes) for prefixes in asked] == [5, 4]
+    assert len(segments) == 3 and variants_only == segments[:2]
+    for example, i in zip(segments, (0, 2, 4)):
+        (prompt, is_prompt_policy), (turn, is_policy), (seen, is_seen_policy), answer = example
+        assert not is_prompt_policy and is_policy and not is_seen_policy
+        city = prompt.strip()[-4:]
+        assert city == (CITIES * 2)[i]
+        assert answer == (answers[i], True)
         [observation] = trainer.env.observe([trainer.env.parse_action(turn, 0)])
         used = len(trainer.engine.tokenizer.encode(prompt + turn, add_special_tokens=False))
-        seen = trainer.engine.observation_text(observation, used)  # as a rollout shows it: truncated
-        assert asked[i] == prompt + turn + seen and len(seen) < len(observation.text)
-        if i % 2 == 0:  # the variant's observation, then the policy's answer
-            assert example[2:] == [(seen, False), (f"<answer> {i} </answer>", True)]
+        assert seen == trainer.engine.observation_text(observation, used)  # as a rollout shows it: truncated
+        assert asked[0][i] == prompt + turn + seen and len(seen) < len(observation.text)
         assert turn.startswith("<think>go</think><program> ") and turn.endswith("\n</program>")  # as written
         source = rpl.program_source(tags.blocks(turn, rpl.PROGRAM)[0])
+        if i == 4:
+            assert source == BEST.format(city=city)  # the policy's own
+            continue
         result = execute(source, trainer.env.sdk, trainer.env.config.limits)
-        city = prompt.strip()[-4:]
         assert result.error is None and len(result.shown) <= 4
         assert rpl.set_f1([h.id for h in result.shown], [f"{city}{i}" for i in range(4)]) > 2 / 3  # was 2/3
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from searchrl.envs.program import ACTION_SPACES, set_f1
 from searchrl.programs import Limits, language, mutation
-from searchrl.programs.mutation import Mutation, Verified, distillation_examples, mutate, mutations, verify
+from searchrl.programs.mutation import Mutation, Verified, mutate, mutations, verify
 from searchrl.retrieval.ops import SDK_FUNCTIONS
 from tests.programs.program_helpers import SDK, ids, run
 from tests.programs.test_fuzz import PRELUDE, statements
@@ -176,18 +176,6 @@ def test_climb_reaches_a_window_no_single_edit_reaches():
     assert [v.score for v in path] == pytest.approx([0.5, 1.0])
     assert mutation.climb(source, SDK, score, ("sparse_retrieval",), max_shown=2) == path[:1]
     assert mutation.climb(path[-1].source, SDK, score, ("sparse_retrieval",), max_shown=2, rounds=4) == []
-
-
-def test_distillation_examples():
-    best, other = (Verified(f"show(sparse_retrieval('cat', {k}))", 1 / k, 0.0, k, "top_k") for k in (2, 4))
-    frames = [("<think> a </think><program> ", " </program>"), ("", ""),
-              ("T3<program>```py\n", "\n```</program>\n")]
-    examples = distillation_examples(["P1", "P2", "P3"], frames, [[best, other], [], [other]])
-    assert examples == [
-        [("P1", False), ("<think> a </think><program> show(sparse_retrieval('cat', 2)) </program>", True)],
-        [("P3", False), ("T3<program>```py\nshow(sparse_retrieval('cat', 4))\n```</program>\n", True)]]
-    with pytest.raises(ValueError):
-        distillation_examples(["P1", "P2"], [("T", "")], [[best], [best]])
 
 
 # Fuzzing: programs over the SDK from a small grammar, and arbitrary programs from test_fuzz's grammar.
