@@ -12,11 +12,12 @@ turns of both kinds (the prompt says which kind to write; `cold_start`). From th
   `cold_start_windows`.
 
 Halfway, the program run's checkpoint is copied: one copy continues RL, the other runs program mutation on
-the policy's weak programs, distils the verified variants (`searchrl.program_mutation`) and resumes RL on the
-same batches. Claim (a): the program policy reaches higher answer F1 and dF1 than the search policy while
-consuming fewer context tokens. Claim (b): mutation + distillation + resumed RL beats continued RL on held-out
-tasks. Writes `results.json`, `results.md` and `rpl.png` (Figures 3, 4 and 5 in miniature) under the config's
-workdir; per seed, each arm's evaluation report (`seed<seed>/<arm>/eval_<arm>/`) and training logs.
+the policy's weak programs, distils the trajectories of the verified variants and of the programs no
+edit improves (`searchrl.program_mutation`) and resumes RL on the same batches. Claim (a): the program
+policy reaches higher answer F1 and dF1 than the search policy while consuming fewer context tokens.
+Claim (b): mutation + distillation + resumed RL beats continued RL on held-out tasks. Writes
+`results.json`, `results.md` and `rpl.png` (Figures 3, 4 and 5 in miniature) under the config's workdir;
+per seed, each arm's evaluation report (`seed<seed>/<arm>/eval_<arm>/`) and training logs.
 """
 from __future__ import annotations
 
