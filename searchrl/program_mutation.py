@@ -2,10 +2,10 @@
 programs on training questions are mutated (`searchrl.programs.mutation`, for `MutationConfig.rounds`
 rounds of verified edits), the variants whose execution verifies an improvement are turned into trajectories
 (the prompt, the policy's turn with the variant in place of its program, the variant's observation, and the
-policy's own greedy answer to it), those that score at least as well as the rolled-out episode are
-distilled into the policy with SFT, and RL resumes from the distilled policy. Distilling the program turn
-alone would teach the new programs but let the answer turn drift, since no example would show it;
-distilling every answer would teach the answers that cite nothing right along with the ones that do.
+policy's own greedy answer to it), those whose answer scores above 0 and at least as well as the rolled-out
+episode are distilled into the policy with SFT, and RL resumes from the distilled policy. Distilling the
+program turn alone would teach the new programs but let the answer turn drift, since no example would show
+it; distilling every answer would teach the answers that cite nothing right along with the ones that do.
 
 searchrl also distils, by default (`MutationConfig.keep_unimproved`), the policy's programs that no edit
 improves, each with its greedy answer: with the improved ones alone, distillation moved every program the
