@@ -8,9 +8,8 @@ program turn alone would teach the new programs but let the answer turn drift, s
 it; distilling every answer would teach the answers that cite nothing right along with the ones that do.
 
 searchrl also distils, by default (`MutationConfig.keep_unimproved`), the policy's programs that no edit
-improves, each with its greedy answer: with the improved ones alone, distillation moved every program the
-same way, including those already best (in the miniature, a window that suits one question type was
-written for all of them).
+improves, each with its greedy answer: with the improved ones alone, distillation also moved programs that
+were already best (in the miniature, the window that suits one question type was written for others).
 
 A program is scored by what it shows: for GlobalQA the dF1 of the shown documents against the evidence, for
 open-domain QA whether a shown passage holds a gold answer. Only programs scoring below 1 are mutated, and a
