@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -83,6 +83,16 @@ def policy_answers(trainer: Trainer, prefixes: Sequence[str], key: jax.Array) ->
     return [turns[0].text if turns[0].action.kind == tags.ANSWER else None for turns in traj.turns]
 
 
+class _Candidate(NamedTuple):
+    """A rolled-out episode's turn to distil: the policy's, with the best program found in its place."""
+
+    example: Mapping[str, Any]
+    rolled_out: float  # the episode's reward
+    prompt: str
+    turn: str
+    variant: bool  # the program is a verified variant (not the policy's own)
+
+
 def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], config: MutationConfig,
                       key: jax.Array) -> tuple[list[list[tuple[str, bool]]], dict[str, float]]:
     """Rolls out `examples` with the trainer's policy, mutates their first programs (`mutation.climb`) and
@@ -100,7 +110,7 @@ def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], c
     rollout_key, answer_key = jax.random.split(key)
     traj = trainer.engine.run(trainer.state.policy, list(examples), rollout_key)
     rolled_out = [row[-1] for row in env.rewards(traj, examples)]
-    candidates = []  # (example, the rolled-out reward, prompt, the turn to distil, whether it is a variant)
+    candidates: list[_Candidate] = []
     counts = {"programs": 0, "weak": 0, "improved": 0, "edits": 0}
     for turns, example, reward in zip(traj.turns, examples, rolled_out):
         turn = next((t for t in turns if t.action.kind == PROGRAM), None)
@@ -119,27 +129,26 @@ def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], c
         if path or config.keep_unimproved:
             prompt = chat.render(trainer.engine.tokenizer, env.prompt(example))
             program = path[-1].source if path else source
-            candidates.append((example, reward, prompt, before + program + after, bool(path)))
-    actions = [env.parse_action(text, 0) for _, _, _, text, _ in candidates]
+            candidates.append(_Candidate(example, reward, prompt, before + program + after, bool(path)))
+    actions = [env.parse_action(c.turn, 0) for c in candidates]
     observations = env.observe(actions)
     seen = [trainer.engine.observation_text(observation, len(trainer.engine.tokenizer.encode(
-        prompt + text, add_special_tokens=False))) for (_, _, prompt, text, _), observation
+        c.prompt + c.turn, add_special_tokens=False))) for c, observation
         in zip(candidates, observations)]  # as a rollout shows it
-    answers = policy_answers(trainer, [prompt + text + shown for (_, _, prompt, text, _), shown
-                                       in zip(candidates, seen)], answer_key) if candidates else []
+    answers = policy_answers(trainer, [c.prompt + c.turn + shown for c, shown in zip(candidates, seen)],
+                             answer_key) if candidates else []
     kept = []
     counts["answered"] = counts["variants"] = 0
-    for (example, reward, prompt, text, variant), action, observation, shown, answer in zip(
-            candidates, actions, observations, seen, answers):
+    for c, action, observation, shown, answer in zip(candidates, actions, observations, seen, answers):
         if answer is None:
             continue
         counts["answered"] += 1
-        turns = [Turn(0, 0, text, action, shown, observation.info),
+        turns = [Turn(0, 0, c.turn, action, shown, observation.info),
                  Turn(0, 0, answer, env.parse_action(answer, 1))]
-        distilled = env.episode_reward(turns, example)
-        if distilled > 0 and distilled >= reward:
-            kept.append([(prompt, False), (text, True), (shown, False), (answer, True)])
-            counts["variants"] += variant
+        distilled = env.episode_reward(turns, c.example)
+        if distilled > 0 and distilled >= c.rolled_out:
+            kept.append([(c.prompt, False), (c.turn, True), (shown, False), (answer, True)])
+            counts["variants"] += c.variant
     return kept, {name: float(count) for name, count in counts.items()}
 
 
@@ -171,7 +180,7 @@ def train_with_mutation(trainer: Trainer, config: MutationConfig) -> list[dict[s
             losses = distill(trainer, segments, config)
             metrics |= {"mutation/sft_loss_first": losses[0], "mutation/sft_loss_last": losses[-1]}
         else:
-            log.warning("program mutation: %d verified examples, fewer than sft.batch_size=%d: no "
+            log.warning("program mutation: %d kept trajectories, fewer than sft.batch_size=%d: no "
                         "distillation", len(segments), config.sft.batch_size)
         trainer.writer.write(config.at_step, metrics)
     return history + trainer.train()
