@@ -37,19 +37,20 @@ def attention(q: jax.Array, keys: jax.Array, values: jax.Array, attend: jax.Arra
 def _attention_fwd(q, keys, values, attend):
     probs = _probs(q, keys, attend).astype(values.dtype)
     out = jnp.einsum("bkgts,bksh->bkgth", probs, values)
-    return out, (q, keys, values, attend, probs, out)
+    return out, (q, keys, values, jnp.any(attend, axis=-1), probs, out)
 
 
 def _attention_bwd(res, d_out):
     """The softmax's backward pass as FlashAttention writes it: d_scores = p * (dp - rowsum(d_out * out)),
     the row sum taken over head_dim rather than the keys."""
-    q, keys, values, attend, probs, out = res
+    q, keys, values, sees_a_key, probs, out = res
     f32 = jnp.float32
     d_probs = jnp.einsum("bkgth,bksh->bkgts", d_out, values, preferred_element_type=f32)
     row = jnp.sum(d_out.astype(f32) * out.astype(f32), axis=-1, keepdims=True)
     d_scores = probs.astype(f32) * (d_probs - row) / math.sqrt(q.shape[-1])
-    # A masked score is a constant: no gradient (the fully masked queries' uniform weights would give one).
-    d_scores = jnp.where(attend[:, None, None], d_scores, 0.0).astype(q.dtype)
+    # A masked score is a constant and gets no gradient: its weight is exactly 0, except in queries that
+    # see no key at all (uniform weights), which are zeroed whole. Saves a [B, T] flag, not the mask.
+    d_scores = jnp.where(sees_a_key[:, None, None, :, None], d_scores, 0.0).astype(q.dtype)
     d_q = jnp.einsum("bkgts,bksh->bkgth", d_scores, keys)
     d_keys = jnp.einsum("bkgts,bkgth->bksh", d_scores, q)
     d_values = jnp.einsum("bkgts,bkgth->bksh", probs, d_out)
