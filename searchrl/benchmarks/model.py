@@ -2,7 +2,9 @@
 
 Both sides compute the gradient of the mean next-token NLL of the same batch, in the same dtype, on the same
 kind of device (JAX's default backend; PyTorch on CUDA when JAX runs on a GPU), after warm-up (compilation for
-JAX), in interleaved rounds (`interleave`: the median ratio and its range). Run:
+JAX), in interleaved rounds (`interleave`: the median ratio and its range). The same rounds time one matmul
+of the MLP's shape on each side ([batch * seq, hidden] x [hidden, intermediate]): the matmul libraries' own
+ratio (XLA's against PyTorch's BLAS), the ceiling for a step made mostly of matmuls. Run:
 `python -m searchrl.benchmarks.model [--json] [--preset bench_small] [--batch 4] [--seq 256] [--rounds 5]
 [--steps 2] [--dtype float32|bfloat16]`.
 """
@@ -62,6 +64,23 @@ def torch_step(cfg: ModelConfig, tokens: np.ndarray, dtype: str) -> Callable[[],
     return step
 
 
+def matmul_calls(cfg: ModelConfig, rows: int, dtype: str) -> tuple[Callable[[], None], Callable[[], None]]:
+    """One [rows, hidden] x [hidden, intermediate] matmul in JAX (jitted) and in PyTorch, same operands."""
+    rng = np.random.default_rng(0)
+    x, w = (rng.standard_normal(shape, np.float32) for shape in ((rows, cfg.hidden_size),
+                                                                 (cfg.hidden_size, cfg.intermediate_size)))
+    matmul = jax.jit(jnp.matmul)
+    xj, wj = (jnp.asarray(a, dtype) for a in (x, w))
+    xt, wt = (torch.from_numpy(a).to(torch_device(), getattr(torch, dtype)) for a in (x, w))
+
+    def torch_matmul():
+        torch.matmul(xt, wt)
+        if xt.is_cuda:
+            torch.cuda.synchronize()
+
+    return lambda: jax.block_until_ready(matmul(xj, wj)), torch_matmul
+
+
 def run(preset: str, batch: int, seq: int, rounds: int, steps: int, dtype: str = "float32") -> dict:
     cfg = get_preset(preset)
     threads = len(os.sched_getaffinity(0))
@@ -69,6 +88,7 @@ def run(preset: str, batch: int, seq: int, rounds: int, steps: int, dtype: str =
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, size=(batch, seq)).astype(np.int32)
     timed = compare(searchrl_step(cfg, tokens, dtype), torch_step(cfg, tokens, dtype), rounds, steps,
                     warmup=2).summary("step")
+    timed |= compare(*matmul_calls(cfg, batch * seq, dtype), rounds, calls=10).summary("matmul")
     shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
     n_params = sum(x.size for x in jax.tree.leaves(shapes))
     return {
@@ -104,6 +124,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"{'searchrl (jax.jit)':<22}{r['step_searchrl_s']:>10.3f}{r['searchrl_tokens_per_s']:>12.0f}")
     print(f"{'transformers (torch)':<22}{r['step_peer_s']:>10.3f}{r['torch_tokens_per_s']:>12.0f}")
     print(describe(r, "step"))
+    print(f"one matmul [{r['batch'] * r['seq']}, hidden] x [hidden, intermediate] alone, XLA against PyTorch's "
+          f"BLAS: {r['matmul_searchrl_s'] * 1e3:.2f} against {r['matmul_peer_s'] * 1e3:.2f} ms")
+    print("  " + describe(r, "matmul"))
 
 
 if __name__ == "__main__":
