@@ -8,7 +8,6 @@ queries, each against only the keys up to the block's end, which is exact when n
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
