@@ -124,8 +124,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"{'searchrl (jax.jit)':<22}{r['step_searchrl_s']:>10.3f}{r['searchrl_tokens_per_s']:>12.0f}")
     print(f"{'transformers (torch)':<22}{r['step_peer_s']:>10.3f}{r['torch_tokens_per_s']:>12.0f}")
     print(describe(r, "step"))
-    print(f"one matmul [{r['batch'] * r['seq']}, hidden] x [hidden, intermediate] alone, XLA against PyTorch's "
-          f"BLAS: {r['matmul_searchrl_s'] * 1e3:.2f} against {r['matmul_peer_s'] * 1e3:.2f} ms")
+    print(f"one matmul [{r['batch'] * r['seq']}, hidden] x [hidden, intermediate] alone, XLA against "
+          f"PyTorch's BLAS: {r['matmul_searchrl_s'] * 1e3:.2f} against {r['matmul_peer_s'] * 1e3:.2f} ms")
     print("  " + describe(r, "matmul"))
 
 

@@ -3,8 +3,8 @@
 
 `attention` is one masked softmax with a hand-written backward pass; `causal_attention` runs it on blocks of
 queries, each against only the keys up to the block's end, which is exact when no query attends a later key
-(training: no cache). On 2 CPU cores, one Qwen3 layer's attention forward+backward at batch 4 x 256 tokens took
-28 ms as XLA's autodiff of one block and 11 ms this way (PyTorch's fused causal kernel: 13 ms).
+(training: no cache). On 2 CPU cores, one Qwen3 layer's attention forward+backward at batch 4 x 256 tokens
+took 28 ms as XLA's autodiff of one block and 11 ms this way (PyTorch's fused causal kernel: 13 ms).
 """
 from __future__ import annotations
 
