@@ -19,12 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from searchrl.models.attention import attention, causal_attention
 from searchrl.models.config import ModelConfig
 from searchrl.models.kv_cache import KVCache, write_layer, write_rows
 from searchrl.models.sharding import TRAIN_RULES, ShardingRules, constrain
 
 _INIT_STD = 0.02  # HF `initializer_range` of all three families.
+_MASKED = -1e30  # score of a key that may not be attended (finite: fully masked rows stay NaN-free).
 _ACT = ("batch", "length", "embed")
 
 
@@ -274,7 +274,10 @@ def _attention(cfg: ModelConfig, lp: dict, x: jax.Array, positions: jax.Array, a
     # own layout, so no transposed copy of the keys/values is made. Each query head's rows are contiguous
     # ([B, KV, G, T, ...]): XLA:CPU's backward pass then transposes less than with [B, KV, T, G, ...].
     qg = jnp.transpose(q.reshape(B, T, cfg.num_kv_heads, H // cfg.num_kv_heads, hd), (0, 2, 3, 1, 4))
-    out = (causal_attention if kv is None else attention)(qg, keys, values, attend)
+    scores = jnp.einsum("bkgth,bksh->bkgts", qg, keys, preferred_element_type=jnp.float32) / math.sqrt(hd)
+    scores = jnp.where(attend[:, None, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+    out = jnp.einsum("bkgts,bksh->bkgth", probs, values)
     out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, H * hd)
     # One flat contraction: the weight reshape is free, the heads keep their order (no per-call weight copy).
     y = _dense(out, lp["o"].reshape(H * hd, -1))
