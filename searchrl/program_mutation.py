@@ -119,11 +119,11 @@ def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], c
         counts["programs"] += 1
         (before, after), source = program_frame(turn.text)
         score = program_score(example)
-        path = []
-        if score(execute(source, env.sdk, env.config.limits)) < 1.0:
+        path, own = [], score(execute(source, env.sdk, env.config.limits))
+        if own < 1.0:
             counts["weak"] += 1
             path = mutation.climb(source, env.sdk, score, env.sdk.available, config.max_variants,
-                                  env.config.limits, config.max_shown, config.rounds)
+                                  env.config.limits, config.max_shown, config.rounds, own)
             counts["improved"] += bool(path)
             counts["edits"] += len(path)
         if path or config.keep_unimproved:

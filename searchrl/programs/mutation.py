@@ -380,11 +380,14 @@ def mutate(source: str, available: Sequence[str] = SDK_FUNCTIONS, max_variants: 
 
 
 def verify(source: str, variants: Sequence[Mutation], sdk: RetrievalSDK, score: Score,
-           limits: Limits | None = None, max_shown: int | None = None) -> list[Verified]:
+           limits: Limits | None = None, max_shown: int | None = None,
+           baseline: float | None = None) -> list[Verified]:
     """Runs `source` and each variant in the sandbox; keeps the variants that finish without error, show at
     most `max_shown` documents (the context budget; only the sandbox's limit when None) and score strictly
-    above the original (which is scored as it ran, error or not). Best first; ties keep `variants` order."""
-    baseline = score(execute(source, sdk, limits))
+    above the original (which is scored as it ran, error or not; `baseline` is that score when the caller
+    already has it, and `source` is then not run). Best first; ties keep `variants` order."""
+    if baseline is None:
+        baseline = score(execute(source, sdk, limits))
     out = []
     for variant in variants:
         result = execute(variant.source, sdk, limits)
@@ -397,16 +400,17 @@ def verify(source: str, variants: Sequence[Mutation], sdk: RetrievalSDK, score: 
 
 def climb(source: str, sdk: RetrievalSDK, score: Score, available: Sequence[str] = SDK_FUNCTIONS,
           max_variants: int | None = None, limits: Limits | None = None, max_shown: int | None = None,
-          rounds: int = 1) -> list[Verified]:
+          rounds: int = 1, baseline: float | None = None) -> list[Verified]:
     """Local search by verified edits: the best verified variant of `source` (`mutations`, then `verify`),
     then the best verified variant of that one, and so on for at most `rounds` rounds, stopping at the first
     round that verifies none. Returns that path, one `Verified` per round (each scored against the last), so
-    a change of several coordinated edits is reached one improvement at a time; empty when none verifies."""
+    a change of several coordinated edits is reached one improvement at a time; empty when none verifies.
+    `baseline` is `source`'s score when the caller has it; each later round reuses the last variant's."""
     path: list[Verified] = []
     for _ in range(rounds):
-        current = path[-1].source if path else source
+        current, known = (path[-1].source, path[-1].score) if path else (source, baseline)
         better = verify(current, mutations(current, available, max_variants, limits), sdk, score, limits,
-                        max_shown)
+                        max_shown, known)
         if not better:
             break
         path.append(better[0])

@@ -152,6 +152,16 @@ def test_verify_keeps_the_improving_variants_within_the_budget():
         "show(fuse(sparse_retrieval('cat', 3), dense_retrieval('cat', 3)))"}
     assert verify(source, [Mutation("show(sparse_retrieval('cat', 20))", "top_k")], SDK, doc_f1,
                   limits=Limits(max_shown=20)) != []
+    # Given the original's score (`baseline`), verify does not run the original again: one score fewer.
+    scored = []
+
+    def counted(result):
+        scored.append(result)
+        return doc_f1(result)
+    assert verify(source, variants, SDK, counted, max_shown=5, baseline=0.0) == verified
+    given = len(scored)
+    assert verify(source, variants, SDK, counted, max_shown=5) == verified
+    assert len(scored) == 2 * given + 1
 
 
 def test_verify_needs_a_strict_improvement():
