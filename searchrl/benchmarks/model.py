@@ -31,6 +31,12 @@ def torch_device() -> str:
     return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
 
 
+def torch_synchronize(device: str) -> None:
+    """Waits for PyTorch's queued work on `device` (a no-op on the CPU, which runs it eagerly)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
 def searchrl_step(cfg: ModelConfig, tokens: np.ndarray, dtype: str) -> Callable[[], None]:
     """A jitted value-and-grad of the mean next-token NLL."""
     params = init_params(cfg, jax.random.key(0), jnp.dtype(dtype))
@@ -58,8 +64,7 @@ def torch_step(cfg: ModelConfig, tokens: np.ndarray, dtype: str) -> Callable[[],
     def step():
         model.zero_grad(set_to_none=True)
         model(input_ids=ids, labels=ids).loss.backward()
-        if device == "cuda":
-            torch.cuda.synchronize()
+        torch_synchronize(device)
 
     return step
 
@@ -71,12 +76,12 @@ def matmul_calls(cfg: ModelConfig, rows: int, dtype: str) -> tuple[Callable[[], 
                                                                  (cfg.hidden_size, cfg.intermediate_size)))
     matmul = jax.jit(jnp.matmul)
     xj, wj = (jnp.asarray(a, dtype) for a in (x, w))
-    xt, wt = (torch.from_numpy(a).to(torch_device(), getattr(torch, dtype)) for a in (x, w))
+    device = torch_device()
+    xt, wt = (torch.from_numpy(a).to(device, getattr(torch, dtype)) for a in (x, w))
 
     def torch_matmul():
         torch.matmul(xt, wt)
-        if xt.is_cuda:
-            torch.cuda.synchronize()
+        torch_synchronize(device)
 
     return lambda: jax.block_until_ready(matmul(xj, wj)), torch_matmul
 
