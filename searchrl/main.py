@@ -67,12 +67,13 @@ def sft(config: ml_collections.ConfigDict) -> None:
     of text-to-SQL), saved as a Hugging Face model at <workdir>/sft: set config.model.path to it for RL."""
     import os
 
-    from searchrl import experiment, models
+    from searchrl import distributed, experiment, models
     from searchrl.configlib import from_config
     from searchrl.rl import sft as sft_lib
     from searchrl.rl.config import SFTConfig
     from searchrl.text import chat
 
+    distributed.initialize(config)
     built = experiment.build(config)
     reference = getattr(built.env, "reference_response", None)
     examples = [[(chat.render(built.tokenizer, built.env.prompt(example)), False), (response, True)]
@@ -86,8 +87,9 @@ def sft(config: ml_collections.ConfigDict) -> None:
     mesh = models.mesh_from_config(from_config(models.MeshConfig, config.mesh, "config.mesh"))
     params, losses = sft_lib.train(built.model_cfg, built.policy, tokens, loss_mask, sft_config, mesh)
     out = os.path.join(config.workdir, "sft")
-    models.save_hf(built.model_cfg, jax.device_get(params), out)
-    built.tokenizer.save_pretrained(out)
+    models.save_hf(built.model_cfg, params, out)  # every process takes part; process 0 writes
+    if jax.process_index() == 0:
+        built.tokenizer.save_pretrained(out)
     print(f"SFT on {len(examples)} examples, {len(losses)} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f}; "
           f"saved to {out}")
 

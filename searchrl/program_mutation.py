@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import jax
 import numpy as np
 
+from searchrl import distributed
 from searchrl.episode import SamplingParams, Turn
 from searchrl.envs.program import PROGRAM, ProgramEnv, is_globalqa, program_span, set_f1
 from searchrl.programs import ProgramResult, execute, mutation
@@ -103,16 +104,24 @@ def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], c
     programs mutation improved and holds the others where they were. A trajectory is kept when its reward
     (`ProgramEnv.episode_reward`: the task metric of that answer) is positive and at least the rolled-out
     episode's. Also counts what happened (`edits`: the verified edits on all paths; `answered`: the
-    trajectories the policy answered; `variants`: the kept trajectories with a variant)."""
+    trajectories the policy answered; `variants`: the kept trajectories with a variant).
+
+    The rollouts run in training-sized batches (`Trainer.local_batches`); across processes each process
+    rolls out, mutates and answers its own rows of each, and every process returns all the kept
+    trajectories, in the examples' order, and the counts over all of them."""
     env = trainer.env
     if not isinstance(env, ProgramEnv):
         raise ValueError(f"program mutation needs the program env, not {type(env).__name__}")
     rollout_key, answer_key = jax.random.split(key)
-    traj = trainer.engine.run(trainer.state.policy, list(examples), rollout_key)
-    rolled_out = [row[-1] for row in env.rewards(traj, examples)]
+    rows = []  # this process's rolled-out episodes: (turns, example, reward)
+    for mine, real, first_row in trainer.local_batches(examples):
+        if real:
+            traj = trainer.engine.run(trainer.state.policy, mine, rollout_key, first_row=first_row)
+            traj = traj.first_rows(real)
+            rows += zip(traj.turns, mine, [row[-1] for row in env.rewards(traj, mine[:real])])
     candidates: list[_Candidate] = []
     counts = {"programs": 0, "weak": 0, "improved": 0, "edits": 0}
-    for turns, example, reward in zip(traj.turns, examples, rolled_out):
+    for turns, example, reward in rows:
         turn = next((t for t in turns if t.action.kind == PROGRAM), None)
         if turn is None:
             continue
@@ -149,7 +158,9 @@ def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], c
         if distilled > 0 and distilled >= c.rolled_out:
             kept.append([(c.prompt, False), (c.turn, True), (shown, False), (answer, True)])
             counts["variants"] += c.variant
-    return kept, {name: float(count) for name, count in counts.items()}
+    processes = distributed.all_processes([kept, counts])
+    kept = [[tuple(segment) for segment in example] for part, _ in processes for example in part]
+    return kept, {name: float(sum(part[name] for _, part in processes)) for name in counts}
 
 
 def distill(trainer: Trainer, segments: Sequence[Sequence[tuple[str, bool]]], config: MutationConfig

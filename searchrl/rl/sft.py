@@ -15,13 +15,14 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
-from searchrl import models
+from searchrl import distributed, models
 from searchrl.shapes import padded_width
 from searchrl.rl.config import OptimConfig, SFTConfig
 from searchrl.rl.optim import apply_gradients, learning_rate, make_optimizer
 from searchrl.rl.train_state import StateSpec, state_shardings
 
 Segments = Sequence[tuple[str, bool]]
+_ROWS = PartitionSpec(("data", "fsdp"))  # a minibatch's rows: data-parallel over the mesh
 
 
 def encode(tokenizer: Any, examples: Sequence[Segments], max_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -62,7 +63,7 @@ def _train_step(cfg: models.ModelConfig, optim: OptimConfig, mesh: Mesh):
     training)."""
     tx, schedule = make_optimizer(optim), learning_rate(optim)
     shardings = state_shardings(StateSpec(model=cfg, actor=optim), mesh)
-    rows = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+    rows = NamedSharding(mesh, _ROWS)
     replicated = NamedSharding(mesh, PartitionSpec())
 
     def step(params, opt_state, i, tokens, loss_mask):
@@ -79,7 +80,8 @@ def _train_step(cfg: models.ModelConfig, optim: OptimConfig, mesh: Mesh):
 def train(cfg: models.ModelConfig, params: dict, tokens: np.ndarray, loss_mask: np.ndarray,
           config: SFTConfig, mesh: Mesh) -> tuple[dict, list[float]]:
     """`config.num_steps` AdamW steps on seeded random minibatches; returns the params and the loss per
-    step."""
+    step. Across processes, every process passes the same examples and feeds its own rows of each
+    minibatch."""
     if len(tokens) < config.batch_size:
         raise ValueError(f"SFT needs at least batch_size={config.batch_size} examples, got {len(tokens)}.")
     rows_parallel = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -92,13 +94,15 @@ def train(cfg: models.ModelConfig, params: dict, tokens: np.ndarray, loss_mask: 
     opt_state = jax.device_put(tx.init(params), shardings.actor_opt)
     rng = np.random.default_rng(config.seed)
     lengths = tokens.shape[1] - np.argmax(loss_mask[:, ::-1] > 0, axis=1)  # through each row's last policy token
+    mine = distributed.local_rows(mesh, config.batch_size, _ROWS)  # the minibatch rows this process feeds
     losses = []
     with jax.set_mesh(mesh):
         for i in tqdm(range(config.num_steps(len(tokens))), desc="sft", disable=jax.process_index() != 0):
             rows = rng.choice(len(tokens), config.batch_size, replace=False)
             width = padded_width(int(lengths[rows].max()), tokens.shape[1], buckets=8)
-            params, opt_state, loss, _ = step(params, opt_state, np.int32(i), tokens[rows, :width],
-                                              loss_mask[rows, :width])
+            batch = distributed.host_local_batch_to_global(
+                mesh, (tokens[rows[mine], :width], loss_mask[rows[mine], :width]), _ROWS)
+            params, opt_state, loss, _ = step(params, opt_state, np.int32(i), *batch)
             losses.append(float(loss))
     return params, losses
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import jax
 import ml_collections
@@ -169,16 +169,23 @@ class Trainer:
     def evaluate(self, examples: Sequence[dict] | None = None) -> dict[str, float]:
         """Greedy rollouts of `examples` (default: the eval set) in training-sized batches, each process
         rolling out its rows of each; the env's metrics averaged over the examples."""
-        examples = list(self.eval_examples if examples is None else examples)
         rows = []
-        for start in range(0, len(examples), self.batch_rows):
-            mine = padded_batch(examples[start:start + self.batch_rows], self.batch_rows)[self.rows]
-            real = min(max(len(examples) - start - self.rows.start, 0), len(mine))  # the rest is padding
-            traj = self.eval_engine.run(self.state.policy, mine, self.eval_key, first_row=self.rows.start)
+        for mine, real, first_row in self.local_batches(self.eval_examples if examples is None else examples):
+            traj = self.eval_engine.run(self.state.policy, mine, self.eval_key, first_row=first_row)
             metrics = ([numeric_metrics(m) for m in self.env.metrics(traj.first_rows(real), mine[:real])]
                        if real else [])
             rows += [row for process in distributed.all_processes(metrics) for row in process]
         return mean_metrics(rows)
+
+    def local_batches(self, examples: Sequence[dict]) -> Iterator[tuple[list[dict], int, int]]:
+        """`examples` in training-sized batches (the last one padded), as this process rolls them out: its
+        rows of each batch, how many of those are real examples (the rest is padding, at the end) and the
+        global index of its first row (which its sampling keys are folded from)."""
+        examples = list(examples)
+        for start in range(0, len(examples), self.batch_rows):
+            mine = padded_batch(examples[start:start + self.batch_rows], self.batch_rows)[self.rows]
+            real = min(max(len(examples) - start - self.rows.start, 0), len(mine))
+            yield mine, real, start + self.rows.start
 
     def save(self) -> None:
         """Checkpoints the state (never a non-finite one: that raises NonFiniteError)."""

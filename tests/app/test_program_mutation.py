@@ -3,78 +3,27 @@ the verified mutants are distilled into the trainer's policy, and RL resumes fro
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import jax
 import numpy as np
 import pytest
 
-from searchrl import envs, models, program_mutation, run_config
+from searchrl import models, program_mutation
 from searchrl.configlib import from_config
 from searchrl.envs import program as rpl
-from searchrl.episode import Action, Turn
+from searchrl.episode import Action
 from searchrl.metric_writer import read_metrics
 from searchrl.programs import execute
-from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.rl.config import MutationConfig
-from searchrl.rl.trainer import Trainer
 from searchrl.text import tags
-from searchrl.text.tokenizer import PROTOCOL_TAGS, train_bpe_tokenizer
-
-CITIES = ("arno", "beni", "cora", "dune")
-DOCS = [(f"{c}{i}", f"Org{i} {c}", f"organisation {i} is headquartered in {c}")
-        for c in CITIES for i in range(4)]
-WEAK = "show(sparse_retrieval('headquartered {city}', 2))"  # shows 2 of the city's 4 documents
-BEST = "show(sparse_retrieval('headquartered {city}', 4))"  # all 4: no edit improves it
-ANSWERED = ("cora", "dune")  # the rows whose rolled-out episode answers (the others end after the program)
+from tests.app.mutation_world import BEST, CITIES, ScriptedEngine, build_trainer
 
 
 @pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pm")
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"id": i, "contents": f"{t}\n{x}"}) + "\n" for i, t, x in DOCS))
-    BM25Retriever.build(corpus, root / "index", show_progress=False)
-    program_tags = (tags.open_tag(tags.PROGRAM), tags.close_tag(tags.PROGRAM))
-    texts = [x for _, _, x in DOCS] + [WEAK.format(city=c) for c in CITIES]
-    tokenizer = train_bpe_tokenizer(texts * 10, 400, special_tokens=(*PROTOCOL_TAGS, *program_tags))
-    config = run_config.experiment_config("program")
-    config.workdir = str(root / "run")
-    config.env.update(dict(max_turns=1, prompt_template="{question}"))
-    config.retrieval.index_dir = str(root / "index")
-    config.train.update(dict(steps=3, batch_size=8, checkpoint_every=0, async_checkpoints=False))
-    config.rollout.update(dict(max_prompt_tokens=16, max_turn_tokens=8, max_obs_tokens=16, obs_buckets=(16,),
-                               max_len=16 + 8 + 16 + 8, chunk_steps=8))
-    config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
-    env = envs.build(config.env, config.retrieval)
-    ids = {c: [f"{c}{i}" for i in range(4)] for c in CITIES}
-    examples = [{"question": f"which organisations are in {c}", "golden_answers": ids[c],
-                 "metadata": {"type": "count", "evidence_ids": ids[c]}} for c in CITIES]
-    cfg = models.get_preset("tiny")
-    cfg = type(cfg)(**{**cfg.__dict__, "vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id})
-    out = Trainer(config, cfg, models.init_params(cfg, jax.random.key(0)), tokenizer, env, examples * 2)
+    out = build_trainer(tmp_path_factory.mktemp("pm"))
     yield out
     out.close()
-
-
-class ScriptedEngine:
-    """Stands in for the rollout engine: every row's first turn is the weak program of its city."""
-
-    def __init__(self, engine):
-        self.engine, self.tokenizer = engine, engine.tokenizer
-
-    def __getattr__(self, name):
-        return getattr(self.engine, name)
-
-    def run(self, params, examples, key):
-        cities = [ex["question"][-4:] for ex in examples]
-        programs = [(WEAK if i < len(CITIES) else BEST).format(city=city) for i, city in enumerate(cities)]
-        texts = ["<think>go</think>" + tags.block(tags.PROGRAM, f" {p}\n") for p in programs]
-        turns = [[Turn(0, 1, text, Action(rpl.PROGRAM, p))] for text, p in zip(texts, programs)]
-        for row, city in zip(turns[:len(CITIES)], cities):
-            if city in ANSWERED:  # answer F1 2/3
-                row.append(Turn(1, 2, "", Action(tags.ANSWER, f"{city}0, {city}1", done=True)))
-        return type("Rows", (), {"turns": turns})()
 
 
 def test_program_frame_is_the_turn_around_the_program_source():
