@@ -117,8 +117,8 @@ def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], c
     for mine, real, first_row in trainer.local_batches(examples):
         if real:
             traj = trainer.engine.run(trainer.state.policy, mine, rollout_key, first_row=first_row)
-            traj = traj.first_rows(real)
-            rows += zip(traj.turns, mine, [row[-1] for row in env.rewards(traj, mine[:real])])
+            traj, mine = traj.first_rows(real), mine[:real]
+            rows += zip(traj.turns, mine, [row[-1] for row in env.rewards(traj, mine)])
     candidates: list[_Candidate] = []
     counts = {"programs": 0, "weak": 0, "improved": 0, "edits": 0}
     for turns, example, reward in rows:
