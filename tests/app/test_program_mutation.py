@@ -1,12 +1,19 @@
 """Program mutation inside an RL run: weak programs are mutated and verified against the real BM25 index,
-the verified mutants are distilled into the trainer's policy, and RL resumes from it."""
+the verified mutants are distilled into the trainer's policy, and RL resumes from it; as two processes, it
+keeps and distils what one process does."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from searchrl import models, program_mutation
 from searchrl.configlib import from_config
@@ -16,7 +23,11 @@ from searchrl.metric_writer import read_metrics
 from searchrl.programs import execute
 from searchrl.rl.config import MutationConfig
 from searchrl.text import tags
-from tests.app.mutation_world import BEST, CITIES, ScriptedEngine, build_trainer
+from tests.app.mutation_world import (BEST, CITIES, ScriptedEngine, build_trainer, mutate_and_distill,
+                                      scripted_answers)
+from tests.processes import free_port, wait
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +136,44 @@ def test_distillation_updates_the_policy_in_place_and_rl_resumes(trainer):
     rows = read_metrics(f"{trainer.workdir}/metrics.jsonl")
     mutation_rows = [r for r in rows if "mutation/programs" in r]
     assert len(mutation_rows) == 1 and mutation_rows[0]["step"] == 1
+
+
+@pytest.mark.slow
+def test_two_processes_mutate_and_distill_like_one(tmp_path, monkeypatch):
+    """Program mutation and its distillation as two processes (4 devices each, a (2, 2, 2) mesh): each rolls
+    out, mutates and answers its own rows (process 0 the weak programs, process 1 the best ones), every
+    process gets all kept trajectories, and SFT feeds each process's rows of every minibatch; the result, and
+    the distilled policy saved as a Hugging Face model (process 0 writes), are one process's on 8 devices."""
+    port, two = free_port(), tmp_path / "two"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO),
+           "XLA_FLAGS": os.environ["XLA_FLAGS"].replace("device_count=8", "device_count=4")}
+    two.mkdir()
+    with open(two / "log", "w") as log:
+        procs = [subprocess.Popen([sys.executable, "-m", "tests.app.mutation_world", str(two), str(i), "2",
+                                   str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+                 for i in range(2)]
+    try:
+        monkeypatch.setattr(program_mutation, "policy_answers", scripted_answers)
+        alone = build_trainer(tmp_path / "one", mesh=(2, 2, 2))  # one process, 8 devices
+        alone.engine = ScriptedEngine(alone.engine)
+        try:
+            one = mutate_and_distill(alone, tmp_path / "one" / "hf")
+        finally:
+            alone.close()
+    finally:
+        wait(procs, [two, two])
+    got = json.loads((two / "result.json").read_text())
+
+    # arno and cora: improved and answered better than rolled out (rows 0, 2) and, unimproved, better than
+    # the episodes that did not answer (rows 4, 6); dune's unimproved program too (row 7)
+    assert one["counts"] == {"programs": 8.0, "weak": 4.0, "improved": 4.0, "edits": 4.0, "answered": 6.0,
+                             "variants": 2.0}
+    assert [s[0][0].strip()[-4:] for s in one["segments"]] == ["arno", "cora", "arno", "cora", "dune"]
+    assert one["rows_run"] == [list(range(8))] and got["rows_run"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert got["counts"] == one["counts"]
+    assert got["segments"] == [[list(segment) for segment in s] for s in one["segments"]]
+    np.testing.assert_allclose(got["losses"], one["losses"], rtol=1e-5)
+    want, saved = (load_file(root / "hf" / "model.safetensors") for root in (tmp_path / "one", two))
+    assert sorted(saved) == sorted(want)
+    for name, tensor in want.items():
+        np.testing.assert_allclose(saved[name], tensor, rtol=0, atol=1e-6, err_msg=name)

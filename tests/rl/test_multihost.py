@@ -1,7 +1,7 @@
 """Multi-host training: `python -m searchrl.main train` as two local processes (`PROCESSES=2 bash
 launch/local.sh`: gloo on 127.0.0.1, 4 CPU devices each) trains, checkpoints, resumes and evaluates like one
-process with 8 devices; program mutation and its distillation as two processes give what one process gives;
-and the row split of a global batch on one process.
+process with 8 devices; and the row split of a global batch on one process. (Program mutation across
+processes: tests/app/test_program_mutation.py.)
 
 The run is AutoSearch's tiny preset on a small synthetic world: side-branch intermediate answers, BM25 over a
 local index (each process opens its own), PPO with a critic and a reference on a (2, 2, 2) mesh.
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,24 +17,17 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
 from configs import autosearch
-from searchrl import distributed, models, program_mutation
+from searchrl import distributed, models
 from searchrl.checkpoint import Checkpointer
 from searchrl.demo import autosearch as demo
 from searchrl.demo.config import DemoConfig, world_config
-from tests.app import mutation_world
+from tests.processes import free_port, wait
 
 REPO = Path(__file__).resolve().parents[2]
 TIMING = ("rollout/seconds", "rollout/host_fraction")  # wall-clock figures, not results
 EVAL_QUESTIONS = 12  # two eval batches of 8 rows, the second padded: process 1 has no real row in it
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def overrides(world: Path, workdir: Path, steps: int) -> list[str]:
@@ -66,19 +58,6 @@ def launch(world: Path, workdir: Path, steps: int, processes: int, cache: Path) 
         return subprocess.Popen(["bash", "launch/local.sh", "configs/autosearch.py:tiny",
                                  *overrides(world, workdir, steps)],
                                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-
-def wait(procs: list[subprocess.Popen], workdirs: list[Path]) -> None:
-    try:
-        for proc in procs:
-            proc.wait(timeout=600)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for proc, workdir in zip(procs, workdirs):
-        assert proc.returncode == 0, (workdir / "log").read_text()[-6000:]
 
 
 def metrics(workdir: Path) -> dict[int, dict[str, float]]:
@@ -124,47 +103,6 @@ def test_two_processes_train_resume_and_evaluate_like_one(tmp_path):
             if name not in TIMING:
                 np.testing.assert_allclose(two[step][name], value, rtol=1e-5, atol=1e-6,
                                            err_msg=f"step {step} {name}")
-
-
-@pytest.mark.slow
-def test_two_processes_mutate_and_distill_like_one(tmp_path, monkeypatch):
-    """Program mutation and its distillation as two processes (4 devices each, a (2, 2, 2) mesh): each rolls
-    out, mutates and answers its own rows (process 0 the weak programs, process 1 the best ones), every
-    process gets all kept trajectories, and SFT feeds each process's rows of every minibatch; the result, and
-    the distilled policy saved as a Hugging Face model (process 0 writes), are one process's on 8 devices."""
-    port, two = free_port(), tmp_path / "two"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO),
-           "XLA_FLAGS": os.environ["XLA_FLAGS"].replace("device_count=8", "device_count=4")}
-    two.mkdir()
-    with open(two / "log", "w") as log:
-        procs = [subprocess.Popen([sys.executable, "-m", "tests.app.mutation_world", str(two), str(i), "2",
-                                   str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-                 for i in range(2)]
-    try:
-        monkeypatch.setattr(program_mutation, "policy_answers", mutation_world.scripted_answers)
-        trainer = mutation_world.build_trainer(tmp_path / "one", mesh=(2, 2, 2))
-        trainer.engine = mutation_world.ScriptedEngine(trainer.engine)
-        try:
-            one = mutation_world.mutate_and_distill(trainer, tmp_path / "one" / "hf")
-        finally:
-            trainer.close()
-    finally:
-        wait(procs, [two, two])
-    got = json.loads((two / "result.json").read_text())
-
-    # arno and cora: improved and answered better than rolled out (rows 0, 2) and, unimproved, better than
-    # the episodes that did not answer (rows 4, 6); dune's unimproved program too (row 7)
-    assert one["counts"] == {"programs": 8.0, "weak": 4.0, "improved": 4.0, "edits": 4.0, "answered": 6.0,
-                             "variants": 2.0}
-    assert [s[0][0].strip()[-4:] for s in one["segments"]] == ["arno", "cora", "arno", "cora", "dune"]
-    assert one["rows_run"] == [list(range(8))] and got["rows_run"] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert got["counts"] == one["counts"]
-    assert got["segments"] == [[list(segment) for segment in s] for s in one["segments"]]
-    np.testing.assert_allclose(got["losses"], one["losses"], rtol=1e-5)
-    want, saved = (load_file(root / "hf" / "model.safetensors") for root in (tmp_path / "one", two))
-    assert sorted(saved) == sorted(want)
-    for name, tensor in want.items():
-        np.testing.assert_allclose(saved[name], tensor, rtol=0, atol=1e-6, err_msg=name)
 
 
 def test_local_rows_on_one_process():
