@@ -115,7 +115,8 @@ def mutate_and_distill(trainer: Trainer, saved: Path) -> dict[str, Any]:
     saved as a Hugging Face model at `saved`. Returns the kept trajectories, the counts, the SFT losses and
     the rows each process rolled out."""
     config = from_config(MutationConfig, {"max_variants": 64, "max_shown": 4, "sft": {
-        "steps": 2, "batch_size": 4, "max_len": 64}}, "config.mutation")
+        "steps": 2, "batch_size": 4, "max_len": 64, "optim": {"lr": 1e-3, "warmup_steps": 0}}},
+        "config.mutation")  # no warm-up: each step moves every param by about lr
     segments, counts = program_mutation.mutation_examples(trainer, trainer.train_examples, config,
                                                           jax.random.key(0))
     losses = program_mutation.distill(trainer, segments, config)
