@@ -1,4 +1,5 @@
-"""Helpers for tests that run searchrl as several local processes (JAX's distributed runtime on 127.0.0.1)."""
+"""Helpers for tests that need a free local port or run searchrl as several local processes (JAX's
+distributed runtime on 127.0.0.1)."""
 from __future__ import annotations
 
 import socket

@@ -1,7 +1,6 @@
 """PubMed / ClinicalTrials.gov search engines against the local fake server: ranking, paging, retries,
 errors, rate limiting, the on-disk cache and the config hook."""
 import json
-import socket
 import threading
 import time
 import urllib.error
@@ -16,6 +15,7 @@ from searchrl.retrieval.engines import (PUBMED_MAX_RESULTS, ClinicalTrials, Malf
                                         parse_esearch, parse_studies, retry_after_s)
 from searchrl.retrieval.fake_engines import Fault, FakeEngineServer, esearch_error_body, rank
 from searchrl.retrieval.types import Hit
+from tests.processes import free_port
 
 CORPUS = {  # "cancer" ranks 1003 (3 times), 1001 (2), then 1002 and 1005 (1 each, corpus order)
     "1001": "cancer screening and cancer risk",
@@ -179,11 +179,8 @@ def test_timeouts_and_refused_connections_are_retried(fake):
     fake.inject(Fault(200, delay_s=2.0))
     assert engine(PubMed(), fake, timeout_s=0.2).ranked_ids("aspirin", 5) == ["1002", "1004"]
     assert fake.request_count == 2
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     clock = FakeClock()
-    closed = SearchEngine(PubMed(), url=f"http://127.0.0.1:{port}/", retries=1, clock=clock,
+    closed = SearchEngine(PubMed(), url=f"http://127.0.0.1:{free_port()}/", retries=1, clock=clock,
                           sleep=clock.sleep)
     with pytest.raises(SearchEngineError, match="failed after 2 attempts; last: URLError"):
         closed.ranked_ids("aspirin", 5)
