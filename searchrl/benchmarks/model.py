@@ -31,6 +31,24 @@ def torch_device() -> str:
     return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
 
 
+def cpu_model(cpuinfo: str) -> str:
+    """'<model name>, family F model M' of the first processor listed in /proc/cpuinfo's text."""
+    first = cpuinfo.split("\n\n")[0].splitlines()
+    fields = {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in first if ":" in line)}
+    return (f"{fields.get('model name', 'unknown')}, family {fields.get('cpu family', '?')} "
+            f"model {fields.get('model', '?')}")
+
+
+def device_name() -> str:
+    """JAX's device kind, on the CPU with the processor (`cpu_model`) where /proc/cpuinfo exists: the matmul
+    libraries' relative speed differs between CPU generations."""
+    kind = jax.devices()[0].device_kind
+    if jax.default_backend() != "cpu" or not os.path.exists("/proc/cpuinfo"):
+        return kind
+    with open("/proc/cpuinfo") as f:
+        return f"{kind} ({cpu_model(f.read())})"
+
+
 def torch_synchronize(device: str) -> None:
     """Waits for PyTorch's queued work on `device` (a no-op on the CPU, which runs it eagerly)."""
     if device == "cuda":
@@ -98,7 +116,7 @@ def run(preset: str, batch: int, seq: int, rounds: int, steps: int, dtype: str =
     n_params = sum(x.size for x in jax.tree.leaves(shapes))
     return {
         "preset": preset, "params": n_params, "batch": batch, "seq": seq, "steps": steps, "threads": threads,
-        "device": jax.devices()[0].device_kind, "dtype": dtype, **timed,
+        "device": device_name(), "dtype": dtype, **timed,
         "searchrl_tokens_per_s": batch * seq / timed["step_searchrl_s"],
         "torch_tokens_per_s": batch * seq / timed["step_peer_s"],
     }

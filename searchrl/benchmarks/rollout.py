@@ -28,7 +28,7 @@ import transformers
 
 from searchrl import cli, models
 from searchrl.benchmarks.interleave import compare, describe
-from searchrl.benchmarks.model import torch_device
+from searchrl.benchmarks.model import device_name, torch_device
 from searchrl.benchmarks.retrieval import make_queries, synthetic_corpus
 from searchrl.envs import search_qa
 from searchrl.envs.search_qa import SearchQAEnv
@@ -155,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                    flag_values=values)
     cli.parse(values, argv, __doc__)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
-    r = {"preset": preset.value, "device": jax.devices()[0].device_kind, "batch": batch.value,
+    r = {"preset": preset.value, "device": device_name(), "batch": batch.value,
          "dtype": dtype.value}
     if "a" in parts.value:
         r |= bench_generate(preset.value, batch.value, prompt_len.value, new_tokens.value, rounds.value,
