@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# searchrl's speed figures on one GPU host, each against PyTorch/transformers on the same GPU in the same run:
-# a bf16 training step (forward+backward) at two sizes, generation, and a 4-turn BM25 search rollout.
+# searchrl's figures on one GPU host, in one run:
+#   - a bf16 training step (forward+backward) against PyTorch/transformers on the same GPU, at two sizes;
+#   - greedy generation against transformers' generate, and the decode steps' share of the HBM bandwidth;
+#   - a 4-turn search rollout's host share, retrieving with FAISS on the GPU (dense), and with BM25;
+#   - the PPO step of Qwen2.5-1.5B- and 3B-shaped models (policy, critic and reference on this one GPU, bf16
+#     compute and gradient checkpointing as configs/autosearch.py:paper, 32 rows of 2048 tokens): MFU and
+#     peak GPU memory. A size that does not fit leaves a {"failed": true} file and the run goes on.
 # Usage (from the repository root, after installing requirements-gpu.txt): bash launch/gpu_benchmarks.sh [OUT_DIR]
 set -euo pipefail
 OUT_DIR=${1:-runs/gpu_benchmarks}
@@ -11,5 +16,14 @@ python3 -m searchrl.benchmarks.model --preset bench_small --batch 16 --seq 1024 
   | tee "$OUT_DIR/model_bench_small.json"
 python3 -m searchrl.benchmarks.model --preset qwen2p5_0p5b --batch 8 --seq 2048 --rounds 5 --steps 1 --dtype bfloat16 --json \
   | tee "$OUT_DIR/model_qwen2p5_0p5b.json"
-python3 -m searchrl.benchmarks.rollout --preset bench_small --dtype bfloat16 --passages 100000 --json \
-  | tee "$OUT_DIR/rollout.json"
+python3 -m searchrl.benchmarks.rollout --preset bench_small --dtype bfloat16 --passages 100000 --retriever dense --json \
+  | tee "$OUT_DIR/rollout_dense.json"
+python3 -m searchrl.benchmarks.rollout --preset bench_small --dtype bfloat16 --passages 100000 --parts b --json \
+  | tee "$OUT_DIR/rollout_bm25.json"
+PPO=(--config configs/autosearch.py:paper --config.train.batch_size=32 --config.rl.minibatch_size=32
+     --config.rl.micro_batch_size=8 --config.rollout.max_prompt_tokens=512 --config.rollout.max_len=2048
+     --steps 2 --json)
+for preset in qwen2p5_1p5b qwen2p5_3b; do
+  python3 -m searchrl.benchmarks.learn "${PPO[@]}" --config.model.preset="$preset" | tee "$OUT_DIR/learn_$preset.json" \
+    || echo "{\"preset\": \"$preset\", \"failed\": true}" | tee "$OUT_DIR/learn_$preset.json"
+done

@@ -34,7 +34,8 @@ def torch_device() -> str:
 def cpu_model(cpuinfo: str) -> str:
     """'<model name>, family F model M' of the first processor listed in /proc/cpuinfo's text."""
     first = cpuinfo.split("\n\n")[0].splitlines()
-    fields = {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in first if ":" in line)}
+    pairs = (line.split(":", 1) for line in first if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in pairs}
     return (f"{fields.get('model name', 'unknown')}, family {fields.get('cpu family', '?')} "
             f"model {fields.get('model', '?')}")
 

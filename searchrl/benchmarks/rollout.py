@@ -2,13 +2,16 @@
 
 (a) plain greedy generation, batch 16 x 128 new tokens, same random weights and dtype on both sides, on the same
     kind of device (PyTorch on CUDA when JAX runs on a GPU), in interleaved rounds (`interleave`: the median
-    ratio and its range);
-(b) a 4-turn search rollout against BM25 over a generated corpus: the share of wall time spent outside jitted
-    compute (host: parsing, retrieval, tokenising, Python), and the largest gap between the sampler's
-    log-probabilities and the trainer's recomputation of them;
+    ratio and its range); on a known accelerator (`aot.device_chip`), the share of its HBM bandwidth that
+    searchrl's decode steps use (`decode_step_bytes` a step);
+(b) a 4-turn search rollout against BM25 (or dense retrieval: FAISS, on the GPU where FAISS has one) over a
+    generated corpus: the share of wall time spent outside jitted compute (host: parsing, retrieval,
+    tokenising, Python), and the largest gap between the sampler's log-probabilities and the trainer's
+    recomputation of them;
 (c) programs compiled after `RolloutEngine.warmup` (should be 0).
 Run: `python -m searchrl.benchmarks.rollout [--json] [--parts ab] [--preset bench_small] [--passages 20000]
-[--dtype bfloat16]` (`--parts a` measures generation only; b and c share one run).
+[--retriever dense] [--encoder DIR] [--dtype bfloat16]` (`--parts a` measures generation only; b and c share
+one run).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from absl import flags
 import jax
@@ -27,32 +30,49 @@ import torch
 import transformers
 
 from searchrl import cli, models
+from searchrl.benchmarks import aot
 from searchrl.benchmarks.interleave import compare, describe
+from searchrl.benchmarks.jaxpr_cost import matmul_cost
 from searchrl.benchmarks.model import device_name, torch_device
-from searchrl.benchmarks.retrieval import make_queries, synthetic_corpus
+from searchrl.benchmarks.retrieval import default_encoder, make_queries, random_encoder, synthetic_corpus
 from searchrl.envs import search_qa
 from searchrl.envs.search_qa import SearchQAEnv
 from searchrl.episode import Action
 from searchrl.retrieval.bm25 import BM25Retriever
+from searchrl.retrieval.dense import DenseRetriever
 from searchrl.rollout import generate
 from searchrl.rollout.config import RolloutConfig, SamplingParams
 from searchrl.rollout.engine import RolloutEngine
 from searchrl.text.tokenizer import train_bpe_tokenizer
 
 _NEVER = [[-2]]  # a stop/EOS id no token has: generation runs to its budget, as with min_new_tokens
+_NO_EOS = np.asarray([-2], np.int32)
+
+
+def _generation(cfg: models.ModelConfig, batch: int, prompt_len: int, new_tokens: int
+                ) -> tuple[generate.GenState, generate.DecodeSpec]:
+    """The empty generation state and the decode spec of `searchrl_generate`."""
+    slots = prompt_len + new_tokens + 1
+    spec = generate.DecodeSpec(new_tokens, new_tokens, slots - 1, SamplingParams(temperature=0.0))
+    return generate.init_state(cfg, batch, slots, jax.random.key(0)), spec
 
 
 def searchrl_generate(cfg: models.ModelConfig, params, prompts: np.ndarray, new_tokens: int) -> np.ndarray:
     """Greedy generation of exactly `new_tokens` per row with prefill + one decode chunk."""
     batch, prompt_len = prompts.shape
-    slots = prompt_len + new_tokens + 1
-    spec = generate.DecodeSpec(new_tokens, new_tokens, slots - 1, SamplingParams(temperature=0.0))
-    state = generate.init_state(cfg, batch, slots, jax.random.key(0))
+    state, spec = _generation(cfg, batch, prompt_len, new_tokens)
     lengths = np.full((batch,), prompt_len, np.int32)
     state = generate.extend(cfg, params, state, prompts, lengths, np.ones(batch, bool), spec.sampling)
-    stops = generate.stop_table(_NEVER)
-    state = generate.decode_chunk(cfg, params, state, stops, jnp.asarray([-2], jnp.int32), spec)
+    state = generate.decode_chunk(cfg, params, state, generate.stop_table(_NEVER), _NO_EOS, spec)
     return np.asarray(state.tokens[:, prompt_len:prompt_len + new_tokens])
+
+
+def decode_step_bytes(cfg: models.ModelConfig, params, batch: int, prompt_len: int, new_tokens: int) -> float:
+    """Bytes one decode step of `searchrl_generate` moves at least: its matmuls' operands and outputs
+    (`jaxpr_cost`: every weight, the whole KV cache, the step's activations)."""
+    state, spec = _generation(cfg, batch, prompt_len, new_tokens)
+    traced = generate.decode_chunk.trace(cfg, params, state, generate.stop_table(_NEVER), _NO_EOS, spec)
+    return matmul_cost(traced.jaxpr, while_trips=1).bytes
 
 
 def bench_generate(preset: str, batch: int, prompt_len: int, new_tokens: int, rounds: int, dtype: str) -> dict:
@@ -78,9 +98,14 @@ def bench_generate(preset: str, batch: int, prompt_len: int, new_tokens: int, ro
     timed = compare(lambda: searchrl_generate(cfg, params, prompts, new_tokens), run_torch, rounds,
                     warmup=0).summary("generate")
     tokens = batch * new_tokens
+    # The share of the device's HBM bandwidth the decode steps use (prefill's time counted as decoding).
+    chip = aot.device_chip(jax.devices()[0].device_kind)
+    step_bytes = decode_step_bytes(cfg, params, batch, prompt_len, new_tokens)
+    bandwidth = None if chip is None else step_bytes * new_tokens / timed["generate_searchrl_s"]
     return {**timed, "generate_searchrl_tokens_per_s": tokens / timed["generate_searchrl_s"],
             "generate_torch_tokens_per_s": tokens / timed["generate_peer_s"],
-            "generate_greedy_token_agreement": agree}
+            "generate_greedy_token_agreement": agree, "decode_step_gb": step_bytes / 1e9,
+            "decode_hbm_share": None if chip is None else bandwidth / chip.hbm_bandwidth}
 
 
 @dataclasses.dataclass
@@ -93,11 +118,24 @@ class SearchEveryTurnEnv(SearchQAEnv):
         return Action(search_qa.ANSWER, turn_text, done=True)
 
 
-def bench_search_rollout(preset: str, batch: int, passages: int, turns: int, rollouts: int, dtype: str) -> dict:
+def build_retriever(kind: str, corpus: Path, work: Path, docs: list[list[str]], encoder: str | None
+                    ) -> tuple[Any, str]:
+    """(retriever, its description) over `corpus`: BM25, or dense with a FAISS Flat index on the GPU where
+    FAISS has one (else on the CPU) and `encoder` (default: the packaged MiniLM, else a random encoder of
+    its shape, `random_encoder`)."""
+    if kind == "bm25":
+        return BM25Retriever.build(corpus, work / "bm25", show_progress=False), "BM25"
+    encoder = encoder or default_encoder() or random_encoder(work / "encoder", (" ".join(d) for d in docs))
+    retriever = DenseRetriever.build(corpus, work / "dense", encoder, use_gpu=True, show_progress=False)
+    return retriever, f"dense ({type(retriever.index).__name__}, encoder {encoder})"
+
+
+def bench_search_rollout(preset: str, batch: int, passages: int, turns: int, rollouts: int, dtype: str,
+                         retriever: str = "bm25", encoder: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.jsonl"
         docs = synthetic_corpus(corpus, passages, seed=0)
-        retriever = BM25Retriever.build(corpus, Path(tmp) / "bm25", show_progress=False)
+        retriever, described = build_retriever(retriever, corpus, Path(tmp), docs, encoder)
         questions = make_queries(docs, batch * (rollouts + 1), seed=0)
         tokenizer = train_bpe_tokenizer((" ".join(d) for d in docs[:5000]), vocab_size=4000)
         cfg = dataclasses.replace(models.get_preset(preset), vocab_size=len(tokenizer),
@@ -117,7 +155,8 @@ def bench_search_rollout(preset: str, batch: int, passages: int, turns: int, rol
         for i, examples in enumerate(batches[1:]):
             traj = engine.run(params, examples, jax.random.key(i + 1))
             searches += sum(search_qa.searches(turns) for turns in traj.turns)
-    return {"host_fraction": engine.stats.host_fraction, "rollout_wall_s": engine.stats.wall_s,
+    return {"retriever": described, "host_fraction": engine.stats.host_fraction,
+            "rollout_wall_s": engine.stats.wall_s,
             "logprob_gap_max": logprob_gap(cfg, params, traj),
             "rollout_device_s": engine.stats.device_s, "searches": searches,
             "compiles_after_warmup": generate.compiled_programs() - compiled, "compiled_programs": compiled}
@@ -142,7 +181,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                                       flag_values=values)
     rounds = flags.DEFINE_integer("rounds", 5, "interleaved timed generations per side (a)",
                                   flag_values=values)
-    passages = flags.DEFINE_integer("passages", 20_000, "passages in the BM25 corpus (b)", flag_values=values)
+    passages = flags.DEFINE_integer("passages", 20_000, "passages in the corpus (b)", flag_values=values)
+    retriever = flags.DEFINE_enum("retriever", "bm25", ("bm25", "dense"),
+                                  "the search rollout's retriever (b)", flag_values=values)
+    encoder = flags.DEFINE_string("encoder", None, "encoder dir for --retriever=dense (default: the packaged "
+                                  "MiniLM, else a random one of its shape)", flag_values=values)
     turns = flags.DEFINE_integer("turns", 4, "search turns per rollout (b)", flag_values=values)
     rollouts = flags.DEFINE_integer("rollouts", 2, "timed rollouts, after one untimed (b)",
                                     flag_values=values)
@@ -162,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                             dtype.value)
     if "b" in parts.value:
         r |= bench_search_rollout(preset.value, batch.value, passages.value, turns.value, rollouts.value,
-                                  dtype.value)
+                                  dtype.value, retriever.value, encoder.value)
     if as_json.value:
         print(json.dumps(r))
         return
@@ -179,10 +222,13 @@ def _print_generate(r: dict, prompt_len: int, new_tokens: int) -> None:
     print(f"    {'transformers generate':<28}{r['generate_torch_tokens_per_s']:>10.0f} tokens/s")
     print(f"    {describe(r, 'generate')}")
     print(f"    greedy tokens identical: {r['generate_greedy_token_agreement']:.1%}")
+    share = ("n/a (no bandwidth figure for this device)" if r["decode_hbm_share"] is None
+             else f"{r['decode_hbm_share']:.1%}")
+    print(f"    a decode step's matmuls move {r['decode_step_gb']:.3f} GB; share of HBM bandwidth: {share}")
 
 
 def _print_search_rollout(r: dict, passages: int, turns: int) -> None:
-    print(f"(b) {turns}-turn search rollout, BM25 over {passages} passages, batch {r['batch']}, "
+    print(f"(b) {turns}-turn search rollout, {r['retriever']} over {passages} passages, batch {r['batch']}, "
           f"{r['searches']} searches")
     print(f"    wall {r['rollout_wall_s']:.2f}s, jitted {r['rollout_device_s']:.2f}s, "
           f"host fraction {r['host_fraction']:.1%}, sampler vs trainer log-prob gap {r['logprob_gap_max']:.2e}")

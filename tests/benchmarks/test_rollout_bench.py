@@ -1,0 +1,37 @@
+"""The rollout benchmark: bytes per decode step by hand, and a search rollout over dense retrieval."""
+import dataclasses
+
+import jax
+
+from searchrl import models
+from searchrl.benchmarks import rollout as rollout_bench
+from searchrl.benchmarks.rollout import decode_step_bytes
+
+
+def test_a_decode_step_moves_every_weight_and_the_whole_cache():
+    cfg = dataclasses.replace(models.get_preset("tiny"), tie_word_embeddings=False)
+    params = models.init_params(cfg, jax.random.key(0))
+    batch, prompt_len, new_tokens = 4, 8, 7
+    D, F, L, H, KV, hd, V = (cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads,
+                             cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size)
+    # float32 throughout: the matmul weights (q, k, v, o, gate, up, down, LM head) ...
+    weights = 4 * (L * (D * H * hd * 2 + D * KV * hd * 2 + 3 * D * F) + D * V)
+    # ... and each layer's keys and values in every slot (prompt + new tokens + 1).
+    cache = 4 * 2 * L * batch * (prompt_len + new_tokens + 1) * KV * hd
+    # One token's activations per row, in and out of each matmul: per layer q/k/v's input and outputs, o's,
+    # gate/up/down's, the attention scores (both ways: the scores' output and the mixing's input) ...
+    slots = prompt_len + new_tokens + 1
+    per_layer = ((3 * D + H * hd + 2 * KV * hd) + (H * hd + D) + (2 * D + 2 * F + F + D)
+                 + 2 * H * slots + 2 * H * hd)
+    activations = 4 * batch * (L * per_layer + D + V)
+    assert decode_step_bytes(cfg, params, batch, prompt_len, new_tokens) == weights + cache + activations
+
+
+def test_a_search_rollout_with_dense_retrieval_and_a_random_encoder(monkeypatch):
+    """Part (b) on a FAISS index (on the CPU here) with a random MiniLM-shaped encoder, as on a GPU host
+    without the packaged model: every turn searches, no program compiles after warm-up."""
+    monkeypatch.setattr(rollout_bench, "default_encoder", lambda: None)
+    r = rollout_bench.bench_search_rollout("tiny", batch=2, passages=200, turns=2, rollouts=1, dtype="float32",
+                                           retriever="dense")
+    assert r["retriever"].startswith("dense (IndexFlat, encoder ") and r["retriever"].endswith("/encoder)")
+    assert r["searches"] == 2 * 2 and r["compiles_after_warmup"] == 0 and 0 < r["host_fraction"] < 1
