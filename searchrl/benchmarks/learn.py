@@ -8,9 +8,9 @@ Prints the step time (median of `--steps` timed steps after one that compiles), 
 step's FLOPs and the utilisation they imply against the devices' peak bf16 FLOP/s where the device is a known
 accelerator (`aot.device_chip`): MFU counts the model's FLOPs (`model_flops`: no recomputation), HFU the
 matmul FLOPs the step executes (`jaxpr_cost`: recomputed activations included). On devices that report
-memory statistics (GPU, TPU), the peak bytes in use: policy, critic and reference with their optimiser
-states, gradients and activations. The batch fills every slot (rollout.max_len tokens a row, the first
-rollout.max_prompt_tokens the prompt, the rest trained on): the widest batch the trainer pads to.
+memory statistics (GPU, TPU), the first device's peak bytes in use: policy, critic and reference with their
+optimiser states, gradients and activations. The batch fills every slot (rollout.max_len tokens a row, the
+first rollout.max_prompt_tokens the prompt, the rest trained on): the widest batch the trainer pads to.
 """
 from __future__ import annotations
 
@@ -108,9 +108,8 @@ def run(config: ml_collections.ConfigDict, steps: int) -> dict:
     memory = device.memory_stats() or {}
     return {
         "config": config.model.preset, "device": device_name(), "devices": mesh.size,
-        "mesh": dict(mesh.shape),
-        "rows": rows, "width": rollout.max_len, "compute_dtype": rl.compute_dtype, "remat": rl.remat,
-        "ppo_epochs": rl.ppo_epochs, "critic": rl.use_critic, "reference": rl.use_reference,
+        "mesh": dict(mesh.shape), "rows": rows, "width": rollout.max_len, "compute_dtype": rl.compute_dtype,
+        "remat": rl.remat, "ppo_epochs": rl.ppo_epochs, "critic": rl.use_critic, "reference": rl.use_reference,
         "params": sum(x.size for x in jax.tree.leaves(state.policy)), "steps": steps, "step_s": step_s,
         "tokens_per_s": rows * rollout.max_len / step_s, "model_tflop_per_step": model / 1e12,
         "executed_tflop_per_step": executed / 1e12,
