@@ -101,11 +101,11 @@ def bench_generate(preset: str, batch: int, prompt_len: int, new_tokens: int, ro
     # The share of the device's HBM bandwidth the decode steps use (prefill's time counted as decoding).
     chip = aot.device_chip(jax.devices()[0].device_kind)
     step_bytes = decode_step_bytes(cfg, params, batch, prompt_len, new_tokens)
-    bandwidth = None if chip is None else step_bytes * new_tokens / timed["generate_searchrl_s"]
+    bytes_per_s = step_bytes * new_tokens / timed["generate_searchrl_s"]
     return {**timed, "generate_searchrl_tokens_per_s": tokens / timed["generate_searchrl_s"],
             "generate_torch_tokens_per_s": tokens / timed["generate_peer_s"],
             "generate_greedy_token_agreement": agree, "decode_step_gb": step_bytes / 1e9,
-            "decode_hbm_share": None if chip is None else bandwidth / chip.hbm_bandwidth}
+            "decode_hbm_share": None if chip is None else bytes_per_s / chip.hbm_bandwidth}
 
 
 @dataclasses.dataclass
