@@ -2,6 +2,8 @@
 distributed runtime on 127.0.0.1)."""
 from __future__ import annotations
 
+import os
+import re
 import socket
 import subprocess
 from pathlib import Path
@@ -12,6 +14,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def xla_flags_with_devices(devices: int) -> str:
+    """The suite's XLA_FLAGS (tests/conftest.py) with `devices` fake CPU devices in place of its own count."""
+    flags = re.sub(r" *--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
+    return f"{flags} --xla_force_host_platform_device_count={devices}".strip()
 
 
 def wait(procs: list[subprocess.Popen], workdirs: list[Path]) -> None:

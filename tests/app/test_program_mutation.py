@@ -25,7 +25,7 @@ from searchrl.rl.config import MutationConfig
 from searchrl.text import tags
 from tests.app.mutation_world import (BEST, CITIES, ScriptedEngine, build_trainer, mutate_and_distill,
                                       scripted_answers)
-from tests.processes import free_port, wait
+from tests.processes import free_port, wait, xla_flags_with_devices
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -146,7 +146,7 @@ def test_two_processes_mutate_and_distill_like_one(tmp_path, monkeypatch):
     the distilled policy saved as a Hugging Face model (process 0 writes), are one process's on 8 devices."""
     port, two = free_port(), tmp_path / "two"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO),
-           "XLA_FLAGS": os.environ["XLA_FLAGS"].replace("device_count=8", "device_count=4")}
+           "XLA_FLAGS": xla_flags_with_devices(4)}
     two.mkdir()
     with open(two / "log", "w") as log:
         procs = [subprocess.Popen([sys.executable, "-m", "tests.app.mutation_world", str(two), str(i), "2",
