@@ -72,5 +72,5 @@ def test_device_chip(kind, chip):
 
 
 def test_a_prompt_that_fills_the_rows_is_refused():
-    with pytest.raises(ValueError, match=r"a prompt of 96 tokens \(rollout.max_prompt_tokens\) leaves no response"):
+    with pytest.raises(ValueError, match=r"a prompt of 96 tokens \(rollout.max_prompt_tokens\) leaves no"):
         learn.synthetic_batch(rows=2, width=96, prompt=96, vocab=10, responses_per_prompt=1)

@@ -1,3 +1,4 @@
+"""The model benchmark's processor description, read from /proc/cpuinfo's text."""
 from searchrl.benchmarks.model import cpu_model
 
 _CPUINFO = """processor\t: 0

@@ -5,7 +5,6 @@ import jax
 
 from searchrl import models
 from searchrl.benchmarks import rollout as rollout_bench
-from searchrl.benchmarks.rollout import decode_step_bytes
 
 
 def test_a_decode_step_moves_every_weight_and_the_whole_cache():
@@ -24,14 +23,15 @@ def test_a_decode_step_moves_every_weight_and_the_whole_cache():
     per_layer = ((3 * D + H * hd + 2 * KV * hd) + (H * hd + D) + (2 * D + 2 * F + F + D)
                  + 2 * H * slots + 2 * H * hd)
     activations = 4 * batch * (L * per_layer + D + V)
-    assert decode_step_bytes(cfg, params, batch, prompt_len, new_tokens) == weights + cache + activations
+    step_bytes = rollout_bench.decode_step_bytes(cfg, params, batch, prompt_len, new_tokens)
+    assert step_bytes == weights + cache + activations
 
 
 def test_a_search_rollout_with_dense_retrieval_and_a_random_encoder(monkeypatch):
     """Part (b) on a FAISS index (on the CPU here) with a random MiniLM-shaped encoder, as on a GPU host
     without the packaged model: every turn searches, no program compiles after warm-up."""
     monkeypatch.setattr(rollout_bench, "default_encoder", lambda: None)
-    r = rollout_bench.bench_search_rollout("tiny", batch=2, passages=200, turns=2, rollouts=1, dtype="float32",
-                                           retriever="dense")
+    r = rollout_bench.bench_search_rollout("tiny", batch=2, passages=200, turns=2, rollouts=1,
+                                           dtype="float32", retriever="dense")
     assert r["retriever"].startswith("dense (IndexFlat, encoder ") and r["retriever"].endswith("/encoder)")
     assert r["searches"] == 2 * 2 and r["compiles_after_warmup"] == 0 and 0 < r["host_fraction"] < 1
