@@ -6,6 +6,7 @@ import pytest
 
 from searchrl import models
 from searchrl.benchmarks import aot, learn
+from searchrl.rl.config import RLConfig
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
 import autosearch  # noqa: E402
@@ -52,9 +53,9 @@ def test_model_flops_by_hand():
     attention = 4 * 36 * 16 * 1024 * 128
     policy = 2 * (layers + 2048 * 151936) + attention
     critic = 2 * (layers + 2048) + attention
-    rl = learn.RLConfig(use_critic=True, use_reference=True, ppo_epochs=1)
+    rl = RLConfig(use_critic=True, use_reference=True, ppo_epochs=1)
     assert learn.model_flops(cfg, rl, 1, 1024) == 1024 * (2 * policy + critic + 3 * (policy + critic))
-    grpo = learn.RLConfig(use_critic=False, use_reference=True, ppo_epochs=2, advantage="grpo")
+    grpo = RLConfig(use_critic=False, use_reference=True, ppo_epochs=2, advantage="grpo")
     assert learn.model_flops(cfg, grpo, 2, 1024) == 2 * 1024 * (2 * policy + 2 * 3 * policy)
 
 
