@@ -6,7 +6,7 @@ reference, advantages, the PPO epochs) at the config's shapes and dtypes, on a s
 
 Prints the step time (median of `--steps` timed steps after one that compiles), tokens per second, the
 step's FLOPs and the utilisation they imply against the devices' peak bf16 FLOP/s where the device is a known
-accelerator (`aot.device_chip`): MFU counts the model's FLOPs (`model_flops`: no recomputation), HFU the
+accelerator (`device_chip`): MFU counts the model's FLOPs (`model_flops`: no recomputation), HFU the
 matmul FLOPs the step executes (`jaxpr_cost`: recomputed activations included). On devices that report
 memory statistics (GPU, TPU), the first device's peak bytes in use: policy, critic and reference with their
 optimiser states, gradients and activations. The batch fills every slot (rollout.max_len tokens a row, the
@@ -27,8 +27,8 @@ from ml_collections import config_flags
 
 from searchrl import cli, models
 from searchrl.benchmarks import aot
+from searchrl.benchmarks.hardware import GiB, device_chip, device_name
 from searchrl.benchmarks.jaxpr_cost import matmul_cost
-from searchrl.benchmarks.model import device_name
 from searchrl.configlib import from_config
 from searchrl.rl import ppo
 from searchrl.rl.config import RLConfig
@@ -103,19 +103,20 @@ def run(config: ml_collections.ConfigDict, steps: int) -> dict:
     step_s = statistics.median(times)
     model, executed = model_flops(cfg, rl, rows, rollout.max_len), executed_flops(config, cfg, mesh)
     device = jax.devices()[0]
-    chip = aot.device_chip(device.device_kind)
+    chip = device_chip(device.device_kind)
     peak = None if chip is None else chip.peak_flops * mesh.size
     memory = device.memory_stats() or {}
     return {
         "config": config.model.preset, "device": device_name(), "devices": mesh.size,
         "mesh": dict(mesh.shape), "rows": rows, "width": rollout.max_len, "compute_dtype": rl.compute_dtype,
-        "remat": rl.remat, "ppo_epochs": rl.ppo_epochs, "critic": rl.use_critic, "reference": rl.use_reference,
+        "remat": rl.remat, "ppo_epochs": rl.ppo_epochs, "critic": rl.use_critic,
+        "reference": rl.use_reference,
         "params": sum(x.size for x in jax.tree.leaves(state.policy)), "steps": steps, "step_s": step_s,
         "tokens_per_s": rows * rollout.max_len / step_s, "model_tflop_per_step": model / 1e12,
         "executed_tflop_per_step": executed / 1e12,
         "mfu": None if peak is None else model / step_s / peak,
         "hfu": None if peak is None else executed / step_s / peak,
-        "peak_memory_gib": memory["peak_bytes_in_use"] / aot.GiB if "peak_bytes_in_use" in memory else None,
+        "peak_memory_gib": memory["peak_bytes_in_use"] / GiB if "peak_bytes_in_use" in memory else None,
         "finite": not bool(metrics["train/nonfinite"]),
     }
 

@@ -22,6 +22,7 @@ import torch
 import transformers
 
 from searchrl import cli
+from searchrl.benchmarks.hardware import device_name
 from searchrl.benchmarks.interleave import compare, describe
 from searchrl.models import ModelConfig, get_preset, init_params, to_hf_config, token_logprobs
 
@@ -29,25 +30,6 @@ from searchrl.models import ModelConfig, get_preset, init_params, to_hf_config, 
 def torch_device() -> str:
     """PyTorch's device matching JAX's backend."""
     return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
-
-
-def cpu_model(cpuinfo: str) -> str:
-    """'<model name>, family F model M' of the first processor listed in /proc/cpuinfo's text."""
-    first = cpuinfo.split("\n\n")[0].splitlines()
-    pairs = (line.split(":", 1) for line in first if ":" in line)
-    fields = {key.strip(): value.strip() for key, value in pairs}
-    return (f"{fields.get('model name', 'unknown')}, family {fields.get('cpu family', '?')} "
-            f"model {fields.get('model', '?')}")
-
-
-def device_name() -> str:
-    """JAX's device kind, on the CPU with the processor (`cpu_model`) where /proc/cpuinfo exists: the matmul
-    libraries' relative speed differs between CPU generations."""
-    kind = jax.devices()[0].device_kind
-    if jax.default_backend() != "cpu" or not os.path.exists("/proc/cpuinfo"):
-        return kind
-    with open("/proc/cpuinfo") as f:
-        return f"{kind} ({cpu_model(f.read())})"
 
 
 def torch_synchronize(device: str) -> None:

@@ -2,7 +2,7 @@
 
 (a) plain greedy generation, batch 16 x 128 new tokens, same random weights and dtype on both sides, on the same
     kind of device (PyTorch on CUDA when JAX runs on a GPU), in interleaved rounds (`interleave`: the median
-    ratio and its range); on a known accelerator (`aot.device_chip`), the share of its HBM bandwidth that
+    ratio and its range); on a known accelerator (`device_chip`), the share of its HBM bandwidth that
     searchrl's decode steps use (`decode_step_bytes` a step);
 (b) a 4-turn search rollout against BM25 (or dense retrieval: FAISS, on the GPU where FAISS has one) over a
     generated corpus: the share of wall time spent outside jitted compute (host: parsing, retrieval,
@@ -30,10 +30,10 @@ import torch
 import transformers
 
 from searchrl import cli, models
-from searchrl.benchmarks import aot
+from searchrl.benchmarks.hardware import device_chip, device_name
 from searchrl.benchmarks.interleave import compare, describe
 from searchrl.benchmarks.jaxpr_cost import matmul_cost
-from searchrl.benchmarks.model import device_name, torch_device
+from searchrl.benchmarks.model import torch_device
 from searchrl.benchmarks.retrieval import default_encoder, make_queries, random_encoder, synthetic_corpus
 from searchrl.envs import search_qa
 from searchrl.envs.search_qa import SearchQAEnv
@@ -99,7 +99,7 @@ def bench_generate(preset: str, batch: int, prompt_len: int, new_tokens: int, ro
                     warmup=0).summary("generate")
     tokens = batch * new_tokens
     # The share of the device's HBM bandwidth the decode steps use (prefill's time counted as decoding).
-    chip = aot.device_chip(jax.devices()[0].device_kind)
+    chip = device_chip(jax.devices()[0].device_kind)
     step_bytes = decode_step_bytes(cfg, params, batch, prompt_len, new_tokens)
     bytes_per_s = step_bytes * new_tokens / timed["generate_searchrl_s"]
     return {**timed, "generate_searchrl_tokens_per_s": tokens / timed["generate_searchrl_s"],

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from searchrl import models
-from searchrl.benchmarks import aot, learn
+from searchrl.benchmarks import learn
 from searchrl.rl.config import RLConfig
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
@@ -57,19 +57,6 @@ def test_model_flops_by_hand():
     assert learn.model_flops(cfg, rl, 1, 1024) == 1024 * (2 * policy + critic + 3 * (policy + critic))
     grpo = RLConfig(use_critic=False, use_reference=True, ppo_epochs=2, advantage="grpo")
     assert learn.model_flops(cfg, grpo, 2, 1024) == 2 * 1024 * (2 * policy + 2 * 3 * policy)
-
-
-@pytest.mark.parametrize("kind,chip", [
-    ("NVIDIA H200", aot.Chip(141e9, 989e12, 4.8e12)),
-    ("NVIDIA H100 80GB HBM3", aot.Chip(80e9, 989e12, 3.35e12)),
-    ("NVIDIA H100 PCIe", aot.Chip(80e9, 756e12, 2.0e12)),
-    ("NVIDIA A100-SXM4-40GB", aot.Chip(40e9, 312e12, 1.555e12)),
-    ("TPU v5 lite", aot.CHIPS["v5e"]),
-    ("TPU v5", aot.CHIPS["v5p"]),
-    ("cpu", None),
-])
-def test_device_chip(kind, chip):
-    assert aot.device_chip(kind) == chip
 
 
 def test_a_prompt_that_fills_the_rows_is_refused():
