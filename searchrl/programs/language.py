@@ -12,6 +12,9 @@ imports, attribute access, names starting with "__", function and class definiti
 `try`, `with`, dicts, `**` and bitwise operators, calls of anything but `FUNCTIONS` (no `eval`, `exec`,
 `getattr`, `open`, ...), using a function as a value, and assigning to a function's name. Parsing never
 compiles or runs the program's text; the sandbox walks the checked tree.
+
+Errors read the same on Python 3.11 to 3.13, except a syntax error's detail, which is the Python parser's
+own message (and which programs its stack overflows on: a "nesting limit" either way).
 """
 from __future__ import annotations
 
@@ -260,17 +263,17 @@ class _Checker:
             case ast.JoinedStr(values=values):
                 for value in values:
                     if isinstance(value, ast.FormattedValue):
-                        self.formatted(value)
+                        self.formatted(value, node)
             case _:
                 raise self.forbidden(node)
 
-    def formatted(self, node: ast.FormattedValue) -> None:
-        """An f-string field: `{expression}`, nothing that would call a value's own formatting."""
+    def formatted(self, node: ast.FormattedValue, fstring: ast.JoinedStr) -> None:
+        """An f-string field: `{expression}`, nothing that would call a value's own formatting. Its errors
+        are placed at the f-string: Python 3.11 gives a field the f-string's position, 3.12 its brace's."""
         if node.conversion != -1:
-            raise self.program.error("forbidden syntax", "f-string conversions (!r, !s, !a)",
-                                     node)
+            raise self.program.error("forbidden syntax", "f-string conversions (!r, !s, !a)", fstring)
         if node.format_spec is not None:
-            raise self.program.error("forbidden syntax", "f-string format specs", node)
+            raise self.program.error("forbidden syntax", "f-string format specs", fstring)
         self.expression(node.value)
 
     def call(self, node: ast.Call) -> None:

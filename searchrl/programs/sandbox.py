@@ -23,7 +23,19 @@ from searchrl.retrieval.types import Hit
 
 RETRIEVALS = ("sparse_retrieval", "dense_retrieval")  # what max_docs_retrieved counts
 BACKEND_CALLS = (*RETRIEVALS, "rerank")  # what max_retrieval_calls counts
-_RETURNS_A_VALUE = {"len": len, "min": min, "max": max}  # the builtins that build nothing new
+
+
+def _extreme(function: Callable[..., Any]) -> Callable[..., Any]:
+    """min or max, with Python 3.11's text for an empty argument on every Python (3.12 reworded it), so a
+    program's error reads the same wherever it runs."""
+    def extreme(*args: Any) -> Any:
+        if len(args) == 1 and isinstance(args[0], (str, list, tuple, set)) and not args[0]:
+            raise ValueError(f"{function.__name__}() arg is an empty sequence")
+        return function(*args)
+    return extreme
+
+
+_RETURNS_A_VALUE = {"len": len, "min": _extreme(min), "max": _extreme(max)}  # builtins that build nothing new
 _SDK_SIGNATURES = {name: inspect.signature(getattr(RetrievalSDK, name)) for name in SDK_FUNCTIONS}
 _ARITHMETIC: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -302,7 +314,7 @@ class _Interpreter(Meter):
             value = self.evaluate(part.value)  # a FormattedValue with no conversion or spec (checked)
             if not isinstance(value, PLAIN):
                 raise self.error("type error", f"f-strings format None, bool, int, float and str values, not "
-                                 f"{type_name(value)}", part)
+                                 f"{type_name(value)}", node)  # at the f-string: its fields' positions vary
             parts.append(str(value))
         return self.new_str(node, sum(map(len, parts)), lambda: "".join(parts))
 

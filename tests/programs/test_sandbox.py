@@ -118,7 +118,10 @@ f = [i for i in [i]]
     ("a, b = 1", "type error: cannot unpack int into 2 names (line 1, column 1)"),
     ("a, b = [1, 2, 3]", "value error: cannot unpack 3 values into 2 names (line 1, column 1)"),
     ("x = 1 // 0", "value error: integer division or modulo by zero (line 1, column 5)"),
-    ("x = min([])", "value error: min() arg is an empty sequence (line 1, column 5)"),
+    ("x = min([])", "value error: min() arg is an empty sequence (line 1, column 5)"),  # on 3.12+ too
+    ("x = max('')", "value error: max() arg is an empty sequence (line 1, column 5)"),
+    ("x = 1\ny = [f'{x}', f'a{[x]}']",
+     "type error: f-strings format None, bool, int, float and str values, not list (line 2, column 14)"),
     ("x = range(1, 5, 0)", "value error: range() arg 3 must not be zero (line 1, column 5)"),
     ("x = [1][::0]", "value error: slice step cannot be zero (line 1, column 5)"),
     ("x = 'abc'[5]", "index error: string index out of range (line 1, column 5)"),
