@@ -12,7 +12,6 @@ from searchrl import envs, models, run_config
 from searchrl.envs import program as rpl
 from searchrl.episode import Action, Trajectory, Turn
 from searchrl.retrieval.bm25 import BM25Retriever
-from searchrl.retrieval.ops import RetrievalSDK
 from searchrl.rl.trainer import Trainer
 from searchrl.text import tags
 from searchrl.text.tokenizer import PROTOCOL_TAGS, train_bpe_tokenizer

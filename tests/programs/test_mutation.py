@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from searchrl.envs.program import ACTION_SPACES, set_f1
 from searchrl.programs import Limits, language, mutation
-from searchrl.programs.mutation import Mutation, Verified, mutate, mutations, verify
+from searchrl.programs.mutation import Mutation, mutate, mutations, verify
 from searchrl.retrieval.ops import SDK_FUNCTIONS
 from tests.programs.program_helpers import SDK, ids, run
 from tests.programs.test_fuzz import PRELUDE, statements

@@ -23,7 +23,7 @@ from searchrl import distributed, models
 from searchrl.checkpoint import Checkpointer
 from searchrl.demo import autosearch as demo
 from searchrl.demo.config import DemoConfig, world_config
-from tests.processes import free_port, wait
+from tests.processes import wait
 
 REPO = Path(__file__).resolve().parents[2]
 TIMING = ("rollout/seconds", "rollout/host_fraction")  # wall-clock figures, not results
