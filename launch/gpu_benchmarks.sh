@@ -11,6 +11,9 @@ set -euo pipefail
 OUT_DIR=${1:-runs/gpu_benchmarks}
 mkdir -p "$OUT_DIR"
 export PYTHONUNBUFFERED=1
+# JAX's allocator takes 75% of the GPU by default; the 3B PPO step below needs 128 GiB of an H200's 140
+# (compiled for h200:1 by searchrl.benchmarks.aot).
+export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT_DIR/gpu.csv"
 python3 -m searchrl.benchmarks.model --preset bench_small --batch 16 --seq 1024 --rounds 5 --steps 2 --dtype bfloat16 --json \
   | tee "$OUT_DIR/model_bench_small.json"
@@ -21,7 +24,7 @@ python3 -m searchrl.benchmarks.rollout --preset bench_small --dtype bfloat16 --p
 python3 -m searchrl.benchmarks.rollout --preset bench_small --dtype bfloat16 --passages 100000 --parts b --json \
   | tee "$OUT_DIR/rollout_bm25.json"
 PPO=(--config configs/autosearch.py:paper --config.train.batch_size=32 --config.rl.minibatch_size=32
-     --config.rl.micro_batch_size=8 --config.rollout.max_prompt_tokens=512 --config.rollout.max_len=2048
+     --config.rl.micro_batch_size=4 --config.rollout.max_prompt_tokens=512 --config.rollout.max_len=2048
      --steps 2 --json)
 for preset in qwen2p5_1p5b qwen2p5_3b; do
   python3 -m searchrl.benchmarks.learn "${PPO[@]}" --config.model.preset="$preset" | tee "$OUT_DIR/learn_$preset.json" \

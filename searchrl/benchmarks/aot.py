@@ -1,11 +1,13 @@
-"""Ahead-of-time compilation of an experiment's jitted programs for a TPU topology, on a machine without a
-TPU: does a preset fit its chips' memory, and how fast could its steps be?
+"""Ahead-of-time compilation of an experiment's jitted programs for a TPU topology or NVIDIA GPUs, on a
+machine without either: does a preset fit its chips' memory, and how fast could its steps be?
 
     python -m searchrl.benchmarks.aot --config configs/autosearch.py:paper --topology v5p:2x2x2 \
         [--mesh 1,8,1] [--json] [--config.model.preset=qwen2p5_7b ...]
 
 libtpu compiles for any topology it knows (v4:2x2x1, v5e:4x4, v5p:2x2x2, v6e:2x4, ...) on a CPU-only host:
-`make libtpu` installs it in the checkout's .libtpu/ (or pass --libtpu PATH to libtpu.so). Programs, at the
+`make libtpu` installs it in the checkout's .libtpu/ (or pass --libtpu PATH to libtpu.so). JAX's CUDA plugin
+(`pip install 'jax[cuda12]'`; no GPU or driver needed) compiles for the GPUs of `hardware.GPU_TARGETS`:
+--topology h100:8 is one host of 8 H100s, a100:2x8 two hosts of 8 A100s. Programs, at the
 config's shapes and dtypes, on a (data, fsdp, tensor) mesh over the topology's devices (config.mesh, or
 --mesh):
 
@@ -45,7 +47,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ml_collections import config_flags
 
 from searchrl import cli, models
-from searchrl.benchmarks.hardware import GiB, Chip, chip_of
+from searchrl.benchmarks.hardware import GPU_TARGETS, GiB, Chip, GpuTarget, chip_of
 from searchrl.benchmarks.jaxpr_cost import MatmulCost, matmul_cost
 from searchrl.configlib import from_config
 from searchrl.rl import ppo
@@ -61,7 +63,11 @@ STOP_TABLE, EOS_IDS = (4, 8), (2,)
 
 
 def topology_devices(topology: str, libtpu: str) -> list[jax.Device]:
-    """The devices of a TPU topology, compiled for by libtpu at `libtpu` (no TPU needed)."""
+    """The devices of a topology: a TPU one compiled for by libtpu at `libtpu`, a GPU one ("h100:8") by JAX's
+    CUDA plugin from `GpuTarget.target_config`. Neither needs the accelerator."""
+    generation = topology.partition(":")[0]
+    if generation in GPU_TARGETS:
+        return _gpu_devices(GPU_TARGETS[generation], gpu_topology(topology))
     if not os.path.isfile(libtpu):
         raise FileNotFoundError(f"libtpu not found at {libtpu}: run `make libtpu` or pass --libtpu PATH")
     os.environ["TPU_LIBRARY_PATH"] = os.path.abspath(libtpu)
@@ -69,6 +75,26 @@ def topology_devices(topology: str, libtpu: str) -> list[jax.Device]:
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies  # noqa: PLC0415 (after TPU_LIBRARY_PATH is set)
     return list(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices)
+
+
+def gpu_topology(topology: str) -> str:
+    """XLA's GPU topology string ("slices x hosts x GPUs per host") of "h100:8" (one host of 8) or
+    "h100:2x8" (two hosts of 8)."""
+    dims = topology.partition(":")[2].split("x")
+    if not 1 <= len(dims) <= 2 or not all(d.isdigit() and int(d) > 0 for d in dims):
+        raise ValueError(f"GPU topology {topology!r}: expected GEN:GPUS or GEN:HOSTSxGPUS, e.g. h100:8")
+    hosts, per_host = (1, int(dims[0])) if len(dims) == 1 else map(int, dims)
+    return f"1x{hosts}x{per_host}"
+
+
+def _gpu_devices(target: GpuTarget, topology: str) -> list[jax.Device]:
+    from jax.experimental import topologies  # noqa: PLC0415
+    try:
+        return list(topologies.get_topology_desc(platform="cuda", target_config=target.target_config(),
+                                                 topology=topology).devices)
+    except (RuntimeError, ValueError, jax.errors.JaxRuntimeError) as e:
+        raise RuntimeError(f"compiling for {target.description} needs JAX's CUDA plugin (no GPU needed): "
+                           f"pip install 'jax[cuda12]=={jax.__version__}' ({e})") from None
 
 
 def parse_mesh(text: str) -> tuple[int, int, int]:
@@ -146,6 +172,12 @@ def rollout_inputs(config: ml_collections.ConfigDict, cfg: models.ModelConfig, m
     }
 
 
+def compiler_options(mesh: Mesh) -> dict[str, Any]:
+    """XLA options for compiling on `mesh`. Without the GPU, XLA cannot autotune its matmuls, and some of
+    its untuned Triton GEMM tilings fail to compile ("Couldn't find output tile sizes"): cuBLAS runs them."""
+    return {"xla_gpu_enable_triton_gemm": False} if mesh.devices.flat[0].platform == "gpu" else {}
+
+
 def analyse(name: str, jitted, args: tuple, mesh: Mesh, chip: Chip, cores_per_chip: int) -> dict[str, Any]:
     """Compiles one program on `mesh` and returns its per-device memory, matmul cost per step (a decode
     chunk's while loop: one decode step) and roofline time. A program XLA cannot fit into HBM does not
@@ -155,7 +187,7 @@ def analyse(name: str, jitted, args: tuple, mesh: Mesh, chip: Chip, cores_per_ch
     with jax.set_mesh(mesh):
         traced = jitted.trace(*args)
         try:
-            memory = traced.lower().compile().memory_analysis()
+            memory = traced.lower().compile(compiler_options(mesh)).memory_analysis()
         except jax.errors.JaxRuntimeError as e:
             if "RESOURCE_EXHAUSTED" not in str(e):
                 raise
@@ -220,7 +252,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     values = flags.FlagValues()
     config = config_flags.DEFINE_config_file("config", None, "Experiment config: configs/FILE.py:PRESET.",
                                              flag_values=values)
-    topology = flags.DEFINE_string("topology", "v5p:2x2x2", "TPU topology name", flag_values=values)
+    topology = flags.DEFINE_string("topology", "v5p:2x2x2", "a TPU topology (v5p:2x2x2) or GPUs (h100:8)",
+                                  flag_values=values)
     mesh = flags.DEFINE_string("mesh", "", "data,fsdp,tensor sizes (default: config.mesh)",
                                flag_values=values)
     programs = flags.DEFINE_list("programs", [], "programs to compile (default: all)", flag_values=values)

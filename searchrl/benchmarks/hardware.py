@@ -6,7 +6,7 @@ import os
 
 import jax
 
-GiB = 2**30
+GiB, MiB = 2**30, 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,14 +25,62 @@ CHIPS = {
     "v5p": Chip(95 * GiB, 459e12, 2.765e12),
     "v6e": Chip(32 * GiB, 918e12, 1.64e12),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuTarget:
+    """An NVIDIA GPU as XLA compiles for one it cannot see (its GpuTargetConfigProto): the device
+    properties CUDA reports for it (cudaGetDeviceProperties; memory as nvidia-smi shows it)."""
+
+    description: str  # the device kind, as JAX names it
+    chip: Chip
+    compute_capability: tuple[int, int]
+    multiprocessors: int
+    fp32_cores_per_multiprocessor: int
+    shared_memory_per_multiprocessor: int
+    shared_memory_per_block_optin: int
+    l2_cache_bytes: int
+    clock_rate_ghz: float
+
+    def target_config(self, cuda: tuple[int, int] = (12, 9), cudnn: tuple[int, int] = (9, 28)) -> str:
+        """The GpuTargetConfigProto text XLA's CUDA compiler takes, for CUDA and cuDNN versions `cuda` and
+        `cudnn` (those `pip install jax[cuda12]==0.10.2` installs)."""
+        return (
+            "gpu_device_info {\n"
+            "  threads_per_block_limit: 1024\n  threads_per_warp: 32\n  shared_memory_per_block: 49152\n"
+            f"  shared_memory_per_core: {self.shared_memory_per_multiprocessor}\n"
+            "  threads_per_core_limit: 2048\n"
+            f"  core_count: {self.multiprocessors}\n  fpus_per_core: {self.fp32_cores_per_multiprocessor}\n"
+            "  block_dim_limit_x: 2147483647\n  block_dim_limit_y: 65535\n  block_dim_limit_z: 65535\n"
+            f"  memory_bandwidth: {int(self.chip.hbm_bandwidth)}\n  l2_cache_size: {self.l2_cache_bytes}\n"
+            f"  clock_rate_ghz: {self.clock_rate_ghz}\n  device_memory_size: {int(self.chip.hbm_bytes)}\n"
+            f"  shared_memory_per_block_optin: {self.shared_memory_per_block_optin}\n"
+            f"  cuda_compute_capability {{ major: {self.compute_capability[0]} "
+            f"minor: {self.compute_capability[1]} }}\n"
+            "  registers_per_core_limit: 65536\n  registers_per_block_limit: 65536\n}\n"
+            'platform_name: "CUDA"\n'
+            f"dnn_version_info {{ major: {cudnn[0]} minor: {cudnn[1]} }}\n"
+            f"runtime_version {{ major: {cuda[0]} minor: {cuda[1]} }}\n"
+            f'device_description_str: "{self.description}"\n')
+
+
+# Topology generations for NVIDIA GPUs: "h100:8" is one host of 8 H100s, "a100:2x8" two hosts of 8 A100s.
+GPU_TARGETS = {
+    "a100": GpuTarget("NVIDIA A100-SXM4-80GB", Chip(81920 * MiB, 312e12, 2.039e12), (8, 0), 108, 64,
+                      167936, 166912, 40 * MiB, 1.41),
+    "h100": GpuTarget("NVIDIA H100 80GB HBM3", Chip(81559 * MiB, 989e12, 3.35e12), (9, 0), 132, 128,
+                      233472, 232448, 50 * MiB, 1.98),
+    "h200": GpuTarget("NVIDIA H200", Chip(143771 * MiB, 989e12, 4.8e12), (9, 0), 132, 128,
+                      233472, 232448, 50 * MiB, 1.98),
+}
 # Device kinds as JAX names them -> their chip: the first name a kind contains wins.
 DEVICE_CHIPS = (
-    ("H200", Chip(141e9, 989e12, 4.8e12)),
-    ("H100 PCIe", Chip(80e9, 756e12, 2.0e12)),
-    ("H100", Chip(80e9, 989e12, 3.35e12)),
-    ("A100-SXM4-80GB", Chip(80e9, 312e12, 2.039e12)),
-    ("A100 80GB PCIe", Chip(80e9, 312e12, 1.935e12)),
-    ("A100", Chip(40e9, 312e12, 1.555e12)),
+    ("H200", GPU_TARGETS["h200"].chip),
+    ("H100 PCIe", Chip(81559 * MiB, 756e12, 2.0e12)),
+    ("H100", GPU_TARGETS["h100"].chip),
+    ("A100-SXM4-80GB", GPU_TARGETS["a100"].chip),
+    ("A100 80GB PCIe", Chip(81920 * MiB, 312e12, 1.935e12)),
+    ("A100", Chip(40960 * MiB, 312e12, 1.555e12)),
     ("TPU v5 lite", CHIPS["v5e"]),
     ("TPU v6 lite", CHIPS["v6e"]),
     ("TPU v5", CHIPS["v5p"]),
@@ -41,11 +89,13 @@ DEVICE_CHIPS = (
 
 
 def chip_of(topology: str) -> Chip:
-    """The chip of a topology name ("v5p:2x2x2")."""
+    """The chip of a topology name ("v5p:2x2x2", "h100:8")."""
     generation = topology.split(":")[0]
+    if generation in GPU_TARGETS:
+        return GPU_TARGETS[generation].chip
     if generation not in CHIPS:
-        raise ValueError(f"topology {topology!r}: unknown TPU generation {generation!r}; "
-                         f"known: {sorted(CHIPS)}")
+        raise ValueError(f"topology {topology!r}: unknown generation {generation!r}; "
+                         f"known: {sorted(CHIPS) + sorted(GPU_TARGETS)}")
     return CHIPS[generation]
 
 

@@ -1,4 +1,5 @@
 """Ahead-of-time compilation for a TPU topology on this CPU-only host (libtpu from `make libtpu`)."""
+import importlib.util
 import json
 import os
 import sys
@@ -48,7 +49,33 @@ def test_a_program_that_does_not_fit_is_reported_not_raised(devices):
                                                      "device_kind": "TPU v5", "mesh": {}, "programs": [row]})
 
 
+_CUDA_PLUGIN = all(importlib.util.find_spec(name) for name in ("jax_plugins", "jax_plugins.xla_cuda12"))
+
+
+@pytest.mark.skipif(_CUDA_PLUGIN, reason="JAX's CUDA plugin is installed")
+def test_compiling_for_gpus_without_the_cuda_plugin_says_how_to_get_it():
+    with pytest.raises(RuntimeError, match=r"CUDA plugin \(no GPU needed\): pip install 'jax\[cuda12\]=="):
+        aot.topology_devices("h100:8", aot.DEFAULT_LIBTPU)
+
+
+@pytest.mark.skipif(not _CUDA_PLUGIN, reason="needs JAX's CUDA plugin: pip install 'jax[cuda12]'")
+def test_the_tiny_preset_compiles_for_gpus_without_one(capsys):
+    aot.main([f"--config={CONFIG}", "--topology=h100:2x2", "--mesh=2,2,1", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert result["device_kind"] == "NVIDIA H100 80GB HBM3" and result["devices"] == 4
+    for row in result["programs"]:
+        assert row["fits"] and 0 < row["total_gib"] < row["hbm_gib"] == 81559 / 1024
+
+
+@pytest.mark.parametrize("topology,xla", [("h100:8", "1x1x8"), ("a100:2x8", "1x2x8"), ("h200:1", "1x1x1")])
+def test_gpu_topology(topology, xla):
+    assert aot.gpu_topology(topology) == xla
+
+
 def test_bad_input_is_named():
+    for topology in ("h100:", "h100:8x", "h100:0", "h100:2x2x2", "h100:eight"):
+        with pytest.raises(ValueError, match="expected GEN:GPUS or GEN:HOSTSxGPUS"):
+            aot.gpu_topology(topology)
     with pytest.raises(ValueError, match="data,fsdp,tensor"):
         aot.parse_mesh("2x2")
     with pytest.raises(FileNotFoundError, match="make libtpu"):
