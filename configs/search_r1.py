@@ -39,6 +39,10 @@ def paper(config):
         # The longest sequence [V2] trains on: that prompt, then the turns and observations cut to their
         # first data.max_prompt_length=4096 tokens (generation.py _update_right_side [T]).
         max_len=2048 + 4096,
+        # searchrl's own memory setting: one call of 512 prompts of 2,048 tokens materialises their attention
+        # scores over every cache slot (AutoSearch's preset: 155 GiB a GPU on 8, `searchrl.benchmarks.aot`);
+        # chunks of the widest observation bucket bound them by its width.
+        chunked_prefill=True,
     ))
     config.rollout.sampling.temperature = 1.0  # actor_rollout_ref.rollout.temperature=1 [V2]
     config.rollout.sampling.top_p = 1.0  # actor_rollout_ref.rollout.top_p=1.0 [V2]

@@ -14,7 +14,8 @@ config's shapes and dtypes, on a (data, fsdp, tensor) mesh over the topology's d
   learn    the PPO step (`searchrl.rl.ppo.learn`: scoring by policy, critic and reference, advantages, the
            PPO epochs) on train.batch_size x rl.responses_per_prompt rows of rollout.max_len tokens (the
            widest the trainer pads a batch to);
-  prefill  the rollout's first `extend`: every row's prompt (rollout.max_prompt_tokens);
+  prefill  the rollout's first `extend`: every row's prompt (rollout.max_prompt_tokens), or with
+           rollout.chunked_prefill its first chunk (the widest observation bucket);
   extend   an observation appended at the widest of rollout.obs_buckets;
   decode   one decode chunk (`decode_chunk`, rollout.chunk_steps steps); its costs are per decode step.
 
@@ -164,7 +165,8 @@ def rollout_inputs(config: ml_collections.ConfigDict, cfg: models.ModelConfig, m
     replicated = NamedSharding(mesh, PartitionSpec())
     stops = jax.ShapeDtypeStruct(STOP_TABLE, jnp.int32, sharding=replicated)
     eos = jax.ShapeDtypeStruct(EOS_IDS, jnp.int32, sharding=replicated)
-    prompt, observation = chunk(rollout.max_prompt_tokens), chunk(max(rollout.obs_buckets))
+    observation = chunk(max(rollout.obs_buckets))
+    prompt = observation if rollout.chunked_prefill else chunk(rollout.max_prompt_tokens)
     return {
         "prefill": (generate.extend, (cfg, params, state, *prompt, rollout.sampling, rules)),
         "extend": (generate.extend, (cfg, params, state, *observation, rollout.sampling, rules)),

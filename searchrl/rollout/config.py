@@ -17,6 +17,9 @@ class RolloutConfig:
     max_obs_tokens: int = 256  # tokens per observation, after truncation
     obs_buckets: tuple[int, ...] = (64, 128, 256)  # observation chunks are right-padded to one of these
     chunk_steps: int = 32  # decode steps per jitted chunk
+    # Prefill prompts in chunks of the widest observation bucket, as observations are appended, not in one
+    # call: the same rollout, with the prefill's attention scores bounded by that width, not the prompt's.
+    chunked_prefill: bool = False
     sampling: SamplingParams = SamplingParams()
 
     def slots(self, widest_chunk: int) -> int:

@@ -137,7 +137,8 @@ class RolloutEngine:
             specs.append((self.branch_spec, self.branch_stops))
             state = self._call(generate.branch_state, state)
         for spec, stops in specs:
-            widths = self.chunk_widths + ((self.config.max_prompt_tokens,) if spec is self.spec else ())
+            one_call_prefill = spec is self.spec and not self.config.chunked_prefill
+            widths = self.chunk_widths + ((self.config.max_prompt_tokens,) if one_call_prefill else ())
             for width in widths:
                 tokens, lengths = map(self._to_device, pad_batch([[]] * batch, width))
                 state = self._call(generate.extend, self.cfg, params, state, tokens, lengths, idle,
@@ -183,10 +184,12 @@ class RolloutEngine:
                 raise ValueError(
                     f"Example {b}: prompt has {len(ids)} tokens > max_prompt_tokens={self.config.max_prompt_tokens}."
                 )
-        tokens, lengths = map(self._to_device, pad_batch(prompts, self.config.max_prompt_tokens))
         state = self._new_state(params, len(examples), key, first_row)
-        start = self._to_device(np.ones(len(examples), bool))
-        return self._device(generate.extend, self.cfg, params, state, tokens, lengths, start,
+        start = np.ones(len(examples), bool)
+        if self.config.chunked_prefill:
+            return self._extend_in_chunks(params, state, prompts, start, self.config.sampling)
+        tokens, lengths = map(self._to_device, pad_batch(prompts, self.config.max_prompt_tokens))
+        return self._device(generate.extend, self.cfg, params, state, tokens, lengths, self._to_device(start),
                             self.config.sampling, self.rules)
 
     def _finish_turn(self, tokens: np.ndarray, start: int, end: int) -> tuple[int, str]:

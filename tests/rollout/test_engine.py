@@ -224,6 +224,27 @@ def test_a_batch_split_in_two_samples_the_same_tokens(model, tokenizer):
     assert shifted.turns != halves[1].turns
 
 
+@pytest.mark.parametrize("branch_prompt", [None, " <answer>"])
+def test_a_chunked_prefill_samples_the_same_tokens(model, tokenizer, branch_prompt):
+    """Prompts up to 3 times the widest chunk, prefilled a chunk at a time, give the one-call prefill's rollout
+    (at temperature 1), and compile nothing past the warmup."""
+    examples = [{"q": " ".join(WORDS[(i + j) % len(WORDS)] for j in range(6 * i + 1))} for i in range(6)]
+    widths = dict(max_prompt_tokens=48, max_len=128, obs_buckets=(8, 16), max_obs_tokens=16)
+    longest = max(len(tokenizer.encode(ScriptedEnv().prompt(ex))) for ex in examples)
+    assert 2 * 16 < longest <= 48
+    runs = []
+    for chunked in (False, True):
+        engine = make_engine(model, tokenizer, ScriptedEnv(branch_prompt=branch_prompt), chunked_prefill=chunked,
+                             **widths)
+        engine.warmup(model[1], len(examples))
+        warm = generate.compiled_programs()
+        runs.append(engine.run(model[1], examples, jax.random.key(5)))
+        assert generate.compiled_programs() == warm
+    np.testing.assert_array_equal(runs[1].tokens, runs[0].tokens)
+    np.testing.assert_allclose(runs[1].logprobs, runs[0].logprobs, rtol=0, atol=1e-6)
+    assert runs[1].turns == runs[0].turns
+
+
 @pytest.mark.parametrize("branch_prompt,separate", [(None, False), (" <answer>", False), (" <answer>", True)])
 def test_nothing_compiles_after_warmup(model, tokenizer, branch_prompt, separate):
     engine = make_engine(model, tokenizer, ScriptedEnv(branch_prompt=branch_prompt, separate=separate))
