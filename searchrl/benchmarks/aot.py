@@ -94,8 +94,8 @@ def _gpu_devices(target: GpuTarget, topology: str) -> list[jax.Device]:
         return list(topologies.get_topology_desc(platform="cuda", target_config=target.target_config(),
                                                  topology=topology).devices)
     except (RuntimeError, ValueError, jax.errors.JaxRuntimeError) as e:
-        raise RuntimeError(f"compiling for {target.description} needs JAX's CUDA plugin (no GPU needed): "
-                           f"pip install 'jax[cuda12]=={jax.__version__}' ({e})") from None
+        raise RuntimeError(f"JAX gave no {target.description} topology ({e}); compiling for GPUs needs JAX's "
+                           f"CUDA plugin (no GPU needed): pip install 'jax[cuda12]=={jax.__version__}'") from None
 
 
 def parse_mesh(text: str) -> tuple[int, int, int]:
