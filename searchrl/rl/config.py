@@ -94,6 +94,7 @@ class RLConfig:
     use_critic: bool = True  # False for critic-free estimators (GRPO, RLOO, REINFORCE++)
     compute_dtype: str = "float32"  # bfloat16 on accelerators: params are cast inside the loss
     remat: bool = False
+    logits_chunk: int = 0  # > 0: log-probs from the LM head this many positions at a time (memory, not math)
     actor: OptimConfig = OptimConfig(lr=1e-6)
     critic: OptimConfig = OptimConfig(lr=1e-5)
 
@@ -104,6 +105,8 @@ class RLConfig:
         if self.minibatch_size % self.micro_batch_size:
             raise ValueError(f"rl.minibatch_size={self.minibatch_size} is not a multiple of "
                              f"rl.micro_batch_size={self.micro_batch_size}")
+        if self.logits_chunk < 0:
+            raise ValueError(f"rl.logits_chunk must be >= 0 (0: the whole sequence), got {self.logits_chunk}")
         if self.kl_reward_clip < 0:
             raise ValueError(f"rl.kl_reward_clip must be >= 0, got {self.kl_reward_clip}")
         if (self.kl_in_reward or self.kl_loss_coef > 0) and not self.use_reference:

@@ -140,7 +140,8 @@ def _positions(tokens: jax.Array) -> jax.Array:
 def _policy_logprobs(config: PPOConfig, params: dict, tokens, mask, temperature, with_entropy: bool):
     return models.token_logprobs(config.spec.model, _cast(params, config.rl.compute_dtype), tokens,
                                  _positions(tokens), mask, with_entropy=with_entropy, temperature=temperature,
-                                 rules=config.spec.rules, remat=config.rl.remat)
+                                 rules=config.spec.rules, remat=config.rl.remat,
+                                 logits_chunk=config.rl.logits_chunk)
 
 
 def _state_values(config: PPOConfig, params: dict, tokens, mask) -> jax.Array:

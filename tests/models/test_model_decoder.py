@@ -152,6 +152,32 @@ def test_token_logprobs_match_numpy_log_softmax():
         np.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1)[..., 0], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("chunk", [4, 5, 16])
+def test_logits_in_chunks_give_the_same_logprobs_entropy_and_gradients(chunk):
+    """The head on `chunk` positions at a time (padded at the end when they do not divide the 16 predicting
+    positions; a no-op from 16 on) against the whole sequence at once, on padded rows, at temperature 0.7."""
+    tokens = random_tokens(CFG, (3, 17), seed=6)
+    positions = np.broadcast_to(np.arange(17, dtype=np.int32), (3, 17))
+    mask = np.arange(17)[None, :] < np.array([[17], [11], [4]])
+
+    def loss(params, logits_chunk):
+        logprobs, entropy = token_logprobs(CFG, params, tokens, positions, mask, with_entropy=True,
+                                           temperature=0.7, logits_chunk=logits_chunk)
+        return jnp.sum(logprobs * mask) + 0.3 * jnp.sum(entropy * mask), (logprobs, entropy)
+
+    (whole, (logprobs, entropy)), grads = jax.value_and_grad(loss, has_aux=True)(PARAMS, 0)
+    (chunked, (chunked_logprobs, chunked_entropy)), chunked_grads = jax.value_and_grad(loss, has_aux=True)(
+        PARAMS, chunk)
+    # float32 over another summation order: a few ulps of values around 4
+    np.testing.assert_allclose(chunked_logprobs, logprobs, rtol=2e-6, atol=0)
+    np.testing.assert_allclose(chunked_entropy, entropy, rtol=2e-6, atol=0)
+    np.testing.assert_allclose(chunked, whole, rtol=1e-6)
+    for name, grad in jax.tree_util.tree_leaves_with_path(grads):
+        chunked_grad = functools.reduce(lambda tree, key: tree[key.key], name, chunked_grads)
+        np.testing.assert_allclose(chunked_grad, grad, atol=1e-5 * float(np.abs(grad).max()), rtol=0,
+                                   err_msg=jax.tree_util.keystr(name))
+
+
 def test_value_model_params_and_outputs():
     untied = dataclasses.replace(CFG, tie_word_embeddings=False)
     policy = random_params(untied)

@@ -241,6 +241,8 @@ def test_bad_batches_are_rejected_with_the_field_name():
                                                  old_values=short["advantages"]), config, ONE)
     with pytest.raises(ValueError, match="need a reference policy"):
         rl_config(kl_loss_coef=0.1)
+    with pytest.raises(ValueError, match=r"rl.logits_chunk must be >= 0 \(0: the whole sequence\), got -1"):
+        rl_config(logits_chunk=-1)
 
 
 def test_settings_that_would_have_no_effect_are_errors():
