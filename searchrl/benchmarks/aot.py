@@ -14,8 +14,8 @@ config's shapes and dtypes, on a (data, fsdp, tensor) mesh over the topology's d
   learn    the PPO step (`searchrl.rl.ppo.learn`: scoring by policy, critic and reference, advantages, the
            PPO epochs) on train.batch_size x rl.responses_per_prompt rows of rollout.max_len tokens (the
            widest the trainer pads a batch to);
-  prefill  the rollout's first `extend`: every row's prompt (rollout.max_prompt_tokens), or with
-           rollout.chunked_prefill its first chunk (the widest observation bucket);
+  prefill  the rollout's first `extend`: every row's prompt (rollout.max_prompt_tokens); none with
+           rollout.chunked_prefill, whose prompt chunks run the extend program;
   extend   an observation appended at the widest of rollout.obs_buckets;
   decode   one decode chunk (`decode_chunk`, rollout.chunk_steps steps); its costs are per decode step.
 
@@ -94,8 +94,9 @@ def _gpu_devices(target: GpuTarget, topology: str) -> list[jax.Device]:
         return list(topologies.get_topology_desc(platform="cuda", target_config=target.target_config(),
                                                  topology=topology).devices)
     except (RuntimeError, ValueError, jax.errors.JaxRuntimeError) as e:
-        raise RuntimeError(f"JAX gave no {target.description} topology ({e}); compiling for GPUs needs JAX's "
-                           f"CUDA plugin (no GPU needed): pip install 'jax[cuda12]=={jax.__version__}'") from None
+        raise RuntimeError(f"JAX gave no {target.description} topology ({e}); compiling for GPUs needs "
+                           f"JAX's CUDA plugin (no GPU needed): pip install 'jax[cuda12]=={jax.__version__}'"
+                           ) from None
 
 
 def parse_mesh(text: str) -> tuple[int, int, int]:
@@ -165,11 +166,12 @@ def rollout_inputs(config: ml_collections.ConfigDict, cfg: models.ModelConfig, m
     replicated = NamedSharding(mesh, PartitionSpec())
     stops = jax.ShapeDtypeStruct(STOP_TABLE, jnp.int32, sharding=replicated)
     eos = jax.ShapeDtypeStruct(EOS_IDS, jnp.int32, sharding=replicated)
-    observation = chunk(max(rollout.obs_buckets))
-    prompt = observation if rollout.chunked_prefill else chunk(rollout.max_prompt_tokens)
-    return {
-        "prefill": (generate.extend, (cfg, params, state, *prompt, rollout.sampling, rules)),
-        "extend": (generate.extend, (cfg, params, state, *observation, rollout.sampling, rules)),
+    prefill = {} if rollout.chunked_prefill else {
+        "prefill": (generate.extend, (cfg, params, state, *chunk(rollout.max_prompt_tokens), rollout.sampling,
+                                      rules))}
+    return prefill | {
+        "extend": (generate.extend, (cfg, params, state, *chunk(max(rollout.obs_buckets)), rollout.sampling,
+                                     rules)),
         "decode": (generate.decode_chunk, (cfg, params, state, stops, eos, spec)),
     }
 

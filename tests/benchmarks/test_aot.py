@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from searchrl import models
 from searchrl.benchmarks import aot
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
@@ -65,6 +66,15 @@ def test_the_tiny_preset_compiles_for_gpus_without_one(capsys):
     assert result["device_kind"] == "NVIDIA H100 80GB HBM3" and result["devices"] == 4
     for row in result["programs"]:
         assert row["fits"] and 0 < row["total_gib"] < row["hbm_gib"] == 81559 / 1024
+
+
+def test_a_chunked_prefill_has_no_program_of_its_own():
+    config = autosearch.get_config("tiny")
+    config.model.path = ""
+    cfg, mesh = models.config_from_dict(config.model), models.make_mesh(1, 8, 1)
+    assert list(aot.rollout_inputs(config, cfg, mesh)) == ["prefill", "extend", "decode"]
+    config.rollout.chunked_prefill = True
+    assert list(aot.rollout_inputs(config, cfg, mesh)) == ["extend", "decode"]
 
 
 @pytest.mark.parametrize("topology,xla", [("h100:8", "1x1x8"), ("a100:2x8", "1x2x8"), ("h200:1", "1x1x1")])
