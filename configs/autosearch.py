@@ -7,7 +7,7 @@ Presets:
   tiny                 the CPU demo: a synthetic world, BM25, a tiny model, SFT cold start then PPO.
   tiny_no_efficiency   the demo's ablation: the efficiency reward off (AutoSearch's ablation in miniature).
   paper                AutoSearch's public PPO run on Qwen2.5-3B base, with the reward as the paper means it
-                       (searchrl/rewards/autosearch.py lists where the public code differs).
+                       (searchrl/tasks/autosearch/rewards.py lists where the public code differs).
   paper_public_reward  the same with the public code's reward exactly (env.autosearch.public_code).
   paper_no_efficiency, paper_no_quality, paper_no_base
                        the paper-scale ablations: one reward component off.
@@ -20,30 +20,23 @@ v0.2 PPO settings, which configs/search_r1.py:paper cites (tests/app/test_preset
 against [AS]). [G2] Search-R1's scripts/nq_hotpotqa/v0.2/train_grpo.sh.
 """
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # config files import their siblings
+from searchrl import run_config
+from searchrl.configlib import sibling, to_config
+from searchrl.tasks.autosearch.config import DemoConfig
 
-import search_r1  # noqa: E402
-
-from searchrl import run_config  # noqa: E402
-from searchrl.configlib import to_config  # noqa: E402
-from searchrl.demo.config import DemoConfig  # noqa: E402
+search_r1 = sibling(__file__, "search_r1")
 
 DEMO_PROMPT = "Question: {question}\n"
 # The demo's intermediate answers open the way its scripted answer turns do
-# (searchrl.demo.scripted.answer_turn; the demo checks that they agree).
+# (searchrl.tasks.autosearch.scripted.answer_turn; the demo checks that they agree).
 DEMO_ANSWER_PROMPT = "<think> I can answer. </think><answer>"
 
 
-def _autosearch(config):
-    config.env.reward = "autosearch"
-    config.env.intermediate_answers = True  # an intermediate answer after every search step [AS]
-    return config
-
-
 def paper(config):
-    config = _autosearch(search_r1.paper(config))
+    config = search_r1.paper(config)
+    config.env.reward = "autosearch"  # turn-level rewards; config.env's defaults: an intermediate answer
+    #                                   after every search step [AS]
     config.model.path = "/data/models/Qwen2.5-3B"  # BASE_MODEL=.../Qwen2.5-3B [AS]
     config.env.max_turns = 4  # max_turns=4 [AS]
     config.rollout.update(dict(
@@ -60,7 +53,7 @@ def paper(config):
     config.rl.kl_reward_estimator = "low_var_kl"
     config.rl.kl_reward_clip = 5.0
     # Each intermediate answer from its own chat prompt, the question and the trajectory so far
-    # ([AR]:421-438, searchrl.envs.search_qa.PUBLIC_ANSWER_USER), not by continuing the trajectory.
+    # ([AR]:421-438, searchrl.tasks.search_r1.env.PUBLIC_ANSWER_USER), not by continuing the trajectory.
     config.env.intermediate_answer_mode = "public_prompt"
     # vLLM's max_tokens=rollout.response_length ([AY]:73) = data.max_response_length=500 ([AS]:28).
     config.env.intermediate_answer_tokens = 500
@@ -73,7 +66,7 @@ def paper(config):
 
 
 def paper_public_reward(config):
-    """The public code's reward exactly (searchrl/rewards/autosearch.py, public_rewards)."""
+    """The public code's reward exactly (searchrl/tasks/autosearch/rewards.py, public_rewards)."""
     config = paper(config)
     config.env.autosearch.public_code = True
     return config
@@ -106,22 +99,13 @@ def paper_no_base(config):
 
 
 def paper_grpo(config):
-    """GRPO as Search-R1's [G2] (AutoSearch publishes no GRPO script)."""
-    config = paper(config)
-    config.rl.advantage = "grpo"  # algorithm.adv_estimator=grpo [G2]
-    config.rl.responses_per_prompt = 5  # actor_rollout_ref.rollout.n_agent=5 [G2]
-    config.rl.use_critic = False
-    config.rl.whiten_advantages = False  # GRPO advantages are already normalised per group
-    config.rl.kl_in_reward = False  # use_kl_loss=true: no KL in the reward [G2]
-    config.rl.kl_loss_coef = 0.001  # actor_rollout_ref.actor.kl_loss_coef=0.001 [G2]
-    config.rl.kl_loss_type = "low_var_kl"  # actor_rollout_ref.actor.kl_loss_type=low_var_kl [G2]
-    return config
+    """GRPO as Search-R1's [G2] (AutoSearch publishes no GRPO script): configs/search_r1.py's `grpo`."""
+    return search_r1.grpo(paper(config))
 
 
 def tiny(config):
     """The demo: every size here is chosen so that install + world + SFT + PPO + evaluation fit ~20 minutes on
     2 CPU cores."""
-    config = _autosearch(config)
     config.workdir = "runs/demo"
     config.demo = to_config(DemoConfig())
     config.demo.extra_search_fraction = 0.7  # the scripted SFT data over-searches on 70% of questions
@@ -183,4 +167,4 @@ PRESETS = {"tiny": tiny, "tiny_no_efficiency": tiny_no_efficiency, "paper": pape
 def get_config(arg: str = "tiny"):
     if arg not in PRESETS:
         raise ValueError(f"Unknown preset {arg!r} for configs/autosearch.py; expected one of {sorted(PRESETS)}")
-    return PRESETS[arg](run_config.experiment_config())
+    return PRESETS[arg](run_config.experiment_config("autosearch"))

@@ -20,7 +20,7 @@ import os
 
 from searchrl import run_config
 from searchrl.configlib import to_config
-from searchrl.demo.config import RewriteDemoConfig
+from searchrl.tasks.deepretrieval.config import RewriteDemoConfig
 
 RESPONSE_TOKENS = {"literature": 500, "evidence": 350, "classic": 512, "sql": 512}  # [P] B.2
 PROMPT_TOKENS = {"literature": 500, "evidence": 256, "classic": 256, "sql": 2048}  # max_prompt_length [DR]
@@ -127,7 +127,7 @@ def _tiny(config):
 
 
 def tiny(config):
-    """The miniature (`searchrl.demo.rewrite`): every size here fits two seeds in ~20 minutes on 2 cores."""
+    """The miniature (`searchrl.tasks.deepretrieval.demo`): every size here fits two seeds in ~20 minutes on 2 cores."""
     config = _tiny(classic(config))
     config.workdir = "runs/deepretrieval_demo"
     config.demo = to_config(RewriteDemoConfig())
@@ -163,7 +163,7 @@ def get_config(arg: str = "tiny"):
     if preset not in PRESETS or variant not in ("", "no_reasoning"):
         raise ValueError(f"Unknown preset {arg!r} for configs/deepretrieval.py; expected one of "
                          f"{sorted(PRESETS)}, optionally followed by ',no_reasoning'")
-    config = PRESETS[preset](run_config.experiment_config("query_rewrite"))
+    config = PRESETS[preset](run_config.experiment_config("deepretrieval"))
     if variant:
         config.env.reasoning = False
     return config

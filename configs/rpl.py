@@ -6,30 +6,26 @@ Presets:
   paper_qwen3_4b  Qwen3-4B, open-domain QA (NQ + HotpotQA) and GlobalQA, BM25 + e5 dense, the full SDK.
   paper_qwen3_8b  the same with Qwen3-8B.
 SPACE, the action space (the paper's Table 4 rows): dense | dual | sdk (default) | pm (sdk plus program
-mutation at step 200, config.mutation).
+mutation at step 200, config.env.mutation).
 no_thinking: Qwen3's chat template with enable_thinking=False.
 The RPL paper gives no training hyper-parameters: the paper presets use the Search-R1 PPO defaults the other
 paper presets use ([R1] Search-R1's train_ppo.sh, as in configs/search_r1.py:paper), each cited below.
 """
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # config files import their siblings
+from searchrl import run_config, task
+from searchrl.configlib import sibling, to_config
+from searchrl.tasks.rpl.config import RPLDemoConfig
+from searchrl.tasks.rpl.env import ACTION_SPACES
 
-import search_r1  # noqa: E402
-
-from searchrl import run_config  # noqa: E402
-from searchrl.configlib import to_config  # noqa: E402
-from searchrl.demo.config import RPLDemoConfig  # noqa: E402
-from searchrl.envs.program import ACTION_SPACES  # noqa: E402
-from searchrl.rl.config import MutationConfig  # noqa: E402
+search_r1 = sibling(__file__, "search_r1")
 
 VARIANTS = (*ACTION_SPACES, "pm", "no_thinking")  # ",<variant>" suffixes of a preset
 
 
 def _paper(config, preset: str, path: str):
     config = search_r1.paper(config)  # Search-R1's PPO, optimizer, KL and batch settings [R1]
-    config.env = run_config.envs.default_config("program")
+    config.env = task.default_config("rpl")  # search_r1.paper set its own env group
     config.model.update(dict(preset=preset, path=path))
     config.data.update(dict(train="nq,hotpotqa,globalqa", eval="nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,"
                                                                "musique,bamboogle,globalqa"))
@@ -38,7 +34,7 @@ def _paper(config, preset: str, path: str):
     config.env.max_turns = 4  # program turns, as Search-R1's four search turns [R1]
     config.env.chat_template = True  # Qwen3 is prompted through its chat template;
     config.env.enable_thinking = True  # its thinking switch (",no_thinking" turns it off)
-    config.mutation.sft.max_len = config.rollout.max_prompt_tokens + config.rollout.max_turn_tokens
+    config.env.mutation.sft.max_len = config.rollout.max_prompt_tokens + config.rollout.max_turn_tokens
     return config
 
 
@@ -51,7 +47,7 @@ def paper_qwen3_8b(config):
 
 
 def tiny(config):
-    """The CPU miniature (`python -m searchrl.demo --config configs/rpl.py:tiny`, `searchrl.demo.rpl`): two
+    """The CPU miniature (`python -m searchrl.demo --config configs/rpl.py:tiny`, `searchrl.tasks.rpl.demo`): two
     RL seeds took 11 minutes on 2 shared cores; measured results in the README."""
     config.workdir = "runs/rpl_demo"
     config.demo = to_config(RPLDemoConfig())
@@ -94,9 +90,9 @@ def tiny(config):
     # Distillation is SFT at twice RL's learning rate, about four passes over the kept trajectories (about
     # 270: verified variants and the programs no edit improves). Measured (README): at 1e-3 for one pass it
     # lowered held-out answer F1; at 1e-4 for two passes it moved too few programs on one seed.
-    config.mutation.update(dict(episodes=512, max_variants=16, max_shown=4, rounds=4))
-    config.mutation.sft.update(dict(steps=64, batch_size=16, max_len=288))
-    config.mutation.sft.optim.update(dict(lr=2e-4, warmup_steps=5))
+    config.env.mutation.update(dict(episodes=512, max_variants=16, max_shown=4, rounds=4))
+    config.env.mutation.sft.update(dict(steps=64, batch_size=16, max_len=288))
+    config.env.mutation.sft.optim.update(dict(lr=2e-4, warmup_steps=5))
     return config
 
 
@@ -110,13 +106,12 @@ def get_config(arg: str = "tiny"):
         raise ValueError(f"Unknown preset {arg!r} for configs/rpl.py; expected one of {sorted(PRESETS)}, "
                          f"optionally followed by ',<action space>' (one of {sorted(ACTION_SPACES)} or pm) "
                          "and ',no_thinking'")
-    config = run_config.experiment_config("program")
-    config.mutation = to_config(MutationConfig())
+    config = run_config.experiment_config("rpl")
     config = PRESETS[preset](config)
     if spaces:
         config.env.action_space = "sdk" if spaces[0] == "pm" else spaces[0]
     if "pm" in spaces:
-        config.mutation.at_step = 200  # mutation at step 200, then RL resumes [the RPL paper]
+        config.env.mutation.at_step = 200  # mutation at step 200, then RL resumes [the RPL paper]
     if "no_thinking" in options:
         config.env.enable_thinking = False
     return config

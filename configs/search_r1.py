@@ -84,9 +84,9 @@ def paper_v03(config):
     return config
 
 
-def paper_grpo(config):
-    """[G2]: 5 responses per prompt, group-normalised outcome advantages, KL as a loss, no critic."""
-    config = paper(config)
+def grpo(config):
+    """[G2]'s learner on `config`: 5 responses per prompt, group-normalised outcome advantages, KL as a loss,
+    no critic (configs/autosearch.py:paper_grpo applies it too)."""
     config.rl.advantage = "grpo"  # algorithm.adv_estimator=grpo [G2]
     config.rl.responses_per_prompt = 5  # actor_rollout_ref.rollout.n_agent=5 [G2]
     config.rl.use_critic = False
@@ -94,6 +94,12 @@ def paper_grpo(config):
     config.rl.kl_in_reward = False  # use_kl_loss=true: no KL in the reward [G2, T ray_trainer.py]
     config.rl.kl_loss_coef = 0.001  # actor_rollout_ref.actor.kl_loss_coef=0.001 [G2]
     config.rl.kl_loss_type = "low_var_kl"  # actor_rollout_ref.actor.kl_loss_type=low_var_kl [G2]
+    return config
+
+
+def paper_grpo(config):
+    """[G2]: `paper` with GRPO's learner (`grpo`)."""
+    config = grpo(paper(config))
     config.rollout.sampling.top_p = 0.95  # [G2] sets no rollout.top_p: rollout.top_p: 0.95 [Y]
     return config
 
@@ -118,4 +124,4 @@ def get_config(arg: str = "tiny"):
     if arg not in PRESETS:
         raise ValueError(f"Unknown preset {arg!r} for configs/search_r1.py; expected one of "
                          f"{sorted(PRESETS)}")
-    return PRESETS[arg](run_config.experiment_config())
+    return PRESETS[arg](run_config.experiment_config("search_r1"))

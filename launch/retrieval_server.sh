@@ -5,7 +5,7 @@ set -euo pipefail
 INDEX_DIR=${1:?usage: retrieval_server.sh INDEX_DIR [PORT]}
 PORT=${2:-8000}
 LOG=${LOG:-retrieval_server.$(hostname).log}
-python -m searchrl.retrieval.serve --index "$INDEX_DIR" --host 127.0.0.1 --port "$PORT" >"$LOG" 2>&1 &
+python -m searchrl.serving.serve --index "$INDEX_DIR" --host 127.0.0.1 --port "$PORT" >"$LOG" 2>&1 &
 echo $! > "retrieval_server.$(hostname).pid"
 for _ in $(seq 1 600); do
   if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; then echo "retrieval server up on port $PORT"; exit 0; fi

@@ -83,6 +83,14 @@ def parse_argument(values: flags.FlagValues, argv: Sequence[str] | None, doc: st
     return words[0]
 
 
+def non_negative_ints(values: Sequence[str], flag: str) -> list[int]:
+    """Integers >= 0 from a list flag's values; anything else is a usage error naming the flag and value."""
+    for value in values:
+        if not value.strip().isdigit():
+            raise app.UsageError(f"--{flag}: {value!r} is not a non-negative integer.")
+    return [int(value) for value in values]
+
+
 def _program_name_only(argv: list[str]) -> list[str]:
     """app.run's flag parser: absl's global flags keep their defaults and every argument goes to the tool."""
     flags.FLAGS(argv[:1])

@@ -8,8 +8,11 @@ dataclass does not have. `searchrl.run_config` assembles a whole experiment conf
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import pathlib
 import types
 import typing
+from types import ModuleType
 from typing import Any, Mapping, TypeVar
 
 import ml_collections
@@ -63,3 +66,15 @@ def from_config(cls: type[T], group: Mapping[str, Any] | ml_collections.ConfigDi
         return cls(**kwargs)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
+
+
+def sibling(config_file: str, name: str) -> ModuleType:
+    """The config file `name`.py next to `config_file` (a config building on another's presets), loaded from
+    its path: config files are not a package, and loading one changes no `sys.path`."""
+    path = pathlib.Path(config_file).resolve().with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"searchrl_config_{name}", path)
+    if spec is None or not path.is_file():
+        raise FileNotFoundError(f"No config file {path} (imported by {config_file})")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -55,8 +55,7 @@ class SideBranch:
 
     After a turn whose action kind is in `after_kinds`, the engine appends the observation and `prompt`,
     samples at most `max_tokens` tokens until a stop string, EOS or the budget, and stores the text (cut after
-    the first stop string) in the turn's `info[name]`, sampling with `temperature` / `top_k` / `top_p`
-    (0: greedy). With `separate_prompt`, the branch does not continue the trajectory: it is sampled after
+    the first stop string) in the turn's `info[name]`, sampling with `sampling`. With `separate_prompt`, the branch does not continue the trajectory: it is sampled after
     `env.side_branch_prompt(example, turns_so_far)` (a prompt as `Env.prompt` returns) alone, in an empty
     context; `prompt` then only describes it.
     """
@@ -66,9 +65,7 @@ class SideBranch:
     stop_strings: tuple[str, ...]
     max_tokens: int
     after_kinds: tuple[str, ...]
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
+    sampling: SamplingParams
     separate_prompt: bool = False
 
 

@@ -9,16 +9,18 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from searchrl import envs, models
 from searchrl import checkpoint as checkpoint_lib
+from searchrl import models, task
 from searchrl.configlib import from_config
 from searchrl.data import datasets
+from searchrl.data.config import DataConfig
+from searchrl.data.tfds_records import Records
 from searchrl.episode import Env
 from searchrl.rollout.config import RolloutConfig
 from searchrl.text.tokenizer import load_tokenizer
@@ -34,7 +36,7 @@ class Experiment:
     tokenizer: Any
     env: Env
     rollout: RolloutConfig
-    train_examples: list[dict]
+    train_examples: Sequence[dict]  # read on demand (searchrl.data.tfds_records.Records)
     source: dict[str, Any]
 
 
@@ -112,11 +114,11 @@ def build(config: ml_collections.ConfigDict, *, train_data: bool = True, checkpo
     if model_cfg.vocab_size < len(tokenizer):
         raise ValueError(f"The model's vocab_size {model_cfg.vocab_size} is smaller than the tokenizer's "
                          f"{len(tokenizer)} tokens ({tokenizer_dir}).")
-    env = envs.build(config.env, config.retrieval)
+    env = task.build(config.env, config.retrieval)
     rollout = from_config(RolloutConfig, config.rollout, "config.rollout")
-    train = []
+    train: Sequence[dict] = []
     if train_data:
-        data = from_config(datasets.DataConfig, config.data, "config.data")
-        for records in datasets.load_examples(data.dir, data.train, data.train_split, data.format).values():
-            train.extend(records)
+        data = from_config(DataConfig, config.data, "config.data")
+        sets = datasets.load_examples(data.dir, data.train, data.train_split, data.format, data.tfds_dir)
+        train = Records.concatenate(sets.values())
     return Experiment(model_cfg, policy, tokenizer, env, rollout, train, source)

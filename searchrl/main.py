@@ -4,7 +4,7 @@
 Commands: `info` (the resolved config, the device mesh and the model size), `train` (RL from the config:
 PPO/GRPO/... on its environment, resuming from config.workdir's latest checkpoint) and `sft` (a supervised
 cold start on the env's reference responses, saved as a Hugging Face model at <workdir>/sft). Evaluation is
-`python -m searchrl.eval`, the retrieval server `python -m searchrl.retrieval.serve`.
+`python -m searchrl.eval`, the retrieval server `python -m searchrl.serving.serve`.
 """
 from __future__ import annotations
 
@@ -34,30 +34,24 @@ def info(config: ml_collections.ConfigDict) -> None:
 
 
 def train(config: ml_collections.ConfigDict) -> None:
-    """Builds the run from its config and trains until config.train.steps (with program mutation at
-    config.mutation.at_step when the config has that group and the step is set)."""
-    from searchrl import distributed, experiment, program_mutation
-    from searchrl.configlib import from_config
+    """Builds the run from its config and trains until config.train.steps, with the task's train hooks."""
+    from searchrl import distributed, experiment, task
     from searchrl.data import datasets
-    from searchrl.rl.config import MutationConfig
     from searchrl.rl.trainer import Trainer
 
     distributed.initialize(config)
     built = experiment.build(config)
     eval_sets = datasets.load_examples(config.data.dir, config.data.eval, config.data.eval_split,
-                                      config.data.format)
+                                      config.data.format, config.data.tfds_dir)
     eval_examples = [r for records in eval_sets.values() for r in records[: config.data.eval_limit or None]]
+    spec = task.get(config.env.name)
+    hooks = spec.train_hooks(built.env) if spec.train_hooks is not None else []
     trainer = Trainer(config, built.model_cfg, built.policy, built.tokenizer, built.env, built.train_examples,
-                      eval_examples)
+                      eval_examples, hooks=hooks)
     logging.info("process %d of %d: rows %d-%d of each batch of %d", jax.process_index(), jax.process_count(),
                  trainer.rows.start, trainer.rows.stop - 1, trainer.batch_rows)
-    mutation = (from_config(MutationConfig, config.mutation, "config.mutation") if "mutation" in config
-                else None)
     try:
-        if mutation is not None and mutation.at_step > 0:
-            program_mutation.train_with_mutation(trainer, mutation)
-        else:
-            trainer.train()
+        trainer.train()
     finally:
         trainer.close()
 

@@ -9,9 +9,9 @@ import dataclasses
 
 import ml_collections
 
-from searchrl import envs
+from searchrl import task
 from searchrl.configlib import to_config
-from searchrl.data.datasets import DataConfig
+from searchrl.data.config import DataConfig
 from searchrl.models.config import MeshConfig, ModelSource
 from searchrl.retrieval import RetrievalConfig
 from searchrl.rl.config import RLConfig, SFTConfig, TrainConfig
@@ -39,14 +39,14 @@ def base_config() -> ml_collections.ConfigDict:
     return config
 
 
-def experiment_config(env: str = "search_qa") -> ml_collections.ConfigDict:
-    """Every group a training run reads: base, tokenizer, data, retrieval, the env `env`'s group, rollout,
+def experiment_config(name: str) -> ml_collections.ConfigDict:
+    """Every group a training run reads: base, tokenizer, data, retrieval, the env group of task `name`, rollout,
     train, rl and sft."""
     config = base_config()
     config.tokenizer = ""  # a local HF tokenizer directory; empty: config.model.path
     config.data = to_config(DataConfig())
     config.retrieval = to_config(RetrievalConfig())
-    config.env = envs.default_config(env)
+    config.env = task.default_config(name)
     config.rollout = to_config(RolloutConfig())
     config.train = to_config(TrainConfig())
     config.rl = to_config(RLConfig())

@@ -33,7 +33,6 @@ HBM bandwidth (a roofline lower bound: the slower of the two).
 from __future__ import annotations
 
 import json
-import math
 import os
 import pathlib
 import re
@@ -48,7 +47,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ml_collections import config_flags
 
 from searchrl import cli, models
-from searchrl.benchmarks.hardware import GPU_TARGETS, GiB, Chip, GpuTarget, chip_of
+from searchrl.benchmarks.hardware import GPU_TARGETS, MEGACORE, GiB, Chip, GpuTarget, chip_of
 from searchrl.benchmarks.jaxpr_cost import MatmulCost, matmul_cost
 from searchrl.configlib import from_config
 from searchrl.rl import ppo
@@ -64,8 +63,9 @@ STOP_TABLE, EOS_IDS = (4, 8), (2,)
 
 
 def topology_devices(topology: str, libtpu: str) -> list[jax.Device]:
-    """The devices of a topology: a TPU one compiled for by libtpu at `libtpu`, a GPU one ("h100:8") by JAX's
-    CUDA plugin from `GpuTarget.target_config`. Neither needs the accelerator."""
+    """The devices of a topology, one per chip as JAX on it sees them: a TPU one compiled for by libtpu at
+    `libtpu` (a megacore chip's two TensorCores as one device), a GPU one ("h100:8") by JAX's CUDA plugin from
+    `GpuTarget.target_config`. Neither needs the accelerator."""
     generation = topology.partition(":")[0]
     if generation in GPU_TARGETS:
         return _gpu_devices(GPU_TARGETS[generation], gpu_topology(topology))
@@ -75,7 +75,9 @@ def topology_devices(topology: str, libtpu: str) -> list[jax.Device]:
     # Compiling only, so several processes may load libtpu at once (else the second fails on its lockfile).
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies  # noqa: PLC0415 (after TPU_LIBRARY_PATH is set)
-    return list(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices)
+    # libtpu's default v4 chip config has a device per TensorCore, which JAX's meshes reject.
+    options = {"chip_config_name": "megacore"} if generation in MEGACORE else {}
+    return list(topologies.get_topology_desc(topology_name=topology, platform="tpu", **options).devices)
 
 
 def gpu_topology(topology: str) -> str:
@@ -182,12 +184,11 @@ def compiler_options(mesh: Mesh) -> dict[str, Any]:
     return {"xla_gpu_enable_triton_gemm": False} if mesh.devices.flat[0].platform == "gpu" else {}
 
 
-def analyse(name: str, jitted, args: tuple, mesh: Mesh, chip: Chip, cores_per_chip: int) -> dict[str, Any]:
+def analyse(name: str, jitted, args: tuple, mesh: Mesh, chip: Chip) -> dict[str, Any]:
     """Compiles one program on `mesh` and returns its per-device memory, matmul cost per step (a decode
     chunk's while loop: one decode step) and roofline time. A program XLA cannot fit into HBM does not
     compile: its row says so (`compile_error`, XLA's message) and has no memory figures."""
-    hbm, flops_per_s, bandwidth = (x / cores_per_chip for x in (chip.hbm_bytes, chip.peak_flops,
-                                                                 chip.hbm_bandwidth))
+    hbm, flops_per_s, bandwidth = chip.hbm_bytes, chip.peak_flops, chip.hbm_bandwidth
     with jax.set_mesh(mesh):
         traced = jitted.trace(*args)
         try:
@@ -221,13 +222,11 @@ def report(config: ml_collections.ConfigDict, topology: str, devices: Sequence[j
     cfg = models.config_from_dict(config.model)
     data, fsdp, tensor = mesh_sizes or (config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
     mesh = models.make_mesh(data, fsdp, tensor, devices=devices)
-    chips = math.prod(int(d) for d in topology.split(":")[1].split("x"))
-    cores_per_chip = max(len(devices) // chips, 1)
     jobs = {"learn": learn_inputs(config, cfg, mesh), **rollout_inputs(config, cfg, mesh)}
     unknown = set(programs or ()) - set(jobs)
     if unknown:
         raise ValueError(f"unknown programs {sorted(unknown)}; known: {list(jobs)}")
-    rows = [analyse(name, fn, args, mesh, chip_of(topology), cores_per_chip)
+    rows = [analyse(name, fn, args, mesh, chip_of(topology))
             for name, (fn, args) in jobs.items() if not programs or name in programs]
     return {"topology": topology, "devices": len(devices), "device_kind": devices[0].device_kind,
             "mesh": dict(mesh.shape), "model": config.model.preset, "programs": rows}

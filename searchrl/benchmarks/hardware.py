@@ -20,11 +20,15 @@ class Chip:
 
 
 CHIPS = {
-    "v4": Chip(32 * GiB, 275e12, 1.2e12),
+    "v4": Chip(32 * GiB, 275e12, 1.2e12),  # cloud.google.com/tpu/docs/v4: 275 TFLOP/s, 32 GiB, 1200 GBps
     "v5e": Chip(16 * GiB, 197e12, 819e9),
     "v5p": Chip(95 * GiB, 459e12, 2.765e12),
     "v6e": Chip(32 * GiB, 918e12, 1.64e12),
 }
+
+# TPU generations whose chip's two TensorCores JAX drives as one device ("megacore"), with the chip's HBM
+# and FLOP/s, as on their pods (JAX's `pallas.mosaic.tpu_info.ChipVersion.supports_megacore`).
+MEGACORE = frozenset({"v4", "v5p"})
 
 
 @dataclasses.dataclass(frozen=True)

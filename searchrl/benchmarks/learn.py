@@ -92,7 +92,8 @@ def run(config: ml_collections.ConfigDict, steps: int) -> dict:
     batch = synthetic_batch(rows, rollout.max_len, rollout.max_prompt_tokens, cfg.vocab_size,
                             rl.responses_per_prompt)
     key = jax.random.key(0)
-    state = init_train_state(ppo_config.spec, mesh, models.init_params(cfg, key), key)
+    state = init_train_state(ppo_config.spec, mesh, models.init_params(cfg, key), key,
+                             kl_coef=ppo_config.rl.kl_coef)
     times = []
     for i in range(steps + 1):
         start = time.perf_counter()

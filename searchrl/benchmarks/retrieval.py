@@ -6,7 +6,7 @@
 
 The corpus draws words from a Zipfian vocabulary (wiki-like passage lengths); each query is 4 words of a
 random passage. In-process figures search all queries in one batched call at k=10, one thread per CPU for
-every backend. The server runs as its own process (`python -m searchrl.retrieval.serve`) and 32 client
+every backend. The server runs as its own process (`python -m searchrl.serving.serve`) and 32 client
 threads send one-query requests through RemoteRetriever.
 """
 from __future__ import annotations
@@ -64,8 +64,8 @@ def timed(fn: Callable[[], Any]) -> float:
 
 def bench_server(index_dir: Path, queries: list[str], clients: int) -> dict[str, float]:
     """Throughput and latency of one-query requests from `clients` concurrent threads to a server process."""
-    from searchrl.retrieval.client import RemoteRetriever
-    proc = subprocess.Popen([sys.executable, "-m", "searchrl.retrieval.serve", "--index", str(index_dir),
+    from searchrl.retrieval.remote import RemoteRetriever
+    proc = subprocess.Popen([sys.executable, "-m", "searchrl.serving.serve", "--index", str(index_dir),
                              "--port", "0"], stdout=subprocess.PIPE, text=True)
     try:
         banner = proc.stdout.readline()

@@ -20,7 +20,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from absl import flags
 import jax
@@ -35,14 +35,13 @@ from searchrl.benchmarks.interleave import compare, describe
 from searchrl.benchmarks.jaxpr_cost import matmul_cost
 from searchrl.benchmarks.model import torch_device
 from searchrl.benchmarks.retrieval import default_encoder, make_queries, random_encoder, synthetic_corpus
-from searchrl.envs import search_qa
-from searchrl.envs.search_qa import SearchQAEnv
-from searchrl.episode import Action
+from searchrl.episode import Action, Observation, Trajectory, Turn
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.retrieval.dense import DenseRetriever
 from searchrl.rollout import generate
 from searchrl.rollout.config import RolloutConfig, SamplingParams
 from searchrl.rollout.engine import RolloutEngine
+from searchrl.text import tags
 from searchrl.text.tokenizer import train_bpe_tokenizer
 
 _NEVER = [[-2]]  # a stop/EOS id no token has: generation runs to its budget, as with min_new_tokens
@@ -109,13 +108,37 @@ def bench_generate(preset: str, batch: int, prompt_len: int, new_tokens: int, ro
 
 
 @dataclasses.dataclass
-class SearchEveryTurnEnv(SearchQAEnv):
-    """Search-QA where each non-final turn's text is the query (a random policy never writes the tags itself)."""
+class SearchEveryTurnEnv:
+    """The benchmark's multi-turn retrieval workload: each non-final turn's text is the query (a random policy
+    writes no tags), its top `topk` passages the observation, the turn after `max_turns` the answer."""
+
+    retriever: Any
+    topk: int
+    max_turns: int
+    stop_strings: tuple[str, ...] = (tags.close_tag(tags.SEARCH),)  # never written by a random policy
+    side_branch = None
+
+    def prompt(self, example: Mapping[str, Any]) -> str:
+        return f"Question: {example['question']}\n"
 
     def parse_action(self, turn_text: str, turn_index: int) -> Action:
         if turn_index < self.max_turns:
-            return Action(search_qa.SEARCH, turn_text)
-        return Action(search_qa.ANSWER, turn_text, done=True)
+            return Action(tags.SEARCH, turn_text)
+        return Action(tags.ANSWER, turn_text, done=True)
+
+    def observe(self, actions: Sequence[Action]) -> list[Observation]:
+        hits = self.retriever.search([a.content for a in actions], self.topk)
+        return [Observation(tags.block(tags.INFORMATION, " ".join(h.contents for h in row))) for row in hits]
+
+    def rewards(self, trajectory: Trajectory, examples: Sequence[Mapping[str, Any]]) -> list[list[float]]:
+        return [[0.0] * len(turns) for turns in trajectory.turns]
+
+    def metrics(self, trajectory: Trajectory, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        return [{"searches": searches(turns)} for turns in trajectory.turns]
+
+
+def searches(turns: Sequence[Turn]) -> int:
+    return sum(turn.action.kind == tags.SEARCH for turn in turns)
 
 
 def build_retriever(kind: str, corpus: Path, work: Path, docs: list[list[str]], encoder: str | None
@@ -141,8 +164,7 @@ def bench_search_rollout(preset: str, batch: int, passages: int, turns: int, rol
         cfg = dataclasses.replace(models.get_preset(preset), vocab_size=len(tokenizer),
                                   eos_token_id=tokenizer.eos_token_id)
         params = models.init_params(cfg, jax.random.key(0), jnp.dtype(dtype))
-        env = SearchEveryTurnEnv(retriever, search_qa.Config(topk=3, max_turns=turns,
-                                                             prompt_template="Question: {question}\n"))
+        env = SearchEveryTurnEnv(retriever, topk=3, max_turns=turns)
         config = RolloutConfig(max_prompt_tokens=64, max_len=64 + (turns + 1) * (48 + 160), max_turn_tokens=48,
                                max_obs_tokens=160, obs_buckets=(64, 160), chunk_steps=16)
         engine = RolloutEngine(cfg, tokenizer, env, config)
@@ -151,14 +173,14 @@ def bench_search_rollout(preset: str, batch: int, passages: int, turns: int, rol
         compiled = generate.compiled_programs()
         engine.run(params, batches[0], jax.random.key(0))
         engine.stats = type(engine.stats)()
-        searches = 0
+        made = 0
         for i, examples in enumerate(batches[1:]):
             traj = engine.run(params, examples, jax.random.key(i + 1))
-            searches += sum(search_qa.searches(turns) for turns in traj.turns)
+            made += sum(searches(turns) for turns in traj.turns)
     return {"retriever": described, "host_fraction": engine.stats.host_fraction,
             "rollout_wall_s": engine.stats.wall_s,
             "logprob_gap_max": logprob_gap(cfg, params, traj),
-            "rollout_device_s": engine.stats.device_s, "searches": searches,
+            "rollout_device_s": engine.stats.device_s, "searches": made,
             "compiles_after_warmup": generate.compiled_programs() - compiled, "compiled_programs": compiled}
 
 

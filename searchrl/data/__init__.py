@@ -1,5 +1,5 @@
-"""Datasets: FlashRAG / Search-R1 QA records, BEIR queries with qrels, and their TFDS builders
-(`searchrl.data.builders`, which imports tensorflow_datasets)."""
+"""Datasets: FlashRAG / Search-R1 QA records, BEIR queries with qrels, and the retrieval task families, read
+by a run from their TFDS copies (`searchrl.data.datasets.load_examples`)."""
 from searchrl.data.beir import BeirDoc, BeirQuery, read_beir_queries, read_beir_split
 from searchrl.data.flashrag import QARecord, read_flashrag_jsonl, read_search_r1_parquet
 from searchrl.data.jsonl import DataFormatError

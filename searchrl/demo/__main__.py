@@ -1,24 +1,24 @@
 """`make demo`: `python -m searchrl.demo [--config configs/autosearch.py:tiny] [--config.train.steps=...]`
-runs the miniature of the config's task: AutoSearch (`search_qa`, `searchrl.demo.autosearch`), DeepRetrieval
-(`query_rewrite`, `configs/deepretrieval.py:tiny`, `searchrl.demo.rewrite`) or Retrieval Program Learning
-(`program`, `configs/rpl.py:tiny`, `searchrl.demo.rpl`)."""
+runs the CPU miniature of the config's task (`config.env.name`): `configs/autosearch.py:tiny`,
+`configs/deepretrieval.py:tiny` or `configs/rpl.py:tiny`."""
 from absl import app, logging
 from ml_collections import config_flags
 
-from searchrl.demo import autosearch, rewrite, rpl
+from searchrl import task
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/autosearch.py:tiny", "Demo config.")
-DEMOS = {"search_qa": autosearch.run, "query_rewrite": rewrite.run, "program": rpl.run}
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments {argv[1:]}")
     name = _CONFIG.value.env.name
-    if name not in DEMOS:
-        raise app.UsageError(f"No demo for config.env.name={name!r}; demos: {sorted(DEMOS)}")
+    demo = task.get(name).demo
+    if demo is None:
+        raise app.UsageError(f"Task {name!r} (config.env.name) has no demo; tasks with one: "
+                             f"{[n for n in task.TASKS if task.TASKS.get(n).demo is not None]}")
     logging.set_verbosity(logging.WARNING)  # progress bars and the final table, not every checkpoint file
-    DEMOS[name](_CONFIG.value)
+    demo(_CONFIG.value)
 
 
 if __name__ == "__main__":

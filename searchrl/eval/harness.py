@@ -20,25 +20,14 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from searchrl import experiment, models
+from searchrl import experiment, models, task
 from searchrl.data import datasets as data_lib
 from searchrl.episode import Env
 from searchrl.eval import report
 from searchrl.rollout.config import RolloutConfig, SamplingParams
-from searchrl.shapes import padded_batch
 from searchrl.rollout.engine import RolloutEngine
-
-
-def _hops(example: Mapping[str, Any]) -> int | None:
-    """metadata.hops of a synthetic-world record as an int (None when absent)."""
-    hops = (example.get("metadata") or {}).get("hops")
-    if hops is None:
-        return None
-    try:
-        return int(hops)
-    except (TypeError, ValueError):
-        raise ValueError(f"Question {example.get('id')!r} of {example.get('dataset')!r}: metadata.hops "
-                         f"must be an integer, got {hops!r}") from None
+from searchrl.shapes import padded_batch
+from searchrl.task import Report
 
 
 def tagged_examples(datasets: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
@@ -48,14 +37,14 @@ def tagged_examples(datasets: Mapping[str, Sequence[Mapping[str, Any]]]) -> list
 
 
 def question_row(example: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str, Any]:
-    """One JSON-able result row: the example's dataset, id and hop count, then `metrics`."""
-    return {"dataset": example.get("dataset", ""), "id": example.get("id"), "hops": _hops(example), **metrics}
+    """One JSON-able result row: the example's dataset and id, then `metrics`."""
+    return {"dataset": example.get("dataset", ""), "id": example.get("id"), **metrics}
 
 
 def question_rows(env: Env, engine: RolloutEngine, params, examples: Sequence[Mapping[str, Any]],
                   batch_size: int, desc: str = "eval") -> list[dict[str, Any]]:
     """Greedy rollouts of `examples` in batches of exactly `batch_size` rows; one JSON-able row per example:
-    its dataset, id and hop count, the env's metrics of the row, how it finished and the response text."""
+    its dataset and id, the env's metrics of the row, how it finished and the response text."""
     rows = []
     for start in tqdm(range(0, len(examples), batch_size), desc=desc, disable=jax.process_index() != 0):
         chunk = list(examples[start:start + batch_size])
@@ -82,13 +71,14 @@ def _check_inputs(env: Env, datasets: Mapping[str, Sequence[dict]], batch_size: 
 
 def evaluate_policy(model_cfg: models.ModelConfig, params, tokenizer, env: Env,
                     datasets: Mapping[str, Sequence[dict]], rollout: RolloutConfig, batch_size: int,
-                    budgets: Sequence[int] | None = None, side_branch: bool = True, warmup: bool = True
-                    ) -> dict[str, Any]:
+                    budgets: Sequence[int] | None = None, side_branch: bool = True, warmup: bool = True,
+                    spec: Report = Report()) -> dict[str, Any]:
     """Greedy evaluation of `params` on each dataset; returns `report.aggregate`'s summaries plus "meta" and
     "predictions" (the main run's question rows).
 
     rollout: its sampling is replaced by greedy decoding. budgets: extra runs at env.max_turns = b each (the
-    accuracy-vs-budget curve). side_branch: run the env's side branch in the main run.
+    accuracy-vs-budget curve). side_branch: run the env's side branch in the main run. spec: what the task
+    adds to the report (`searchrl.task.Report`).
     """
     budgets = sorted(set(budgets or ()))
     _check_inputs(env, datasets, batch_size, budgets)
@@ -107,13 +97,11 @@ def evaluate_policy(model_cfg: models.ModelConfig, params, tokenizer, env: Env,
     rows = run(env, side_branch, "eval" if max_turns is None else f"eval (max_turns={max_turns})")
     budget_runs = {b: rows if b == max_turns else run(env.with_max_turns(b), False, f"eval (budget {b})")
                    for b in budgets}
-    with_depth = "depth" in rows[0]
-    results = report.aggregate(rows, budget_runs, max_turns if with_depth else None)
     meta = {"env": type(env).__name__, "datasets": ",".join(datasets), "questions": len(examples),
             "max_turns": max_turns, "batch_size": batch_size, "decoding": "greedy"}
     if branch is not None:
         meta |= {"side_branch": branch.name, "side_branch_prompt": branch.prompt}
-    return {"meta": meta, **results, "predictions": rows}
+    return {"meta": meta, **report.aggregate(rows, budget_runs, spec, meta), "predictions": rows}
 
 
 def _require_groups(config: ml_collections.ConfigDict) -> None:
@@ -139,7 +127,8 @@ def load_eval_data(config: ml_collections.ConfigDict, datasets: str = "", split:
     names = datasets or config.data.eval
     split = split or config.data.eval_split
     limit = config.data.eval_limit if limit is None else limit
-    data = data_lib.load_examples(config.data.dir, names, split, config.data.format)
+    task.load_all()  # a task's data formats register with it
+    data = data_lib.load_examples(config.data.dir, names, split, config.data.format, config.data.tfds_dir)
     if not data:
         raise ValueError(f"No dataset named in {names!r}.")
     if limit > 0:
@@ -160,6 +149,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str = "",
     data, split = load_eval_data(config, datasets, split, limit)
     built = experiment.build(config, train_data=False, checkpoint=checkpoint, step=step)
     results = evaluate_policy(built.model_cfg, built.policy, built.tokenizer, built.env, data, built.rollout,
-                              batch_size or config.train.batch_size, budgets, side_branch)
+                              batch_size or config.train.batch_size, budgets, side_branch,
+                              spec=task.get(config.env.name).report)
     results["meta"] = {**built.source, "split": split, **results["meta"]}
     return results, built.source

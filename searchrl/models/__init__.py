@@ -1,4 +1,5 @@
-"""searchrl.models: Qwen2/Qwen2.5, Qwen3 and Llama-3 decoders (policy, value), KV cache, HF I/O, sharding.
+"""searchrl.models: Qwen2/Qwen2.5, Qwen3 and Llama-3 decoders (policy, value), the BERT encoder and
+cross-encoder, their parameter tables, KV cache, HF I/O, sharding.
 
 Names load on first use (`models.forward` imports the decoder then), so that `searchrl.models.config` — what
 experiment configs read — imports without JAX.
@@ -6,13 +7,15 @@ experiment configs read — imports without JAX.
 import importlib
 
 _EXPORTS = {
-    "config": ("PRESETS", "MeshConfig", "ModelConfig", "ModelSource", "RopeScaling", "config_from_dict",
-               "from_hf_config", "get_preset", "to_hf_config"),
+    "bert": ("Bert",),
+    "config": ("PRESETS", "BertConfig", "MeshConfig", "ModelConfig", "ModelSource", "RopeScaling",
+               "bert_from_hf_config", "config_from_dict", "from_hf_config", "get_preset", "to_hf_config"),
     "decoder": ("Decoder", "apply", "backbone", "forward", "init_params", "lm_logits", "logprobs_from_logits",
-                "token_logprobs", "unstack_layers", "value_params_from_policy", "values"),
-    "hf": ("load_hf", "save_hf"),
+                "param_shardings", "param_table", "token_logprobs", "unstack_layers",
+                "value_params_from_policy", "values"),
+    "hf": ("load_bert", "load_hf", "save_hf"),
     "kv_cache": ("KVCache", "cache_shardings", "write_rows"),
-    "layout": ("ParamSpec", "param_layout", "param_logical_axes", "param_shardings"),
+    "layout": ("ParamSpec",),
     "sharding": ("RULES", "SAMPLE_RULES", "TRAIN_RULES", "ShardingRules", "constrain", "logical_to_sharding",
                  "logical_to_spec", "make_mesh", "mesh_from_config", "process_mesh", "rows_sharding",
                  "rules_named", "to_process_mesh"),

@@ -1,6 +1,7 @@
-"""Decoder hyper-parameters: `ModelConfig`, published presets, and the Hugging Face config.json mapping.
+"""Model hyper-parameters: the decoder's `ModelConfig` with its published presets and the BERT encoder's
+`BertConfig`, each with its Hugging Face config.json mapping.
 
-`ModelConfig` is frozen and hashable so it can be a static argument of `jax.jit`.
+Both are frozen and hashable so they can be static arguments of `jax.jit`.
 """
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from searchrl.configlib import from_config
 
@@ -70,13 +71,6 @@ class ModelConfig:
     def o_bias(self) -> bool:
         """Whether the attention output projection has a bias (HF `attention_bias` outside Qwen2)."""
         return self.attention_bias and self.family != "qwen2"
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        """All end-of-sequence ids (HF allows one id or a list)."""
-        if self.eos_token_id is None:
-            return ()
-        return self.eos_token_id if isinstance(self.eos_token_id, tuple) else (self.eos_token_id,)
 
 
 def _qwen2p5(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int = 151936,
@@ -140,6 +134,13 @@ _HF_DEFAULTS = {
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
 
+def _require(hf: dict[str, Any], fields: tuple[str, ...]) -> None:
+    """Raises unless every field is set."""
+    for field in fields:
+        if hf.get(field) is None:
+            raise ValueError(f"config is missing required field {field!r}")
+
+
 def _family(hf: dict[str, Any]) -> str:
     archs = hf.get("architectures") or []
     if archs:
@@ -177,9 +178,7 @@ def _rope(hf: dict[str, Any], max_pos: int) -> tuple[float, RopeScaling | None]:
 def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
     """`ModelConfig` from a parsed HF config.json (Qwen2ForCausalLM, Qwen3ForCausalLM, LlamaForCausalLM)."""
     family = _family(hf)
-    for field in _REQUIRED:
-        if hf.get(field) is None:
-            raise ValueError(f"config is missing required field {field!r}")
+    _require(hf, _REQUIRED)
     for field, ok in (("hidden_act", "silu"), ("use_sliding_window", False), ("mlp_bias", False)):
         if field in hf and hf[field] != ok:
             raise ValueError(f"field {field!r} = {hf[field]!r} is not supported (expected {ok!r})")
@@ -253,13 +252,67 @@ def to_hf_config(cfg: ModelConfig, dtype: str = "float32") -> dict[str, Any]:
     return hf
 
 
-def read_hf_config(path: str | os.PathLike) -> ModelConfig:
-    """`ModelConfig` from `path`/config.json; errors name the file."""
+def read_hf_config(path: str | os.PathLike, parse: Callable[[dict[str, Any]], Any] = from_hf_config) -> Any:
+    """`path`/config.json parsed by `parse` (`from_hf_config`: a `ModelConfig`); errors name the file."""
     config_file = Path(path) / "config.json"
     try:
-        return from_hf_config(json.loads(config_file.read_text()))
+        return parse(json.loads(config_file.read_text()))
     except ValueError as e:
         raise ValueError(f"{config_file}: {e}") from None
+
+
+BERT_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")  # HF `hidden_act` values BERT runs with
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Architecture of a BERT-family encoder (BERT, MiniLM, e5, bge) and of the classifier a cross-encoder
+    (BertForSequenceClassification) puts on it."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_act: str = "gelu"
+    num_labels: int = 2  # the classifier's outputs (HF's default)
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} is not a multiple of "
+                             f"num_heads={self.num_heads}")
+        if self.hidden_act not in BERT_ACTIVATIONS:
+            raise ValueError(f"field 'hidden_act' = {self.hidden_act!r} is not one of {BERT_ACTIVATIONS}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+def bert_from_hf_config(hf: dict[str, Any]) -> BertConfig:
+    """`BertConfig` from a parsed HF config.json of a BERT model (BertModel, BertForSequenceClassification,
+    ...)."""
+    if hf.get("model_type", "bert") != "bert":
+        raise ValueError(f"model_type {hf['model_type']!r} is not 'bert'")
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise ValueError(f"field 'position_embedding_type' = {hf['position_embedding_type']!r} is not "
+                         "supported (only 'absolute')")
+    _require(hf, _REQUIRED)
+    return BertConfig(
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"],
+        max_position_embeddings=hf.get("max_position_embeddings", 512),
+        type_vocab_size=hf.get("type_vocab_size", 2),
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+        hidden_act=hf.get("hidden_act", "gelu"),
+        num_labels=len(hf["id2label"]) if hf.get("id2label") else hf.get("num_labels", 2),
+    )
 
 
 # ModelConfig fields an experiment config may override from the command line (`--config.model.num_layers=2`).

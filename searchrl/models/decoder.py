@@ -3,9 +3,9 @@ pure-functionally: the functions below apply `Decoder` to a plain-dict params py
 
 Layers are stacked on a leading axis and run with `nn.scan`, so compile time does not grow with depth; the
 decode loop runs them unrolled from per-layer params instead (`unstack_layers`). One forward pass serves
-training (no cache), prefill, single-token decode and multi-turn extends (with a `KVCache`). Every param
-names its logical axes (`nn.with_logical_partitioning`): `layout.param_layout` reads shapes and shardings
-from them.
+training (no cache), prefill, single-token decode and multi-turn extends (with a `KVCache`).
+`param_table` declares every param once (shape, logical axes, initialiser, HF tensor): the modules declare
+their params from it, and init, shardings and `models.hf` read it.
 Compute runs in the params' dtype; norms, softmax, logits and values are float32.
 """
 from __future__ import annotations
@@ -18,12 +18,15 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
+from searchrl.models import layout
 from searchrl.models.config import ModelConfig
 from searchrl.models.kv_cache import KVCache, write_layer, write_rows
+from searchrl.models.layout import (HEADS, HEADS_IN, HEADS_OUT, TRANSPOSED, ParamSpec, Table, normal, ones,
+                                   zeros)
 from searchrl.models.sharding import TRAIN_RULES, ShardingRules, constrain
 
-_INIT_STD = 0.02  # HF `initializer_range` of all three families.
 _MASKED = -1e30  # score of a key that may not be attended (finite: fully masked rows stay NaN-free).
 _ACT = ("batch", "length", "embed")
 # What a layer keeps for its backward pass without `remat`: the outputs of its matmuls with weights (q, k, v,
@@ -35,20 +38,43 @@ _ACT = ("batch", "length", "embed")
 _SAVED_FOR_BACKWARD = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 
 
-def _normal(key: jax.Array, shape: tuple[int, ...], dtype) -> jax.Array:
-    return (_INIT_STD * jax.random.normal(key, shape)).astype(dtype)
-
-
-def _init_for(name: str) -> Callable:
-    """Unit norms, zero biases, N(0, 0.02) matrices and embeddings."""
-    if name.endswith("norm"):
-        return nn.initializers.ones
-    return nn.initializers.zeros if name.endswith("bias") else _normal
-
-
-def _param(module: nn.Module, name: str, shape: tuple[int, ...], axes: tuple[str | None, ...]) -> jax.Array:
-    """A param of `module` named `name`, with the logical name of each axis."""
-    return module.param(name, nn.with_logical_partitioning(_init_for(name), axes), shape, module.param_dtype)
+def param_table(cfg: ModelConfig, *, value: bool = False) -> Table:
+    """Every param of the decoder (`value=True`: of the value model, a value head in place of any lm_head):
+    its shape, logical axes, initialiser (unit norms, zero biases, N(0, 0.02) otherwise) and HF tensor.
+    Layers are stacked on a leading "layers" axis."""
+    D, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    q_axes, kv_axes, o_axes = (("embed", "heads", "head_dim"), ("embed", "kv_heads", "head_dim"),
+                               ("heads", "head_dim", "embed"))
+    layer = {
+        "attn_norm": ParamSpec((D,), (None,), ones, "input_layernorm.weight"),
+        "q": ParamSpec((D, H, hd), q_axes, normal, "self_attn.q_proj.weight", HEADS_IN),
+        "k": ParamSpec((D, KV, hd), kv_axes, normal, "self_attn.k_proj.weight", HEADS_IN),
+        "v": ParamSpec((D, KV, hd), kv_axes, normal, "self_attn.v_proj.weight", HEADS_IN),
+        "o": ParamSpec((H, hd, D), o_axes, normal, "self_attn.o_proj.weight", HEADS_OUT),
+        "mlp_norm": ParamSpec((D,), (None,), ones, "post_attention_layernorm.weight"),
+        "gate": ParamSpec((D, F), ("embed", "mlp"), normal, "mlp.gate_proj.weight", TRANSPOSED),
+        "up": ParamSpec((D, F), ("embed", "mlp"), normal, "mlp.up_proj.weight", TRANSPOSED),
+        "down": ParamSpec((F, D), ("mlp", "embed"), normal, "mlp.down_proj.weight", TRANSPOSED),
+    }
+    if cfg.attention_bias:
+        for name, n, axis in (("q", H, "heads"), ("k", KV, "kv_heads"), ("v", KV, "kv_heads")):
+            layer[f"{name}_bias"] = ParamSpec((n, hd), (axis, "head_dim"), zeros,
+                                              f"self_attn.{name}_proj.bias", HEADS)
+    if cfg.o_bias:
+        layer["o_bias"] = ParamSpec((D,), (None,), zeros, "self_attn.o_proj.bias")
+    if cfg.qk_norm:
+        layer["q_norm"] = ParamSpec((hd,), (None,), ones, "self_attn.q_norm.weight")
+        layer["k_norm"] = ParamSpec((hd,), (None,), ones, "self_attn.k_norm.weight")
+    table = {("embed",): ParamSpec((V, D), ("vocab", "embed"), normal, "model.embed_tokens.weight"),
+             ("final_norm",): ParamSpec((D,), (None,), ones, "model.norm.weight"),
+             **layout.stack(layer, cfg.num_layers, "model.layers.{}.")}
+    if value:
+        table["value_head", "kernel"] = ParamSpec((D,), ("embed",), normal)
+        table["value_head", "bias"] = ParamSpec((), (), zeros)
+    elif not cfg.tie_word_embeddings:
+        table["lm_head",] = ParamSpec((D, V), ("embed", "vocab"), normal, "lm_head.weight", TRANSPOSED)
+    return table
 
 
 class Layer(nn.Module):
@@ -63,26 +89,7 @@ class Layer(nn.Module):
                  start: jax.Array | None) -> tuple[tuple, None]:
         """carry = (x [B, T, D], the stacked cache's (k, v) or None); writes layer `index`'s keys/values."""
         cfg = self.cfg
-        D, F, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-        H, KV = cfg.num_heads, cfg.num_kv_heads
-        p = functools.partial(_param, self)
-        lp = {"attn_norm": p("attn_norm", (D,), (None,)),
-              "q": p("q", (D, H, hd), ("embed", "heads", "head_dim")),
-              "k": p("k", (D, KV, hd), ("embed", "kv_heads", "head_dim")),
-              "v": p("v", (D, KV, hd), ("embed", "kv_heads", "head_dim")),
-              "o": p("o", (H, hd, D), ("heads", "head_dim", "embed")),
-              "mlp_norm": p("mlp_norm", (D,), (None,)),
-              "gate": p("gate", (D, F), ("embed", "mlp")),
-              "up": p("up", (D, F), ("embed", "mlp")),
-              "down": p("down", (F, D), ("mlp", "embed"))}
-        if cfg.attention_bias:
-            lp |= {"q_bias": p("q_bias", (H, hd), ("heads", "head_dim")),
-                   "k_bias": p("k_bias", (KV, hd), ("kv_heads", "head_dim")),
-                   "v_bias": p("v_bias", (KV, hd), ("kv_heads", "head_dim"))}
-        if cfg.o_bias:
-            lp["o_bias"] = p("o_bias", (D,), (None,))
-        if cfg.qk_norm:
-            lp |= {"q_norm": p("q_norm", (hd,), (None,)), "k_norm": p("k_norm", (hd,), (None,))}
+        lp = layout.declare(self, param_table(cfg), ("layers",))
         x, kv = carry
         y, kv = _attention(cfg, lp, x, positions, attend, kv, index, start, self.rules)
         x = constrain(x + y, _ACT, self.rules)
@@ -93,19 +100,19 @@ class Layer(nn.Module):
 class ValueHead(nn.Module):
     """The value model's scalar head on the final hidden states."""
 
+    cfg: ModelConfig
     param_dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, hidden: jax.Array) -> jax.Array:
-        kernel = _param(self, "kernel", (hidden.shape[-1],), ("embed",))
-        bias = _param(self, "bias", (), ())
-        return (jnp.einsum("btd,d->bt", hidden, kernel, preferred_element_type=jnp.float32)
-                + bias.astype(jnp.float32))
+        p = layout.declare(self, param_table(self.cfg, value=True), ("value_head",))
+        return (jnp.einsum("btd,d->bt", hidden, p["kernel"], preferred_element_type=jnp.float32)
+                + p["bias"].astype(jnp.float32))
 
 
 class Decoder(nn.Module):
-    """The decoder: `__call__` gives final-normed hidden states (and the extended cache), `logits` and
-    `value` the heads on them. `value=True` is the value model (a `ValueHead`, no LM head); `unrolled=True`
+    """The decoder: `__call__` gives final-normed hidden states (and the extended cache), `logits` and `head`
+    the heads on them. `value=True` is the value model (a `ValueHead`, no LM head); `unrolled=True`
     takes per-layer params `layers_0` .. (`unstack_layers`) instead of the stacked `layers`. For the backward
     pass each layer keeps only its weight matmuls' outputs (`_SAVED_FOR_BACKWARD`); `remat` keeps nothing
     and recomputes the whole layer (gradient checkpointing)."""
@@ -119,8 +126,8 @@ class Decoder(nn.Module):
 
     def setup(self):
         cfg = self.cfg
-        D, V = cfg.hidden_size, cfg.vocab_size
-        self.embed = _param(self, "embed", (V, D), ("vocab", "embed"))
+        top = layout.declare(self, param_table(cfg, value=self.value))
+        self.embed, self.final_norm, self.lm_head = top["embed"], top["final_norm"], top.get("lm_head")
         layer = (nn.remat(Layer) if self.remat
                  else nn.remat(Layer, prevent_cse=False, policy=_SAVED_FOR_BACKWARD))
         if self.unrolled:  # XLA:CPU copies a weight sliced from a stack on every decode step: no stack
@@ -130,11 +137,8 @@ class Decoder(nn.Module):
                             in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
                             metadata_params={nn.PARTITION_NAME: "layers"})
             self.layers = stack(cfg, self.rules, self.param_dtype)
-        self.final_norm = _param(self, "final_norm", (D,), (None,))
         if self.value:
-            self.value_head = ValueHead(self.param_dtype)
-        elif not cfg.tie_word_embeddings:
-            self.lm_head = _param(self, "lm_head", (D, V), ("embed", "vocab"))
+            self.value_head = ValueHead(cfg, self.param_dtype)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array, cache: KVCache | None = None
                  ) -> tuple[jax.Array, KVCache | None]:
@@ -168,41 +172,27 @@ class Decoder(nn.Module):
         head = self.embed.T if self.cfg.tie_word_embeddings else self.lm_head
         return _dense(hidden, head, jnp.float32)
 
-    def values(self, hidden: jax.Array) -> jax.Array:
-        """Value estimates [B, T] fp32 from final hidden states [B, T, D] (the value model)."""
-        return self.value_head(hidden)
-
     def head(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
-        """The head's output on the hidden states: what `init_params` runs, so that every param exists."""
+        """The head on the hidden states: value estimates [B, T] fp32 for the value model, else the logits.
+        What `Decoder.init` runs, so that every param exists."""
         hidden, _ = self(tokens, positions, mask)
-        return self.values(hidden) if self.value else self.logits(hidden)
-
-
-def _module(cfg: ModelConfig, params: dict, rules: ShardingRules | None = None,
-            remat: bool = False) -> Decoder:
-    """The `Decoder` whose params `params` are: the value model's or the policy's, stacked or unrolled."""
-    return Decoder(cfg, value="value_head" in params, rules=rules or TRAIN_RULES, remat=remat,
-                   unrolled="layers" not in params)
-
-
-def abstract_params(cfg: ModelConfig, *, value: bool = False) -> dict:
-    """The params as `Decoder.init` makes them, traced abstractly: shapes and dtypes, each leaf boxed with
-    its logical axis names (`nn.Partitioned`)."""
-    one = jnp.zeros((1, 1), jnp.int32)
-    return jax.eval_shape(lambda: Decoder(cfg, value=value).init(
-        jax.random.key(0), one, one, jnp.ones((1, 1), bool), method=Decoder.head))["params"]
+        return self.value_head(hidden) if self.value else self.logits(hidden)
 
 
 def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, *, value: bool = False) -> dict:
-    """Random params (`value=True`: the value model's), in `dtype`: each leaf drawn by its initializer from
-    `fold_in(key, i)`, i its index among the params' sorted leaves.
+    """Random params (`value=True`: the value model's), in `dtype`, as `layout.init` draws them from
+    `param_table`.
 
     `Decoder.init` would draw from Flax's per-module RNG streams instead; these draws are the ones searchrl's
     models have always had, so a seed gives the same model (and a run the same results) across versions.
     """
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(nn.unbox(abstract_params(cfg, value=value)))
-    return treedef.unflatten([_init_for(path[-1].key)(jax.random.fold_in(key, i), x.shape, dtype)
-                              for i, (path, x) in enumerate(leaves)])
+    return layout.init(param_table(cfg, value=value), key, dtype)
+
+
+def param_shardings(cfg: ModelConfig, mesh: Mesh, rules: ShardingRules = TRAIN_RULES, *,
+                    value: bool = False) -> dict:
+    """Pytree of NamedSharding mirroring the params, for jit in_shardings/out_shardings and `load_hf`."""
+    return layout.shardings(param_table(cfg, value=value), mesh, rules)
 
 
 def value_params_from_policy(cfg: ModelConfig, policy_params: dict, key: jax.Array,
@@ -303,14 +293,16 @@ def _mlp(cfg: ModelConfig, lp: dict, x: jax.Array, rules: ShardingRules) -> jax.
 
 
 def backbone(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
-             cache: KVCache | None = None, *, rules: ShardingRules | None = None,
-             remat: bool = False) -> tuple[jax.Array, KVCache | None]:
-    """Final-normed hidden states [B, T, D] and the extended cache (see `forward`)."""
-    return _module(cfg, params, rules, remat).apply({"params": params}, tokens, positions, mask, cache)
+             cache: KVCache | None = None, *, rules: ShardingRules | None = None, remat: bool = False,
+             unrolled: bool = False) -> tuple[jax.Array, KVCache | None]:
+    """Final-normed hidden states [B, T, D] of the policy and the extended cache (see `forward`)."""
+    return Decoder(cfg, rules=rules or TRAIN_RULES, remat=remat, unrolled=unrolled).apply(
+        {"params": params}, tokens, positions, mask, cache)
 
 
 def unstack_layers(params: dict) -> dict:
-    """The same params with the stacked `layers` split into per-layer `layers_0` .. (run unrolled).
+    """The same params with the stacked `layers` split into per-layer `layers_0` .. (Flax's names for the
+    list `Decoder.layers` of the unrolled decoder, `unrolled=True`).
 
     Scanning stacked layers slices every weight out of its stack on each call, and XLA:CPU copies each slice;
     a decode loop runs many steps of a small batch, each reading all the weights, so it unstacks them once,
@@ -323,24 +315,25 @@ def unstack_layers(params: dict) -> dict:
 
 
 def forward(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
-            cache: KVCache | None = None, *, rules: ShardingRules | None = None,
-            remat: bool = False) -> tuple[jax.Array, jax.Array, KVCache | None]:
+            cache: KVCache | None = None, *, rules: ShardingRules | None = None, remat: bool = False,
+            unrolled: bool = False) -> tuple[jax.Array, jax.Array, KVCache | None]:
     """(logits fp32 [B, T, V], final hidden [B, T, D], cache); tokens, positions int32 and mask bool [B, T].
 
     Without a cache, query t attends to key s iff s <= t and mask[b, s]. With one, row b's new keys/values go
     to slots length[b] .. length[b]+T-1 (valid there := mask), each query attends to valid slots up to its
     own, and the returned cache has length += T. Positions (for RoPE) always come from the caller. Outputs at
     masked positions are unspecified. `remat` recomputes each whole layer in the backward pass to save memory
-    (`Decoder`).
+    (`Decoder`); `unrolled` takes the per-layer params of `unstack_layers`.
     """
-    hidden, cache = backbone(cfg, params, tokens, positions, mask, cache, rules=rules, remat=remat)
+    hidden, cache = backbone(cfg, params, tokens, positions, mask, cache, rules=rules, remat=remat,
+                             unrolled=unrolled)
     logits = _sharded_logits(cfg, params, hidden, rules)
     return logits, hidden, cache
 
 
 def lm_logits(cfg: ModelConfig, params: dict, hidden: jax.Array) -> jax.Array:
     """Float32 logits [..., V] from final hidden states [..., D] (the tied embedding or lm_head)."""
-    return _module(cfg, params).apply({"params": params}, hidden, method=Decoder.logits)
+    return Decoder(cfg).apply({"params": params}, hidden, method=Decoder.logits)
 
 
 def _sharded_logits(cfg: ModelConfig, params: dict, hidden: jax.Array, rules: ShardingRules | None
@@ -421,5 +414,5 @@ def _chunked_next_token_logprobs(head: Callable[[jax.Array, jax.Array], tuple[ja
 def values(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
            *, rules: ShardingRules | None = None, remat: bool = False) -> jax.Array:
     """Value estimates [B, T] fp32 from value-model params (see `value_params_from_policy`)."""
-    hidden = backbone(cfg, params, tokens, positions, mask, rules=rules, remat=remat)[0]
-    return _module(cfg, params).apply({"params": params}, hidden, method=Decoder.values)
+    return Decoder(cfg, value=True, rules=rules or TRAIN_RULES, remat=remat).apply(
+        {"params": params}, tokens, positions, mask, method=Decoder.head)

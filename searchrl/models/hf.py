@@ -1,8 +1,10 @@
-"""Hugging Face checkpoints (config.json + safetensors) to and from the stacked searchrl layout.
+"""Hugging Face checkpoints to and from params laid out by a parameter table (`models.layout`): the decoder's
+(config.json + safetensors, written and read) and BERT's (read).
 
-Loading streams one tensor slice at a time through `safetensors.safe_open`; given target shardings, each
-parameter is assembled with `jax.make_array_from_callback`, so a process reads only the slices its devices
-own.
+Every param's HF tensor name and axes come from its `ParamSpec`. Loading streams one tensor slice at a time
+through `safetensors.safe_open`; given target shardings, each parameter is assembled with
+`jax.make_array_from_callback`, so a process reads only the slices its devices own. A pytorch_model.bin (an
+older BERT checkpoint) is read whole, with torch.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -22,183 +24,163 @@ from jax.experimental import multihost_utils
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from searchrl.models.config import ModelConfig, read_hf_config, to_hf_config
-from searchrl.models.layout import ParamSpec, param_layout
+from searchrl.models import bert, layout
+from searchrl.models.config import BertConfig, ModelConfig, bert_from_hf_config, read_hf_config, to_hf_config
+from searchrl.models.decoder import param_table
+from searchrl.models.layout import ParamSpec, Table
 
 _INDEX = "model.safetensors.index.json"
+_TORCH = "pytorch_model.bin"
 
 
-class _HFTensor(NamedTuple):
-    """How one of our (per-layer) params is stored by HF.
-
-    The HF tensor, reshaped to `view` (each HF axis split into the view axes listed in `groups`) and
-    transposed by `perm`, is our array: ours = hf.reshape(view).transpose(perm).
-    """
-
-    name: str
-    perm: tuple[int, ...] = (0,)
-    groups: tuple[tuple[int, ...], ...] = ((0,),)
+def _hf_names(spec: ParamSpec) -> tuple[str, ...]:
+    """The HF tensors of a param: one per layer if it is stacked."""
+    return tuple(spec.hf.format(i) for i in range(spec.shape[0])) if spec.stacked else (spec.hf,)
 
 
-_PROJ_IN = dict(perm=(2, 0, 1), groups=((0, 1), (2,)))  # HF [N*hd, D] -> ours [D, N, hd]
-_BIAS = dict(perm=(0, 1), groups=((0, 1),))  # HF [N*hd] -> ours [N, hd]
-_T = dict(perm=(1, 0), groups=((0,), (1,)))  # transpose
-_LAYER = {
-    "attn_norm": _HFTensor("input_layernorm.weight"),
-    "q": _HFTensor("self_attn.q_proj.weight", **_PROJ_IN),
-    "k": _HFTensor("self_attn.k_proj.weight", **_PROJ_IN),
-    "v": _HFTensor("self_attn.v_proj.weight", **_PROJ_IN),
-    "q_bias": _HFTensor("self_attn.q_proj.bias", **_BIAS),
-    "k_bias": _HFTensor("self_attn.k_proj.bias", **_BIAS),
-    "v_bias": _HFTensor("self_attn.v_proj.bias", **_BIAS),
-    "q_norm": _HFTensor("self_attn.q_norm.weight"),
-    "k_norm": _HFTensor("self_attn.k_norm.weight"),
-    # HF [D, H*hd] -> ours [H, hd, D]
-    "o": _HFTensor("self_attn.o_proj.weight", perm=(1, 2, 0), groups=((0,), (1, 2))),
-    "o_bias": _HFTensor("self_attn.o_proj.bias"),
-    "mlp_norm": _HFTensor("post_attention_layernorm.weight"),
-    "gate": _HFTensor("mlp.gate_proj.weight", **_T),
-    "up": _HFTensor("mlp.up_proj.weight", **_T),
-    "down": _HFTensor("mlp.down_proj.weight", **_T),
-}
-_TOP = {
-    "embed": _HFTensor("model.embed_tokens.weight", perm=(0, 1), groups=((0,), (1,))),
-    "final_norm": _HFTensor("model.norm.weight"),
-    "lm_head": _HFTensor("lm_head.weight", **_T),
-}
+def _hf_axes(spec: ParamSpec) -> tuple[tuple[int, ...], ...]:
+    """For each axis of the HF tensor, the axes of one layer of ours that it merges."""
+    return spec.hf_axes or tuple((axis,) for axis in range(len(spec.layer().shape)))
 
 
-class _Entry(NamedTuple):
-    """One param: its spec, its HF storage, and the HF names of its per-layer tensors (one if not stacked)."""
-
-    spec: ParamSpec
-    hf: _HFTensor
-    names: tuple[str, ...]
-
-    @property
-    def stacked(self) -> bool:
-        return len(self.spec.shape) > 0 and self.spec.axes[0] == "layers"
-
-    @property
-    def view(self) -> tuple[int, ...]:
-        """Shape of one HF tensor split into the view axes (before `perm`)."""
-        local = self.spec.shape[1:] if self.stacked else self.spec.shape
-        view = [0] * len(local)
-        for i, p in enumerate(self.hf.perm):
-            view[p] = local[i]
-        return tuple(view)
-
-    @property
-    def hf_shape(self) -> tuple[int, ...]:
-        return tuple(math.prod(self.view[a] for a in group) for group in self.hf.groups)
+def _hf_shape(spec: ParamSpec) -> tuple[int, ...]:
+    shape = spec.layer().shape
+    return tuple(math.prod(shape[a] for a in group) for group in _hf_axes(spec))
 
 
-def _entries(cfg: ModelConfig) -> dict:
-    """Pytree (mirroring params) of `_Entry`."""
-    layout = param_layout(cfg)
-    layers = {key: _Entry(spec, _LAYER[key], tuple(f"model.layers.{i}.{_LAYER[key].name}"
-                                                   for i in range(cfg.num_layers)))
-              for key, spec in layout["layers"].items()}
-    top = {key: _Entry(spec, _TOP[key], (_TOP[key].name,)) for key, spec in layout.items() if key != "layers"}
-    return {**top, "layers": layers}
-
-
-def _is_entry(x) -> bool:
-    return isinstance(x, _Entry)
+def _hf_order(spec: ParamSpec) -> list[int]:
+    """Our axes in the order HF stores them."""
+    return [axis for group in _hf_axes(spec) for axis in group]
 
 
 class _Checkpoint(contextlib.ExitStack):
-    """The safetensors files of a checkpoint directory, opened lazily, with a tensor-name -> file map."""
+    """The tensors of a checkpoint directory by name (as `rename` reads the stored names): its safetensors
+    files, opened lazily, or its pytorch_model.bin."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, rename: Callable[[str], str]):
         super().__init__()
+        self.path, self._handles, self._arrays = path, {}, {}
         index = path / _INDEX
+        files = sorted(path.glob("*.safetensors"))
         if index.exists():
             self.where = str(index)
-            self.weight_map = json.loads(index.read_text())["weight_map"]
-        else:
-            files = sorted(path.glob("*.safetensors"))
-            if not files:
-                raise FileNotFoundError(f"{path}: no *.safetensors files and no {_INDEX}")
+            stored = json.loads(index.read_text())["weight_map"]
+        elif files:
             self.where = ", ".join(str(f) for f in files)
-            self.weight_map = {}
+            stored = {}
             for f in files:
                 with safe_open(f, framework="numpy") as handle:
-                    self.weight_map.update({name: f.name for name in handle.keys()})
-        self.path = path
-        self._handles: dict[str, object] = {}
+                    stored.update({name: f.name for name in handle.keys()})
+        elif (path / _TORCH).exists():
+            self.where = str(path / _TORCH)
+            stored = {}
+            self._arrays = {rename(name): array for name, array in _torch_state(path / _TORCH).items()}
+        else:
+            raise FileNotFoundError(f"{path}: no *.safetensors files, no {_INDEX} and no {_TORCH}")
+        self._files = {rename(name): (file, name) for name, file in stored.items()}
+
+    def _tensor(self, name: str):
+        """The tensor `name`: a numpy array, or a lazily read safetensors slice."""
+        if name in self._arrays:
+            return self._arrays[name]
+        if name not in self._files:
+            raise ValueError(f"missing tensor {name!r} in checkpoint {self.where}")
+        file, stored = self._files[name]
+        if file not in self._handles:
+            self._handles[file] = self.enter_context(safe_open(self.path / file, framework="numpy"))
+        return self._handles[file].get_slice(stored)
 
     def file(self, name: str) -> str:
-        if name not in self.weight_map:
-            raise ValueError(f"missing tensor {name!r} in checkpoint {self.where}")
-        return str(self.path / self.weight_map[name])
+        """Where tensor `name` is stored."""
+        return str(self.path / self._files[name][0]) if name in self._files else self.where
 
-    def slice(self, name: str):
-        file = self.file(name)
-        if file not in self._handles:
-            self._handles[file] = self.enter_context(safe_open(file, framework="numpy"))
-        return self._handles[file].get_slice(name)
+    def shape(self, name: str) -> tuple[int, ...]:
+        tensor = self._tensor(name)
+        return tuple(tensor.shape if isinstance(tensor, np.ndarray) else tensor.get_shape())
+
+    def read(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        return self._tensor(name)[index]
 
 
-def _check_shapes(ckpt: _Checkpoint, entries: dict) -> None:
+def _torch_state(file: Path) -> dict[str, np.ndarray]:
+    """A torch state dict as float32 numpy arrays."""
+    try:
+        import torch
+    except ImportError:
+        raise ImportError(f"{file}: reading it needs torch; or convert it to model.safetensors") from None
+    return {name: t.float().numpy() for name, t in
+            torch.load(file, map_location="cpu", weights_only=True).items()}
+
+
+def _check_shapes(ckpt: _Checkpoint, table: Table) -> None:
     """Every tensor exists with the expected shape, before anything is read."""
-    for entry in jax.tree.leaves(entries, is_leaf=_is_entry):
-        for name in entry.names:
-            got = tuple(ckpt.slice(name).get_shape())
-            if got != entry.hf_shape:
+    for spec in table.values():
+        for name in _hf_names(spec):
+            got = ckpt.shape(name)
+            if got != _hf_shape(spec):
                 raise ValueError(f"tensor {name!r} in {ckpt.file(name)} has shape {list(got)}, "
-                                 f"expected {list(entry.hf_shape)}")
+                                 f"expected {list(_hf_shape(spec))}")
 
 
-def _read_local(ckpt: _Checkpoint, entry: _Entry, name: str, idx: tuple[slice, ...]) -> np.ndarray:
-    """ours[idx] for one (per-layer) tensor, reading from the file only the rows that cover it."""
-    view = entry.view
-    view_idx: list[slice] = [slice(None)] * len(view)
-    for i, p in enumerate(entry.hf.perm):
-        view_idx[p] = idx[i]
-    hf_idx, read_view, trim = [], [], []
-    for group in entry.hf.groups:
-        head = range(*view_idx[group[0]].indices(view[group[0]]))
-        inner = math.prod(view[a] for a in group[1:])
-        hf_idx.append(slice(head.start * inner, head.stop * inner))  # contiguous rows covering the slice
-        read_view += [len(head)] + [view[a] for a in group[1:]]
-        trim += [slice(None)] + [view_idx[a] for a in group[1:]]
-    data = ckpt.slice(name)[tuple(hf_idx)]
-    return data.reshape(read_view)[tuple(trim)].transpose(entry.hf.perm)
+def _read_local(ckpt: _Checkpoint, spec: ParamSpec, name: str, index: tuple[slice, ...]) -> np.ndarray:
+    """ours[index] for one layer's tensor `name`, reading from it only the rows that cover the block."""
+    shape = spec.layer().shape
+    hf_index, read_shape, trim = [], [], []
+    for group in _hf_axes(spec):
+        outer = range(*index[group[0]].indices(shape[group[0]]))
+        inner = math.prod(shape[a] for a in group[1:])
+        hf_index.append(slice(outer.start * inner, outer.stop * inner))  # contiguous rows covering the block
+        read_shape += [len(outer)] + [shape[a] for a in group[1:]]
+        trim += [slice(None)] + [index[a] for a in group[1:]]
+    data = ckpt.read(name, tuple(hf_index))
+    return data.reshape(read_shape)[tuple(trim)].transpose(np.argsort(_hf_order(spec)))
 
 
-def _reader(ckpt: _Checkpoint, entry: _Entry, dtype: np.dtype):
-    """Callback: global index of the stacked param -> numpy array of that block, in `dtype`."""
+def _reader(ckpt: _Checkpoint, spec: ParamSpec, dtype: np.dtype) -> Callable[[tuple], np.ndarray]:
+    """Callback: global index of the (stacked) param -> numpy array of that block, in `dtype`."""
+    names = _hf_names(spec)
+
     def read(index) -> np.ndarray:
-        index = tuple(index) + (slice(None),) * (len(entry.spec.shape) - len(tuple(index)))
-        if not entry.stacked:
-            return _read_local(ckpt, entry, entry.names[0], index).astype(dtype)
-        layers = range(*index[0].indices(entry.spec.shape[0]))
-        return np.stack([_read_local(ckpt, entry, entry.names[i], index[1:]).astype(dtype) for i in layers])
+        index = tuple(index) + (slice(None),) * (len(spec.shape) - len(tuple(index)))
+        if not spec.stacked:
+            return _read_local(ckpt, spec, names[0], index).astype(dtype)
+        layers = range(*index[0].indices(spec.shape[0]))
+        return np.stack([_read_local(ckpt, spec, names[i], index[1:]).astype(dtype) for i in layers])
 
     return read
 
 
-def load_hf(path: str | os.PathLike, dtype=jnp.float32, shardings: dict | None = None
-            ) -> tuple[ModelConfig, dict]:
-    """(config, params) from a HF checkpoint directory; params sharded by `shardings` when given."""
-    path = Path(path)
-    cfg = read_hf_config(path)
-    entries = _entries(cfg)
-    structure = jax.tree.structure(jax.tree.map(lambda e: 0, entries, is_leaf=_is_entry))
-    if shardings is not None and jax.tree.structure(shardings) != structure:
+def _load(path: Path, table: Table, dtype, shardings: dict | None = None,
+          rename: Callable[[str], str] = str) -> dict:
+    """The params of `table` from the checkpoint at `path`, in `dtype`; sharded by `shardings` when given.
+    `rename` gives the table's name of a stored tensor."""
+    specs = layout.tree(table)
+    if shardings is not None and jax.tree.structure(shardings) != jax.tree.structure(specs):
         raise ValueError("shardings must mirror the params pytree (see param_shardings)")
     np_dtype = jnp.dtype(dtype)
-    with _Checkpoint(path) as ckpt:
-        _check_shapes(ckpt, entries)
+    with _Checkpoint(path, rename) as ckpt:
+        _check_shapes(ckpt, table)
         if shardings is None:
-            params = jax.tree.map(lambda e: jnp.asarray(_reader(ckpt, e, np_dtype)(())), entries,
-                                  is_leaf=_is_entry)
-        else:
-            params = jax.tree.map(
-                lambda e, s: jax.make_array_from_callback(e.spec.shape, s, _reader(ckpt, e, np_dtype)),
-                entries, shardings, is_leaf=_is_entry)
-    return cfg, params
+            return jax.tree.map(lambda s: jnp.asarray(_reader(ckpt, s, np_dtype)(())), specs)
+        return jax.tree.map(lambda s, sharding: jax.make_array_from_callback(
+            s.shape, sharding, _reader(ckpt, s, np_dtype)), specs, shardings)
+
+
+def load_hf(path: str | os.PathLike, dtype=jnp.float32, shardings: dict | None = None
+            ) -> tuple[ModelConfig, dict]:
+    """(config, params) of a decoder from a HF checkpoint directory; params sharded by `shardings` when
+    given."""
+    cfg = read_hf_config(path)
+    return cfg, _load(Path(path), param_table(cfg), dtype, shardings)
+
+
+def load_bert(path: str | os.PathLike, dtype=jnp.float32, *, classifier: bool = False
+              ) -> tuple[BertConfig, dict]:
+    """(config, params) of a BERT encoder from a HF checkpoint directory (BertModel, or any BertFor* model's
+    encoder); `classifier=True`: a cross-encoder's (BertForSequenceClassification: the pooler and classifier
+    too)."""
+    cfg = read_hf_config(path, bert_from_hf_config)
+    return cfg, _load(Path(path), bert.param_table(cfg, classifier=classifier), dtype, rename=bert.hf_name)
 
 
 def _host(x: jax.Array) -> np.ndarray:
@@ -208,9 +190,9 @@ def _host(x: jax.Array) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def _to_hf(entry: _Entry, ours: np.ndarray) -> np.ndarray:
-    """Inverse of the load mapping for one (per-layer) array."""
-    return np.ascontiguousarray(ours.transpose(np.argsort(entry.hf.perm)).reshape(entry.hf_shape))
+def _to_hf(spec: ParamSpec, ours: np.ndarray) -> np.ndarray:
+    """One layer's array of ours as HF stores it."""
+    return np.ascontiguousarray(ours.transpose(_hf_order(spec)).reshape(_hf_shape(spec)))
 
 
 def save_hf(cfg: ModelConfig, params: dict, path: str | os.PathLike) -> None:
@@ -220,21 +202,22 @@ def save_hf(cfg: ModelConfig, params: dict, path: str | os.PathLike) -> None:
     checkpoint. In a multi-process run every process must call this; process 0 writes.
     """
     path = Path(path)
-    entries = _entries(cfg)
+    specs = layout.tree(param_table(cfg))
     keys = jax.tree_util.keystr
-    expected = {keys(k) for k, _ in jax.tree_util.tree_leaves_with_path(entries, is_leaf=_is_entry)}
+    expected = {keys(k) for k, _ in jax.tree_util.tree_leaves_with_path(specs)}
     got = {keys(k) for k, _ in jax.tree_util.tree_leaves_with_path(params)}
     if expected != got:
         raise ValueError(f"params do not match the layout of {cfg.family}: missing {sorted(expected - got)}, "
                          f"unexpected {sorted(got - expected)}")
     tensors: dict[str, np.ndarray] = {}
-    for entry, array in zip(jax.tree.leaves(entries, is_leaf=_is_entry), jax.tree.leaves(params)):
-        if tuple(array.shape) != entry.spec.shape:
-            raise ValueError(f"param for {entry.names[0]!r} has shape {list(array.shape)}, "
-                             f"expected {list(entry.spec.shape)}")
+    for spec, array in zip(jax.tree.leaves(specs), jax.tree.leaves(params)):
+        names = _hf_names(spec)
+        if tuple(array.shape) != spec.shape:
+            raise ValueError(f"param for {names[0]!r} has shape {list(array.shape)}, "
+                             f"expected {list(spec.shape)}")
         host = _host(array)
-        for i, name in enumerate(entry.names):
-            tensors[name] = _to_hf(entry, host[i] if entry.stacked else host)
+        for i, name in enumerate(names):
+            tensors[name] = _to_hf(spec, host[i] if spec.stacked else host)
     if jax.process_index() != 0:
         return
     dtype = str(jnp.dtype(params["embed"].dtype))

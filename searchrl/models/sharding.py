@@ -72,8 +72,7 @@ def mesh_from_config(config: MeshConfig) -> Mesh:
     return make_mesh(config.data, config.fsdp, config.tensor)
 
 
-def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1,
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(data: int, fsdp: int, tensor: int, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A (data, fsdp, tensor) mesh; one size may be -1 to take the devices left over."""
     devices = list(jax.devices() if devices is None else devices)
     sizes = [data, fsdp, tensor]

@@ -1,19 +1,20 @@
 """searchrl.retrieval: corpora, sparse (bm25s, Lucene) and dense retrieval behind one `Retriever` protocol,
-a Search-R1-compatible server and client, metrics and CLIs. Backends import lazily: bm25s, pyserini (Java) and
+a client of Search-R1's `/retrieve` service (`remote`; the server is `searchrl.serving`), metrics and CLIs. Backends import lazily: bm25s, pyserini (Java) and
 the dense stack load only when an index of their kind is opened."""
 from __future__ import annotations
 
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from searchrl.configlib import from_config
+from searchrl.registry import Registry
 from searchrl.retrieval.corpus import MANIFEST, read_manifest, write_manifest
 from searchrl.retrieval.types import Hit, Retriever
 
 __all__ = ["Hit", "Retriever", "RetrievalConfig", "MANIFEST", "read_manifest", "write_manifest", "index_kind",
-           "load_retriever", "make_retriever", "KINDS", "BM25_K1", "BM25_B"]
+           "load_retriever", "make_retriever", "RETRIEVERS", "KINDS", "BM25_K1", "BM25_B"]
 
 KINDS = ("bm25", "lucene", "dense")
 BM25_K1, BM25_B = 0.9, 0.4  # pyserini / Anserini defaults, shared by both BM25 backends
@@ -24,10 +25,10 @@ class RetrievalConfig:
     """`config.retrieval`: a local index dir, a Search-R1 `/retrieve` server, or a literature search
     engine."""
 
-    kind: str = "local"  # local | remote | pubmed (NCBI E-utilities) | ctgov (ClinicalTrials.gov API v2)
+    kind: str = "local"  # a name in RETRIEVERS: local | remote | pubmed | ctgov (DeepRetrieval's engines)
     index_dir: str = ""  # local: any searchrl index dir (its manifest names the backend)
     options: dict[str, Any] = dataclasses.field(default_factory=dict)  # local: the backend's options;
-    #   pubmed/ctgov: the API's (e.g. sort, email, page_size; see searchrl.retrieval.engines.make_engine)
+    #   pubmed/ctgov: the API's (e.g. sort, email, page_size; see searchrl.tasks.deepretrieval.engines.make_engine)
     url: str = ""  # remote: http://HOST:PORT/retrieve; pubmed/ctgov: the API's base URL ("": the real one)
     timeout_s: float = 30.0
     retries: int = 3
@@ -62,24 +63,31 @@ def load_retriever(index_dir: str | os.PathLike, **options: Any) -> Retriever:
     return DenseRetriever.load(index_dir, **options)
 
 
+RETRIEVERS: Registry[Callable[[RetrievalConfig], Retriever]] = Registry("retriever kind",
+                                                                         "config.retrieval.kind")
+
+
+@RETRIEVERS.register("local")
+def local_retriever(config: RetrievalConfig) -> Retriever:
+    """Any searchrl index dir (`load_retriever`)."""
+    if not config.index_dir:
+        raise ValueError('retrieval config: kind "local" needs "index_dir"')
+    return load_retriever(config.index_dir, **config.options)
+
+
+@RETRIEVERS.register("remote")
+def remote_retriever(config: RetrievalConfig) -> Retriever:
+    """A Search-R1 `/retrieve` server (`searchrl.retrieval.remote`)."""
+    if not config.url:
+        raise ValueError('retrieval config: kind "remote" needs "url"')
+    from searchrl.retrieval.remote import RemoteRetriever
+    return RemoteRetriever(config.url, timeout=config.timeout_s, retries=config.retries,
+                           batch_size=config.batch_size)
+
+
 def make_retriever(config: RetrievalConfig | Mapping[str, Any]) -> Retriever:
-    """The retriever a `config.retrieval` group (a `RetrievalConfig`, ConfigDict or dict) describes."""
+    """The retriever a `config.retrieval` group (a `RetrievalConfig`, ConfigDict or dict) describes: its kind
+    names an entry of RETRIEVERS (tasks register theirs, e.g. DeepRetrieval's search engines)."""
     if not isinstance(config, RetrievalConfig):
         config = from_config(RetrievalConfig, config, "config.retrieval")
-    if config.kind == "local":
-        if not config.index_dir:
-            raise ValueError('retrieval config: kind "local" needs "index_dir"')
-        return load_retriever(config.index_dir, **config.options)
-    if config.kind == "remote":
-        if not config.url:
-            raise ValueError('retrieval config: kind "remote" needs "url"')
-        from searchrl.retrieval.client import RemoteRetriever
-        return RemoteRetriever(config.url, timeout=config.timeout_s, retries=config.retries,
-                               batch_size=config.batch_size)
-    if config.kind in ("pubmed", "ctgov"):
-        from searchrl.retrieval.engines import make_engine
-        return make_engine(config.kind, url=config.url, rate_per_s=config.rate_per_s,
-                           timeout_s=config.timeout_s, retries=config.retries, cache_path=config.cache_path,
-                           **config.options)
-    raise ValueError(f'retrieval config: "kind" must be "local", "remote", "pubmed" or "ctgov", '
-                     f'got {config.kind!r}')
+    return RETRIEVERS.get(config.kind)(config)

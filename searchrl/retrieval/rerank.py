@@ -1,5 +1,6 @@
-"""Reranking: a BERT cross-encoder (query [SEP] passage -> relevance logit) in Flax, and a dense-similarity
-fallback for setups without one. Both expose `rerank(query, docs, top_k) -> list[Hit]` with new scores."""
+"""Reranking: a BERT cross-encoder (query [SEP] passage -> relevance logit, `searchrl.models.bert`), and a
+dense-similarity fallback for setups without one. Both expose `rerank(query, docs, top_k) -> list[Hit]` with
+new scores."""
 from __future__ import annotations
 
 import functools
@@ -9,14 +10,13 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from searchrl.retrieval.encoder import (Bert, BertConfig, DenseEncoder, Params, bert_params, check_params,
-                                        check_sizes, check_texts, dense_params, length_buckets,
-                                        load_state_dict, resolve_dtype, run_batched)
+from searchrl.models import BertConfig, bert, load_bert
+from searchrl.retrieval.encoder import (DenseEncoder, check_sizes, check_texts, length_buckets, resolve_dtype,
+                                        run_batched)
 from searchrl.retrieval.types import Hit
 
 log = logging.getLogger(__name__)
@@ -38,60 +38,38 @@ def reorder(docs: Sequence[Hit], scores: np.ndarray, top_k: int | None) -> list[
     return [Hit(docs[i].id, float(scores[i]), docs[i].title, docs[i].text) for i in order]
 
 
-class BertCrossEncoder(nn.Module):
-    """BertForSequenceClassification: BERT, pooler (dense + tanh on [CLS]), classifier -> logits."""
-
-    config: BertConfig
-    num_labels: int
-    dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array,
-                 attention_mask: jax.Array) -> jax.Array:
-        hidden = Bert(self.config, self.dtype, name="bert")(input_ids, token_type_ids, attention_mask)
-        pooled = jnp.tanh(nn.Dense(self.config.hidden_size, dtype=self.dtype, name="pooler")(hidden[:, 0]))
-        return nn.Dense(self.num_labels, dtype=self.dtype, name="classifier")(pooled).astype(jnp.float32)
-
-
-@functools.partial(jax.jit, static_argnames=("config", "num_labels", "dtype"))
-def _relevance(params: Params, batch: dict[str, jax.Array], *, config: BertConfig, num_labels: int,
-               dtype: str) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("config",))
+def _relevance(params: dict, batch: dict[str, jax.Array], *, config: BertConfig) -> jax.Array:
     """One score per pair: the logit when there is one label, else the logit of label 1 ("relevant")."""
     log.info("compiling the cross-encoder for input shape %s", batch["input_ids"].shape)  # once per shape
-    logits = BertCrossEncoder(config, num_labels, jnp.dtype(dtype)).apply(
-        {"params": params}, batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-    return logits[:, 0] if num_labels == 1 else logits[:, 1]
+    logits = bert.classify(config, params, batch["input_ids"], batch["token_type_ids"],
+                           batch["attention_mask"])
+    return logits[:, 0] if config.num_labels == 1 else logits[:, 1]
 
 
 class CrossEncoderReranker:
-    """Scores (query, passage) pairs jointly with a BERT cross-encoder from a Hugging Face directory."""
+    """Scores (query, passage) pairs jointly with a BERT cross-encoder from a Hugging Face directory; it
+    computes in its params' dtype."""
 
-    def __init__(self, params: Params, config: BertConfig, num_labels: int, tokenizer: Any, *,
-                 max_length: int = 512, batch_size: int = 32, dtype: str | None = None):
+    def __init__(self, params: dict, config: BertConfig, tokenizer: Any, *, max_length: int = 512,
+                 batch_size: int = 32):
         check_sizes(config, max_length, batch_size)
         self.config, self.tokenizer = config, tokenizer
         self._tokenizer_lock = threading.Lock()
         self.max_length, self.batch_size = max_length, batch_size
         self.params = jax.device_put(params)
-        self._score = functools.partial(_relevance, self.params, config=config, num_labels=num_labels,
-                                        dtype=resolve_dtype(dtype))
+        self._score = functools.partial(_relevance, self.params, config=config)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, max_length: int = 512, batch_size: int = 32,
                         dtype: str | None = None) -> "CrossEncoderReranker":
-        """Loads a BertForSequenceClassification checkpoint (config.json, weights, tokenizer).
-        `max_length` (tokens of the pair) is capped at the model's max_position_embeddings."""
+        """Loads a BertForSequenceClassification checkpoint (config.json, weights in `dtype`: `resolve_dtype`,
+        tokenizer). `max_length` (tokens of the pair) is capped at the model's max_position_embeddings."""
         from transformers import AutoTokenizer
         path = Path(path)
-        config = BertConfig.from_json(path / "config.json")
-        state = load_state_dict(path)
-        params = {"bert": bert_params(state, config), "pooler": dense_params(state, "pooler.dense"),
-                  "classifier": dense_params(state, "classifier")}
-        num_labels = params["classifier"]["bias"].shape[0]
-        check_params(BertCrossEncoder(config, num_labels), params, str(path))
-        return cls(params, config, num_labels, AutoTokenizer.from_pretrained(str(path)),
-                   max_length=min(max_length, config.max_position_embeddings), batch_size=batch_size,
-                   dtype=dtype)
+        config, params = load_bert(path, jnp.dtype(resolve_dtype(dtype)), classifier=True)
+        return cls(params, config, AutoTokenizer.from_pretrained(str(path)),
+                   max_length=min(max_length, config.max_position_embeddings), batch_size=batch_size)
 
     def score(self, query: str, passages: Sequence[str]) -> np.ndarray:
         """Relevance of each passage to the query, float32 [N]. Long pairs are truncated longest-first."""

@@ -1,21 +1,22 @@
 """Advantage estimators (GAE, GRPO, RLOO, REINFORCE++) and masked statistics, on [B, T] token arrays.
 
 Every array is [B, T] with a `mask` that is > 0 on policy-generated tokens only (observations and padding are
-0). Estimators return `(advantages, returns)`, both 0 wherever `mask` is 0, and are registered by name in
-`ADVANTAGES`; `compute_advantages(name, **inputs)` runs one with the inputs it takes. Conventions follow
+0). Estimators return `(advantages, returns)`, both 0 wherever `mask` is 0. Each is registered by name in
+`ADVANTAGES` as an `Estimator`: a function of the rollout's `AdvantageInputs` and the typed `RLConfig` whose
+body shows which config field feeds which option, with the option fields it reads named beside it;
+`compute_advantages(rl, inputs)` runs the one `rl.advantage` names. Conventions follow
 verl's `verl/trainer/ppo/core_algos.py` and `verl/utils/torch_functional.py`; differences are stated where
 they occur.
 """
 from __future__ import annotations
 
-import inspect
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-AdvantageFn = Callable[..., tuple[jax.Array, jax.Array]]
-ADVANTAGES: dict[str, AdvantageFn] = {}
+from searchrl.registry import Registry
+from searchrl.rl.config import RLConfig
 
 WHITEN_EPS = 1e-8  # as verl's masked_whiten: (x - mean) * rsqrt(var + 1e-8)
 
@@ -77,37 +78,38 @@ def outcome_scores(rewards: jax.Array, mask: jax.Array) -> jax.Array:
     return masked_sum(jnp.asarray(rewards, jnp.float32), mask, axis=-1)
 
 
-def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Registers an estimator under `name` in ADVANTAGES."""
+class AdvantageInputs(NamedTuple):
+    """What an estimator may read of a rollout: [B, T] rewards, mask and values (None without a critic),
+    [B] integer group ids (rows sampled from one prompt share one)."""
 
-    def decorator(fn: AdvantageFn) -> AdvantageFn:
-        if name in ADVANTAGES:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGES[name] = fn
-        return fn
-
-    return decorator
+    rewards: jax.Array
+    mask: jax.Array
+    values: jax.Array | None = None
+    group_ids: jax.Array | None = None
 
 
-def compute_advantages(name: str, **inputs) -> tuple[jax.Array, jax.Array]:
-    """Runs ADVANTAGES[name] on the inputs it declares, ignoring the rest.
+class Estimator(NamedTuple):
+    """A registered estimator: `run(inputs, rl)`, the `rl` fields it reads (any other estimator option set
+    away from its default would have no effect, an error) and whether it needs the critic's values."""
 
-    One call site can pass everything it has (rewards, mask, values, group_ids, gamma, lam, eps, ...);
-    a missing input the estimator needs is an error naming it.
-    """
-    if name not in ADVANTAGES:
-        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ADVANTAGES)}")
-    fn = ADVANTAGES[name]
-    params = inspect.signature(fn).parameters
-    missing = [p for p, spec in params.items() if spec.default is spec.empty and p not in inputs]
-    if missing:
-        raise ValueError(f"advantage estimator {name!r} needs inputs {missing}")
-    return fn(**{k: v for k, v in inputs.items() if k in params})
+    run: Callable[[AdvantageInputs, RLConfig], tuple[jax.Array, jax.Array]]
+    options: tuple[str, ...] = ()
+    needs_critic: bool = False
 
 
-@register_advantage("gae")
+ADVANTAGES: Registry[Estimator] = Registry("advantage estimator", "config.rl.advantage")
+
+
+def compute_advantages(rl: RLConfig, inputs: AdvantageInputs) -> tuple[jax.Array, jax.Array]:
+    """(advantages, returns) from the estimator `rl.advantage` names, with the options `rl` holds."""
+    estimator = ADVANTAGES.get(rl.advantage)
+    if estimator.needs_critic and inputs.values is None:
+        raise ValueError(f"rl.advantage={rl.advantage!r} needs the critic's values")
+    return estimator.run(inputs, rl)
+
+
 def gae(
-    rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: float = 1.0, lam: float = 1.0
+    rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: float, lam: float
 ) -> tuple[jax.Array, jax.Array]:
     """Generalized Advantage Estimation over the policy tokens of each row, skipping mask-0 positions.
 
@@ -136,7 +138,12 @@ def gae(
     return advantages, jnp.where(on, advantages + values, 0.0)
 
 
-def discounted_returns(rewards: jax.Array, mask: jax.Array, gamma: float = 1.0) -> jax.Array:
+ADVANTAGES.register("gae")(Estimator(
+    lambda x, rl: gae(x.rewards, x.values, x.mask, gamma=rl.gamma, lam=rl.lam), ("gamma", "lam"),
+    needs_critic=True))
+
+
+def discounted_returns(rewards: jax.Array, mask: jax.Array, gamma: float) -> jax.Array:
     """sum_k gamma^k r_{t+k} over the following policy tokens of the row (mask-0 positions skipped).
 
     This is GAE with zero values and lam = 1, so it shares gae's scan.
@@ -179,13 +186,8 @@ def _grouped_scores(rewards: jax.Array, mask: jax.Array, group_ids: jax.Array):
     return scores, segment, _group_sum(jnp.ones_like(scores), segment)
 
 
-@register_advantage("grpo")
 def grpo(
-    rewards: jax.Array,
-    mask: jax.Array,
-    group_ids: jax.Array,
-    eps: float = 1e-6,
-    norm_by_std: bool = True,
+    rewards: jax.Array, mask: jax.Array, group_ids: jax.Array, eps: float, norm_by_std: bool
 ) -> tuple[jax.Array, jax.Array]:
     """GRPO outcome advantage (score - group mean) / (group std + eps), groups keyed by prompt id.
 
@@ -202,7 +204,11 @@ def grpo(
     return _broadcast_outcome(adv, mask)
 
 
-@register_advantage("rloo")
+ADVANTAGES.register("grpo")(Estimator(
+    lambda x, rl: grpo(x.rewards, x.mask, x.group_ids, eps=rl.grpo_eps, norm_by_std=rl.grpo_norm_by_std),
+    ("grpo_eps", "grpo_norm_by_std")))
+
+
 def rloo(rewards: jax.Array, mask: jax.Array, group_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
     """RLOO: score_i minus the mean score of the other members of its prompt group.
 
@@ -214,10 +220,10 @@ def rloo(rewards: jax.Array, mask: jax.Array, group_ids: jax.Array) -> tuple[jax
     return _broadcast_outcome(jnp.where(count > 1, scores - others, 0.0), mask)
 
 
-@register_advantage("reinforce_plus_plus")
-def reinforce_plus_plus(
-    rewards: jax.Array, mask: jax.Array, gamma: float = 1.0
-) -> tuple[jax.Array, jax.Array]:
+ADVANTAGES.register("rloo")(Estimator(lambda x, rl: rloo(x.rewards, x.mask, x.group_ids)))
+
+
+def reinforce_plus_plus(rewards: jax.Array, mask: jax.Array, gamma: float) -> tuple[jax.Array, jax.Array]:
     """REINFORCE++: token-level discounted return, whitened over all policy tokens of the batch.
 
     As verl's compute_reinforce_plus_plus_outcome_advantage (masked_whiten of the returns). Difference: the
@@ -226,3 +232,7 @@ def reinforce_plus_plus(
     """
     returns = discounted_returns(rewards, mask, gamma)
     return masked_whiten(returns, mask), returns
+
+
+ADVANTAGES.register("reinforce_plus_plus")(Estimator(
+    lambda x, rl: reinforce_plus_plus(x.rewards, x.mask, gamma=rl.gamma), ("gamma",)))

@@ -133,18 +133,3 @@ class SFTConfig:
     def num_steps(self, examples: int) -> int:
         """`steps`, or with `epochs` set, the steps that many passes over `examples` take."""
         return math.ceil(self.epochs * examples / self.batch_size) if self.epochs > 0 else self.steps
-
-
-@dataclasses.dataclass(frozen=True)
-class MutationConfig:
-    """`config.mutation`: Retrieval Program Learning's program mutation inside an RL run
-    (`searchrl.program_mutation`)."""
-
-    at_step: int = 0  # the RL step after which mutation and distillation run once (0: never; the paper: 200)
-    episodes: int = 64  # training questions whose programs are rolled out and mutated
-    max_variants: int = 64  # single-edit variants verified per program and round
-    rounds: int = 1  # of local search: each round mutates the last round's best verified variant
-    max_shown: int = 10  # a verified variant shows at most this many documents (the context budget)
-    keep_unimproved: bool = True  # also distil the programs no edit improves (the paper: variants only)
-    sft: SFTConfig = SFTConfig(steps=50, batch_size=8, max_len=1024,
-                               optim=OptimConfig(lr=1e-5, warmup_steps=5))

@@ -13,21 +13,32 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from searchrl.registry import Registry
 from searchrl.rl.advantages import as_mask, check_shapes, masked_mean
 
+Estimate = Callable[[jax.Array, jax.Array], jax.Array]
+KL_ESTIMATORS: Registry[Estimate] = Registry("KL estimator", "config.rl.kl_reward_estimator / kl_loss_type")
 
+
+@KL_ESTIMATORS.register("k1")
+@KL_ESTIMATORS.register("kl")
 def _k1(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
     return logp - ref_logp
 
 
+@KL_ESTIMATORS.register("abs")
 def _abs(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
     return jnp.abs(logp - ref_logp)
 
 
+@KL_ESTIMATORS.register("k2")
+@KL_ESTIMATORS.register("mse")  # verl: "mse" and "k2" are the same estimator
 def _k2(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
     return 0.5 * jnp.square(logp - ref_logp)
 
 
+@KL_ESTIMATORS.register("k3")
+@KL_ESTIMATORS.register("low_var_kl")
 def _k3(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
     """exp(ref - logp) - (ref - logp) - 1, with verl's clamps: log-ratio to [-20, 20], result to [-10, 10].
 
@@ -37,33 +48,23 @@ def _k3(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
     return jnp.clip(jnp.exp(log_ratio) - log_ratio - 1.0, -10.0, 10.0)
 
 
-KL_ESTIMATORS: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
-    "k1": _k1,
-    "kl": _k1,
-    "abs": _abs,
-    "k2": _k2,
-    "mse": _k2,  # verl: "mse" and "k2" are the same estimator
-    "k3": _k3,
-    "low_var_kl": _k3,
-}
-
-
-def check_estimator(estimator: str, what: str = "KL estimator") -> None:
-    """Raises a clear error unless `estimator` names one of KL_ESTIMATORS (`what` names the setting)."""
+def get_estimator(estimator: str, field: str | None = None) -> Estimate:
+    """KL_ESTIMATORS' entry `estimator`; an unknown name is an error naming `field` (the setting), and
+    verl's "full" one saying why it is not there."""
     if estimator == "full":
-        raise NotImplementedError(f"{what} 'full' needs every vocabulary entry's log-prob, not only the "
-                                  "sampled token's; verl's kl_penalty does not implement it either")
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"unknown {what} {estimator!r}; known: {sorted(KL_ESTIMATORS)}")
+        raise NotImplementedError(
+            f"{field or 'KL estimator'} 'full' needs every vocabulary entry's log-prob, not only the sampled "
+            "token's; verl's kl_penalty does not implement it either")
+    return KL_ESTIMATORS.get(estimator, field)
 
 
-def kl_estimate(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k1") -> jax.Array:
+def kl_estimate(logp: jax.Array, ref_logp: jax.Array, estimator: str) -> jax.Array:
     """Per-token estimate of KL(pi || ref) from log-probs of tokens sampled from pi, as verl's kl_penalty."""
-    check_estimator(estimator)
+    estimate = get_estimator(estimator)
     logp = jnp.asarray(logp, jnp.float32)
     ref_logp = jnp.asarray(ref_logp, jnp.float32)
     check_shapes(logp.shape, ref_logp=ref_logp)
-    return KL_ESTIMATORS[estimator](logp, ref_logp)
+    return estimate(logp, ref_logp)
 
 
 def apply_kl_penalty(
@@ -72,8 +73,8 @@ def apply_kl_penalty(
     ref_logp: jax.Array,
     mask: jax.Array,
     beta: jax.Array | float,
-    estimator: str = "k1",
-    clip: float = 0.0,
+    estimator: str,
+    clip: float,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Token-level rewards minus beta * KL on policy tokens, as verl's ray_trainer apply_kl_penalty.
 

@@ -2,30 +2,29 @@
 
 Conventions follow verl's `verl/trainer/ppo/core_algos.py` (agg_loss, compute_policy_loss_vanilla,
 compute_value_loss, compute_entropy_loss, kl loss in dp_actor). Policy losses are registered by name in
-`POLICY_LOSSES`. A trainer combines them as verl does:
+`POLICY_LOSSES`, each as a `PolicyLoss` whose `run` shows which `RLConfig` field feeds which option.
+A trainer combines them as verl does:
 `pg_loss - entropy_coef * entropy + kl_coef * kl_loss` for the actor, `value_loss` for the critic.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from searchrl.registry import Registry
 from searchrl.rl.advantages import as_mask, check_shapes, masked_mean, masked_sum
+from searchrl.rl.config import RLConfig
 from searchrl.rl.kl import kl_estimate
 
 Metrics = dict[str, jax.Array]
-LossFn = Callable[..., tuple[jax.Array, Metrics]]
-POLICY_LOSSES: dict[str, LossFn] = {}
 
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LOG_RATIO_CLAMP = 20.0  # as verl: log(pi / pi_old) clamped to [-20, 20] before exp
 
 
-def agg_loss(
-    loss_mat: jax.Array, mask: jax.Array, mode: str = "token-mean", max_length: int | None = None
-) -> jax.Array:
+def agg_loss(loss_mat: jax.Array, mask: jax.Array, mode: str, max_length: int | None = None) -> jax.Array:
     """[B, T] per-token losses to a scalar, as verl's agg_loss (0.6.1 on) given the whole batch.
 
     token-mean: mean over all policy tokens of the batch. seq-mean-token-sum: mean over rows of each row's
@@ -54,31 +53,28 @@ def nonempty_rows(mask: jax.Array) -> jax.Array:
     return jnp.any(as_mask(mask) > 0, axis=-1)
 
 
-def register_policy_loss(name: str) -> Callable[[LossFn], LossFn]:
-    """Registers a policy loss under `name` in POLICY_LOSSES."""
+class PolicyLoss(NamedTuple):
+    """A registered policy loss: `run(logp, old_logp, advantages, mask, rl)` -> (loss, metrics), and the
+    `rl` fields it reads (any other policy-loss option set away from its default would have no effect)."""
 
-    def decorator(fn: LossFn) -> LossFn:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return decorator
+    run: Callable[[jax.Array, jax.Array, jax.Array, jax.Array, RLConfig], tuple[jax.Array, Metrics]]
+    options: tuple[str, ...] = ()
 
 
-@register_policy_loss("ppo")
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", "config.rl.policy_loss")
+
+
 def ppo_policy_loss(
     logp: jax.Array,
     old_logp: jax.Array,
     advantages: jax.Array,
     mask: jax.Array,
     *,
-    clip_ratio: float = 0.2,
-    clip_ratio_low: float | None = None,
-    clip_ratio_high: float | None = None,
-    clip_ratio_c: float = 3.0,
-    agg_mode: str = "token-mean",
-    max_length: int | None = None,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float,
+    loss_agg_mode: str,
+    loss_max_length: int | None,
 ) -> tuple[jax.Array, Metrics]:
     """PPO clipped surrogate with dual clip, as verl's compute_policy_loss_vanilla.
 
@@ -86,9 +82,9 @@ def ppo_policy_loss(
         l = max(-A * ratio, -A * clip(ratio, 1 - low, 1 + high))
         l = min(l, -A * clip_ratio_c) where A < 0     (dual clip, Ye et al. 2020)
 
-    clip_ratio_low/high default to clip_ratio (set high > low for DAPO's clip-higher). Metrics:
-    pg_clipfrac (tokens where the clipped term is taken), pg_clipfrac_lower (dual clip taken), ppo_kl
-    (mean old_logp - logp) and ppo_kl_k3 (low-variance k3 of the same KL).
+    clip_ratio_high > clip_ratio_low is DAPO's clip-higher; loss_max_length as agg_loss's max_length.
+    Metrics: pg_clipfrac (tokens where the clipped term is taken), pg_clipfrac_lower (dual clip taken),
+    ppo_kl (mean old_logp - logp) and ppo_kl_k3 (low-variance k3 of the same KL).
     """
     if clip_ratio_c <= 1.0:
         raise ValueError(f"ppo_policy_loss: clip_ratio_c must be > 1.0 for dual clip, got {clip_ratio_c}")
@@ -96,13 +92,11 @@ def ppo_policy_loss(
     old_logp = jnp.asarray(old_logp, jnp.float32)
     advantages = jnp.asarray(advantages, jnp.float32)
     check_shapes(logp.shape, old_logp=old_logp, advantages=advantages, mask=mask)
-    low = clip_ratio if clip_ratio_low is None else clip_ratio_low
-    high = clip_ratio if clip_ratio_high is None else clip_ratio_high
 
     log_ratio = jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = jnp.exp(log_ratio)
     unclipped = -advantages * ratio
-    clipped = -advantages * jnp.clip(ratio, 1.0 - low, 1.0 + high)
+    clipped = -advantages * jnp.clip(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     clip_loss = jnp.maximum(unclipped, clipped)
     dual_bound = -advantages * clip_ratio_c
     negative = advantages < 0
@@ -114,7 +108,16 @@ def ppo_policy_loss(
         "ppo_kl": masked_mean(-log_ratio, mask),
         "ppo_kl_k3": masked_mean(kl_estimate(old_logp, logp, "k3"), mask),
     }
-    return agg_loss(losses, mask, agg_mode, max_length), metrics
+    return agg_loss(losses, mask, loss_agg_mode, loss_max_length), metrics
+
+
+POLICY_LOSSES.register("ppo")(PolicyLoss(
+    lambda logp, old_logp, advantages, mask, rl: ppo_policy_loss(
+        logp, old_logp, advantages, mask,
+        clip_ratio_low=rl.clip_ratio_low, clip_ratio_high=rl.clip_ratio_high,
+        clip_ratio_c=rl.clip_ratio_c, loss_agg_mode=rl.loss_agg_mode,
+        loss_max_length=rl.loss_max_length or None),  # 0: the padded length
+    ("clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode", "loss_max_length")))
 
 
 def value_loss(
@@ -123,8 +126,8 @@ def value_loss(
     returns: jax.Array,
     mask: jax.Array,
     *,
-    clip_range: float = 0.2,
-    agg_mode: str = "token-mean",
+    value_clip: float,
+    loss_agg_mode: str,
 ) -> tuple[jax.Array, Metrics]:
     """Clipped value loss 0.5 * agg(max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2)).
 
@@ -135,10 +138,10 @@ def value_loss(
     old_values = jnp.asarray(old_values, jnp.float32)
     returns = jnp.asarray(returns, jnp.float32)
     check_shapes(values.shape, old_values=old_values, returns=returns, mask=mask)
-    clipped_values = jnp.clip(values, old_values - clip_range, old_values + clip_range)
+    clipped_values = jnp.clip(values, old_values - value_clip, old_values + value_clip)
     unclipped_err = jnp.square(values - returns)
     clipped_err = jnp.square(clipped_values - returns)
-    loss = 0.5 * agg_loss(jnp.maximum(unclipped_err, clipped_err), mask, agg_mode)
+    loss = 0.5 * agg_loss(jnp.maximum(unclipped_err, clipped_err), mask, loss_agg_mode)
     metrics = {
         "vf_clipfrac": masked_mean((clipped_err > unclipped_err).astype(jnp.float32), mask),
         "vpred_mean": masked_mean(values, mask),
@@ -155,9 +158,9 @@ def entropy_from_logits(logits: jax.Array) -> jax.Array:
 def entropy_bonus(
     mask: jax.Array,
     *,
+    loss_agg_mode: str,
     logits: jax.Array | None = None,
     entropy: jax.Array | None = None,
-    agg_mode: str = "token-mean",
 ) -> tuple[jax.Array, Metrics]:
     """Aggregated per-token entropy (from [B, T, V] logits, or a given [B, T] entropy), as verl's
     compute_entropy_loss. It is a bonus: the trainer subtracts entropy_coef times it from the policy loss.
@@ -165,7 +168,7 @@ def entropy_bonus(
     if (logits is None) == (entropy is None):
         raise ValueError("entropy_bonus: pass exactly one of logits ([B, T, V]) or entropy ([B, T])")
     token_entropy = entropy_from_logits(logits) if entropy is None else jnp.asarray(entropy, jnp.float32)
-    ent = agg_loss(token_entropy, mask, agg_mode)
+    ent = agg_loss(token_entropy, mask, loss_agg_mode)
     return ent, {"entropy": ent}
 
 
@@ -174,12 +177,12 @@ def kl_loss(
     ref_logp: jax.Array,
     mask: jax.Array,
     *,
-    estimator: str = "low_var_kl",
-    agg_mode: str = "token-mean",
+    kl_loss_type: str,
+    loss_agg_mode: str,
 ) -> tuple[jax.Array, Metrics]:
     """KL to the reference policy as a loss term (GRPO's use_kl_loss), as verl's dp_actor: agg of the
     per-token estimate; the trainer adds kl_coef times it to the policy loss.
     """
-    loss = agg_loss(kl_estimate(logp, ref_logp, estimator), mask, agg_mode)
+    loss = agg_loss(kl_estimate(logp, ref_logp, kl_loss_type), mask, loss_agg_mode)
     return loss, {"kl_loss": loss}
 

@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -38,7 +37,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from searchrl import models
-from searchrl.models.sharding import TRAIN_RULES, ShardingRules, constrain
+from searchrl.models.sharding import ShardingRules, constrain
+from searchrl.registry import Registry
 from searchrl.rl import advantages as adv_lib
 from searchrl.rl import kl as kl_lib
 from searchrl.rl import losses
@@ -83,49 +83,33 @@ class PPOConfig:
     spec: StateSpec
 
     @classmethod
-    def create(cls, rl: RLConfig, model: models.ModelConfig, rules: ShardingRules = TRAIN_RULES) -> PPOConfig:
+    def create(cls, rl: RLConfig, model: models.ModelConfig, rules: ShardingRules) -> PPOConfig:
         """Checks the names in `rl` and the options it sets against the functions they pick."""
-        for field, registry in (("advantage", adv_lib.ADVANTAGES), ("policy_loss", losses.POLICY_LOSSES)):
-            if getattr(rl, field) not in registry:
-                raise ValueError(f"rl.{field}={getattr(rl, field)!r} is not one of {sorted(registry)}")
+        _check_unused(rl, "advantage", adv_lib.ADVANTAGES)
+        _check_unused(rl, "policy_loss", losses.POLICY_LOSSES)
         for field in ("kl_reward_estimator", "kl_loss_type"):
-            kl_lib.check_estimator(getattr(rl, field), f"rl.{field}")
+            kl_lib.get_estimator(getattr(rl, field), f"rl.{field}")
         if rl.loss_agg_mode not in losses.AGG_MODES:
             raise ValueError(f"rl.loss_agg_mode={rl.loss_agg_mode!r} is not one of {losses.AGG_MODES}")
-        if rl.advantage == "gae" and not rl.use_critic:
-            raise ValueError("rl.advantage='gae' needs a critic: set rl.use_critic=True.")
+        if adv_lib.ADVANTAGES.get(rl.advantage).needs_critic and not rl.use_critic:
+            raise ValueError(f"rl.advantage={rl.advantage!r} needs a critic: set rl.use_critic=True.")
         spec = StateSpec(model=model, actor=rl.actor, critic=rl.critic if rl.use_critic else None,
                              reference=rl.use_reference, ref_dtype=rl.compute_dtype, rules=rules)
-        config = cls(rl, spec)
-        config.advantage_options(), config.policy_loss_options()  # unused options fail here, not mid-run
-        return config
-
-    def advantage_options(self) -> dict[str, Any]:
-        """The options of `rl.advantage`, from the config fields that feed them."""
-        rl = self.rl
-        return _options(adv_lib.ADVANTAGES[rl.advantage], f"rl.advantage={rl.advantage!r}", rl, {
-            "gamma": "gamma", "lam": "lam", "eps": "grpo_eps", "norm_by_std": "grpo_norm_by_std"})
-
-    def policy_loss_options(self) -> dict[str, Any]:
-        rl = self.rl
-        options = _options(losses.POLICY_LOSSES[rl.policy_loss], f"rl.policy_loss={rl.policy_loss!r}", rl, {
-            "clip_ratio_low": "clip_ratio_low", "clip_ratio_high": "clip_ratio_high",
-            "clip_ratio_c": "clip_ratio_c", "agg_mode": "loss_agg_mode", "max_length": "loss_max_length"})
-        if "max_length" in options:
-            options["max_length"] = options["max_length"] or None  # 0: the padded length
-        return options
+        return cls(rl, spec)
 
 
-def _options(fn: Callable, what: str, rl: RLConfig, fields: Mapping[str, str]) -> dict[str, Any]:
-    """`fn`'s keyword options from `rl` (parameter -> config field). A field `fn` does not take must keep its
-    default: a setting that would have no effect is an error, not silently dropped."""
-    accepted = inspect.signature(fn).parameters
+def _check_unused(rl: RLConfig, field: str, registry: Registry) -> None:
+    """An error if an option some entry of `registry` reads (its `options`) but the entry `rl.<field>` names
+    does not is set away from its default: a setting that would have no effect is an error, not silently
+    dropped."""
+    reads = registry.get(getattr(rl, field)).options
+    options = sorted({option for name in registry for option in registry.get(name).options})
     defaults = RLConfig()
-    unused = [f"rl.{field}" for param, field in fields.items()
-              if param not in accepted and getattr(rl, field) != getattr(defaults, field)]
+    unused = [f"rl.{option}" for option in options
+              if option not in reads and getattr(rl, option) != getattr(defaults, option)]
     if unused:
-        raise ValueError(f"{unused} would have no effect with {what}; leave them at their defaults.")
-    return {param: getattr(rl, field) for param, field in fields.items() if param in accepted}
+        raise ValueError(f"{unused} would have no effect with rl.{field}={getattr(rl, field)!r}; "
+                         "leave them at their defaults.")
 
 
 def _cast(params: dict | None, dtype: str) -> dict | None:
@@ -178,23 +162,23 @@ def _loss(config: PPOConfig, policy: dict, critic: dict | None, x: dict, tempera
     """(actor + critic loss of one micro-batch scaled to its minibatch share, metric contributions)."""
     mask, loss_mask = x["attention_mask"], x["loss_mask"].astype(jnp.float32)
     logp, entropy = _policy_logprobs(config, policy, x["tokens"], mask, temperature, True)
-    pg_loss, pg_metrics = losses.POLICY_LOSSES[config.rl.policy_loss](
-        logp, x["old_logprobs"], x["advantages"], loss_mask, **config.policy_loss_options())
-    ent, _ = losses.entropy_bonus(loss_mask, entropy=entropy, agg_mode=config.rl.loss_agg_mode)
+    pg_loss, pg_metrics = losses.POLICY_LOSSES.get(config.rl.policy_loss).run(
+        logp, x["old_logprobs"], x["advantages"], loss_mask, config.rl)
+    ent, _ = losses.entropy_bonus(loss_mask, entropy=entropy, loss_agg_mode=config.rl.loss_agg_mode)
     actor_loss = pg_loss - config.rl.entropy_coef * ent
     metrics = {"actor/pg_loss": pg_loss * share.loss, "actor/entropy": ent * share.loss}
     metrics.update({f"actor/{k}": v * share.tokens for k, v in pg_metrics.items()})
     if config.rl.kl_loss_coef > 0:
-        kl, _ = losses.kl_loss(logp, x["ref_logprobs"], loss_mask, estimator=config.rl.kl_loss_type,
-                               agg_mode=config.rl.loss_agg_mode)
+        kl, _ = losses.kl_loss(logp, x["ref_logprobs"], loss_mask, kl_loss_type=config.rl.kl_loss_type,
+                               loss_agg_mode=config.rl.loss_agg_mode)
         actor_loss = actor_loss + config.rl.kl_loss_coef * kl
         metrics["actor/kl_loss"] = kl * share.loss
     total = actor_loss * share.loss
     if critic is not None:
         v = _state_values(config, critic, x["tokens"], mask)
         vf_loss, vf_metrics = losses.value_loss(v, x["old_values"], x["returns"], loss_mask,
-                                                clip_range=config.rl.value_clip,
-                                                agg_mode=config.rl.loss_agg_mode)
+                                                value_clip=config.rl.value_clip,
+                                                loss_agg_mode=config.rl.loss_agg_mode)
         total = total + vf_loss * share.loss
         metrics["critic/vf_loss"] = vf_loss * share.loss
         metrics.update({f"critic/{k}": val * share.tokens for k, val in vf_metrics.items()})
@@ -413,8 +397,7 @@ def _learn(config: PPOConfig, state: TrainState, batch: Batch) -> tuple[TrainSta
         kl_state = controller.update(state.kl, kl["kl"], batch.tokens.shape[0])
         metrics |= {"rollout/kl": kl["kl"], "rollout/kl_coef": kl["kl_coef"]}
     advantages, returns = adv_lib.compute_advantages(
-        rl.advantage, rewards=rewards, values=values, mask=mask, group_ids=batch.group_ids,
-        **config.advantage_options())
+        rl, adv_lib.AdvantageInputs(rewards, mask, values, batch.group_ids))
     if rl.whiten_advantages:
         advantages = adv_lib.masked_whiten(advantages, mask)
     critic = values is not None

@@ -108,7 +108,7 @@ def abstract_train_state(spec: StateSpec, mesh: Mesh) -> TrainState:
 
 
 def init_train_state(spec: StateSpec, mesh: Mesh, policy: dict, key: jax.Array, *,
-                     critic: dict | None = None, kl_coef: float = 0.0) -> TrainState:
+                     kl_coef: float, critic: dict | None = None) -> TrainState:
     """The sharded initial state from policy params (any dtype; kept as float32 master weights).
 
     Without `critic` params, a run with a critic starts its value model from the policy backbone

@@ -6,8 +6,8 @@ step, the data order from the seed and the data position, the update's shuffling
 stopped at step n and resumed therefore continues exactly as if it had not stopped; the metrics it logged
 past its checkpoint are dropped, as it logs those steps again.
 
-Across processes (`python -m searchrl.main train` on every host, `config.distributed`), every process reads
-the whole (text) training set and takes the same seeded global batch; it rolls out only its own rows
+Across processes (`python -m searchrl.main train` on every host, `config.distributed`), every process opens
+the same training set and takes the same seeded global batch; it reads and rolls out only its own rows
 (`distributed.local_rows`) on its own devices, against its own retriever, and the update is one jit over the
 global mesh. Each row samples with its global index, so the run is the same on any number of processes
 (`RolloutEngine.run`); metrics are averaged over all rows of all processes. (`tfds.split_for_jax_process`
@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import jax
 import ml_collections
@@ -50,6 +50,15 @@ class NonFiniteError(RuntimeError):
 _all_finite = jax.jit(ppo.all_finite)
 
 
+class TrainHook(Protocol):
+    """A task's extension of the training loop (`searchrl.task.Task.train_hooks`). `before_step` runs before
+    each RL step of `Trainer.train` (the step `trainer.step_count + 1`, also the first one after a resume) and
+    returns metrics to log at `trainer.step_count`; it may replace the policy (`Trainer.replace_policy`)."""
+
+    def before_step(self, trainer: Trainer) -> dict[str, float]:
+        ...
+
+
 class DataOrder:
     """An endless, seeded stream of example indices: a fresh permutation per epoch, addressable by position."""
 
@@ -73,13 +82,13 @@ class Trainer:
 
     def __init__(self, config: ml_collections.ConfigDict, model_cfg: models.ModelConfig, policy: dict,
                  tokenizer: Any, env: Env, train_examples: Sequence[dict], eval_examples: Sequence[dict] = (),
-                 workdir: str | None = None):
+                 workdir: str | None = None, hooks: Sequence[TrainHook] = ()):
         self.model_cfg, self.env, self.seed = model_cfg, env, config.seed
         self.train_config = from_config(TrainConfig, config.train, "config.train")
         rl = from_config(RLConfig, config.rl, "config.rl")
         mesh = from_config(models.MeshConfig, config.mesh, "config.mesh")
         rollout = from_config(RolloutConfig, config.rollout, "config.rollout")
-        self.train_examples, self.eval_examples = list(train_examples), list(eval_examples)
+        self.train_examples, self.eval_examples = train_examples, list(eval_examples)
         self.workdir = workdir or config.workdir
         self.mesh = models.mesh_from_config(mesh)
         self.ppo = ppo.PPOConfig.create(rl, model_cfg, models.rules_named(mesh.train_rules))
@@ -104,6 +113,7 @@ class Trainer:
         self.state, self.data_position = self._restore_or_init(policy)
         self.writer = MetricWriter(self.workdir, resume_step=self.step_count)
         self.nonfinite_in_a_row = 0
+        self.hooks = list(hooks)
 
     def _restore_or_init(self, policy: dict):
         if self.checkpointer.latest_step() is not None:
@@ -114,23 +124,34 @@ class Trainer:
         return state, 0
 
     @property
+    def policy(self) -> dict:
+        """The policy's current params (sharded as the train state holds them)."""
+        return self.state.policy
+
+    def replace_policy(self, params: dict) -> None:
+        """Continues from `params` (e.g. a task hook's distilled policy), placed with the current policy's
+        shardings; the optimizer states, critic and reference are kept."""
+        placed = jax.tree.map(lambda new, old: jax.device_put(new, old.sharding), params, self.state.policy)
+        self.state = self.state._replace(policy=placed)
+
+    @property
     def step_count(self) -> int:
         return int(jax.device_get(self.state.step))
 
     def _next_batch(self) -> tuple[list[dict], np.ndarray]:
-        """This step's rows (each prompt repeated `responses_per_prompt` times) and their prompt ids."""
+        """This process's rows of this step's batch (each prompt repeated `responses_per_prompt` times), the
+        only examples it reads, and their prompt ids."""
         n = self.ppo.rl.responses_per_prompt
         indices = self.order.take(self.data_position, self.train_config.batch_size)
         self.data_position += len(indices)
-        examples = [self.train_examples[i] for i in indices for _ in range(n)]
-        group_ids = np.repeat(np.arange(len(indices), dtype=np.int32), n)
+        examples = [self.train_examples[i] for i in np.repeat(indices, n)[self.rows]]
+        group_ids = np.repeat(np.arange(len(indices), dtype=np.int32), n)[self.rows]
         return examples, group_ids
 
     def step(self) -> dict[str, float]:
         """One RL iteration; returns its metrics (already written to the logs)."""
         step = self.step_count
         examples, group_ids = self._next_batch()
-        examples, group_ids = examples[self.rows], group_ids[self.rows]
         self.engine.stats = RolloutStats()
         # The step number reaches the device explicitly: the loop makes no implicit host transfer.
         key = jax.random.fold_in(self.key, jax.device_put(np.uint32(step + 1)))
@@ -201,6 +222,9 @@ class Trainer:
         history = []
         with tqdm(total=total, initial=self.step_count, desc="train", disable=jax.process_index() != 0) as bar:
             while self.step_count < total:
+                for hook in self.hooks:
+                    if hooked := hook.before_step(self):
+                        self.writer.write(self.step_count, hooked)
                 metrics = self.step()
                 history.append(metrics)
                 step = self.step_count

@@ -92,9 +92,8 @@ class RolloutEngine:
         self.slots = config.slots(self.chunk_widths[-1])
         self.branch: SideBranch | None = declared if side_branch else None
         if self.branch is not None:
-            sampling = SamplingParams(self.branch.temperature, self.branch.top_k, self.branch.top_p)
             self.branch_spec = generate.DecodeSpec(config.chunk_steps, self.branch.max_tokens, self.slots - 1,
-                                                   sampling, rules)
+                                                   self.branch.sampling, rules)
             self.branch_stops = self._replicated(
                 generate.stop_table([self._encode(s) for s in self.branch.stop_strings]))
         self.stats = RolloutStats()

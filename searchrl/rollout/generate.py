@@ -187,7 +187,7 @@ def decode_chunk(
         written = state.cache.length
         token = jnp.take_along_axis(state.tokens, written[:, None], axis=1)
         hidden, cache = models.backbone(cfg, params, token, written[:, None], rows[:, None], state.cache,
-                                        rules=spec.rules)
+                                        rules=spec.rules, unrolled=True)
         cache = cache._replace(length=written + rows.astype(jnp.int32))
         state = state._replace(cache=cache, pending=state.pending & ~rows)
         turn_tokens = cache.length - state.turn_start

@@ -15,12 +15,13 @@ from typing import Any
 
 import jax
 
-from searchrl import distributed, envs, models, program_mutation, run_config
+from searchrl import distributed, models, run_config, task
 from searchrl.configlib import from_config
-from searchrl.envs import program as rpl
 from searchrl.episode import Action, Turn
-from searchrl.rl.config import MutationConfig
 from searchrl.rl.trainer import Trainer
+from searchrl.tasks.rpl import distill as program_mutation
+from searchrl.tasks.rpl import env as rpl
+from searchrl.tasks.rpl.config import MutationConfig
 from searchrl.text import tags
 from searchrl.text.tokenizer import PROTOCOL_TAGS, train_bpe_tokenizer
 
@@ -44,7 +45,7 @@ def build_trainer(root: Path, mesh: tuple[int, int, int] | None = None) -> Train
     program_tags = (tags.open_tag(tags.PROGRAM), tags.close_tag(tags.PROGRAM))
     texts = [x for _, _, x in DOCS] + [WEAK.format(city=c) for c in CITIES]
     tokenizer = train_bpe_tokenizer(texts * 10, 400, special_tokens=(*PROTOCOL_TAGS, *program_tags))
-    config = run_config.experiment_config("program")
+    config = run_config.experiment_config("rpl")
     config.workdir = str(root / "run")
     config.env.update(dict(max_turns=1, prompt_template="{question}"))
     config.retrieval.index_dir = str(root / "index")
@@ -54,7 +55,7 @@ def build_trainer(root: Path, mesh: tuple[int, int, int] | None = None) -> Train
     config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
     if mesh is not None:
         config.mesh.update(dict(zip(("data", "fsdp", "tensor"), mesh)))
-    env = envs.build(config.env, config.retrieval)
+    env = task.build(config.env, config.retrieval)
     ids = {c: [f"{c}{i}" for i in range(4)] for c in CITIES}
     examples = [{"question": f"which organisations are in {c}", "golden_answers": ids[c],
                  "metadata": {"type": "count", "evidence_ids": ids[c]}} for c in CITIES]
@@ -116,7 +117,7 @@ def mutate_and_distill(trainer: Trainer, saved: Path) -> dict[str, Any]:
     the rows each process rolled out."""
     config = from_config(MutationConfig, {"max_variants": 64, "max_shown": 4, "sft": {
         "steps": 2, "batch_size": 4, "max_len": 64, "optim": {"lr": 1e-3, "warmup_steps": 0}}},
-        "config.mutation")  # no warm-up: each step moves every param by about lr
+        "config.env.mutation")  # no warm-up: each step moves every param by about lr
     segments, counts = program_mutation.mutation_examples(trainer, trainer.train_examples, config,
                                                           jax.random.key(0))
     losses = program_mutation.distill(trainer, segments, config)

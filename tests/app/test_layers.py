@@ -1,4 +1,5 @@
-"""The package's layers: every import points down (or stays inside its own part), never up or sideways."""
+"""The package's layers: every import points down (or stays inside its own part), never up or sideways; the
+substrate imports no task, and a task imports no other task but the common baseline (search_r1)."""
 from __future__ import annotations
 
 import ast
@@ -8,31 +9,30 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "searchrl"
 
 # Bottom to top. Parts on one level do not import each other.
 LAYERS = [
-    {"configlib", "cli", "shapes", "metric_writer", "text"},
-    {"models", "retrieval", "rewards"},
-    {"checkpoint", "distributed", "episode", "data", "programs"},
-    {"rollout", "envs"},
+    {"configlib", "cli", "shapes", "metric_writer", "registry", "episode"},
+    {"text", "models"},
+    {"retrieval", "checkpoint", "distributed"},
+    {"data", "serving", "task", "rollout"},
     {"rl"},
-    {"run_config", "experiment", "program_mutation"},
+    {"run_config", "experiment"},
     {"eval", "benchmarks"},
     {"demo", "main"},
+    {"tasks"},  # one package per paper, on top of the task-free substrate
 ]
+BASELINE = "search_r1"  # the task the others may build on
 LEVEL = {part: level for level, parts in enumerate(LAYERS) for part in parts}
 
 
-def part_of(module: str) -> str:
-    return module.split(".")[1]
-
-
-def imported_parts(path: pathlib.Path) -> set[str]:
-    """The searchrl parts a file imports (absolute imports: searchrl has no relative ones)."""
-    out = set()
+def imported_parts(path: pathlib.Path, package: str = "searchrl") -> set[str]:
+    """The parts of `package` (its subpackages and modules) a file imports (absolute imports: searchrl has no
+    relative ones)."""
+    out, depth = set(), package.count(".") + 1
     for node in ast.walk(ast.parse(path.read_text())):
         names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                  else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-        if isinstance(node, ast.ImportFrom) and node.module == "searchrl":
-            names = [f"searchrl.{a.name}" for a in node.names]
-        out |= {part_of(n) for n in names if n.startswith("searchrl.")}
+        if isinstance(node, ast.ImportFrom) and node.module == package:
+            names = [f"{package}.{a.name}" for a in node.names]
+        out |= {n.split(".")[depth] for n in names if n.startswith(f"{package}.")}
     return out
 
 
@@ -51,4 +51,13 @@ def test_imports_point_down():
         for there in imported_parts(path) - {here}:
             if LEVEL[there] >= LEVEL[here]:
                 wrong.append(f"{path.relative_to(ROOT.parent)} imports searchrl.{there}")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_a_task_imports_no_other_task_but_the_baseline():
+    wrong = []
+    for path in (ROOT / "tasks").rglob("*.py"):
+        own = path.relative_to(ROOT / "tasks").parts[0]
+        wrong += [f"{path.relative_to(ROOT.parent)} imports searchrl.tasks.{other}"
+                  for other in imported_parts(path, "searchrl.tasks") - {own, BASELINE}]
     assert not wrong, "\n".join(sorted(wrong))

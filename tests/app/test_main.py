@@ -66,7 +66,7 @@ def test_every_group_rejects_unknown_keys():
     from searchrl.configlib import from_config
     from searchrl.rl.config import RLConfig
 
-    config = run_config.experiment_config()
+    config = run_config.experiment_config("search_r1")
     config.rl.lamda = 0.9  # a typo in a config file, not on the command line
     with pytest.raises(ValueError, match=r"config.rl: unknown key\(s\) \['lamda'\]"):
         from_config(RLConfig, config.rl, "config.rl")

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from searchrl.rewards import autosearch as au
+from searchrl.tasks.autosearch import rewards as au
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "configs"))

@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from searchrl import models, program_mutation
+from searchrl import models
 from searchrl.configlib import from_config
-from searchrl.envs import program as rpl
 from searchrl.episode import Action
 from searchrl.metric_writer import read_metrics
-from searchrl.programs import execute
-from searchrl.rl.config import MutationConfig
+from searchrl.tasks.rpl import distill as program_mutation
+from searchrl.tasks.rpl import env as rpl
+from searchrl.tasks.rpl.config import MutationConfig
+from searchrl.tasks.rpl.sandbox import execute
 from searchrl.text import tags
 from tests.app.mutation_world import (BEST, CITIES, ScriptedEngine, build_trainer, mutate_and_distill,
                                       scripted_answers)
@@ -118,9 +119,9 @@ def test_policy_answers_are_the_greedy_continuation_of_each_prefix(trainer, monk
     assert program_mutation.policy_answers(trainer, prefixes, jax.random.key(1)) == expected
 
 
-def test_distillation_updates_the_policy_in_place_and_rl_resumes(trainer):
+def test_distillation_replaces_the_policy_and_the_train_hook_resumes_rl(trainer):
     sft = {"steps": 2, "batch_size": 8, "max_len": 48}
-    config = from_config(MutationConfig, {"at_step": 1, "episodes": 8, "sft": sft}, "config.mutation")
+    config = from_config(MutationConfig, {"at_step": 1, "episodes": 8, "sft": sft}, "config.env.mutation")
     before = jax.device_get(trainer.state.policy)
     segments = [[("which organisations are in arno\n", False),
                  (tags.block(tags.PROGRAM, "show(sparse_retrieval('arno', 4))"), True)]] * 8
@@ -131,7 +132,8 @@ def test_distillation_updates_the_policy_in_place_and_rl_resumes(trainer):
     assert any(changed)
     shardings = jax.tree.leaves(jax.tree.map(lambda a: a.sharding, after))
     assert all(s.mesh.shape == trainer.mesh.shape for s in shardings)
-    history = program_mutation.train_with_mutation(trainer, config)
+    trainer.hooks = [program_mutation.ProgramMutation(config)]
+    history = trainer.train()
     assert len(history) >= 1 and trainer.step_count == trainer.train_config.steps
     rows = read_metrics(f"{trainer.workdir}/metrics.jsonl")
     mutation_rows = [r for r in rows if "mutation/programs" in r]

@@ -35,6 +35,8 @@ def test_cpu_model_marks_missing_fields():
     ("NVIDIA A100-SXM4-40GB", hardware.Chip(40960 * 2**20, 312e12, 1.555e12)),
     ("TPU v5 lite", hardware.CHIPS["v5e"]),
     ("TPU v5", hardware.CHIPS["v5p"]),
+    ("TPU v6 lite", hardware.CHIPS["v6e"]),
+    ("TPU v4", hardware.CHIPS["v4"]),
     ("cpu", None),
 ])
 def test_device_chip(kind, chip):

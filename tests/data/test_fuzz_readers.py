@@ -10,10 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from searchrl.data import read_beir_queries, read_beir_split, read_flashrag_jsonl, retrieval_tasks
+from searchrl.data import read_beir_queries, read_beir_split, read_flashrag_jsonl
 from searchrl.retrieval.corpus import CorpusScan, CorpusStore, join_contents
 from searchrl.retrieval.metrics import read_beir_qrels, read_qrels, read_trec_qrels
 from searchrl.retrieval.search import read_queries
+from searchrl.tasks.deepretrieval import data as retrieval_tasks
 from tests.data.retrieval_helpers import bird_dir, spider_dir
 
 SETTINGS = dict(deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))

@@ -4,7 +4,9 @@ import re
 
 import pytest
 
-from searchrl.data import DataFormatError, datasets, retrieval_tasks
+from searchrl.data import DataFormatError, datasets
+from searchrl.data.config import DataConfig
+from searchrl.tasks.deepretrieval import data as retrieval_tasks
 from tests.data.retrieval_helpers import (
     CONCERT_SCHEMA, PETS_TABLES, PICO, SHOP_TABLES, beir_dir, bird_dir, file_snapshot, literature_dir,
     literature_rows, spider_dir, write_json, write_jsonl)
@@ -210,25 +212,25 @@ def test_load_examples_by_format(tmp_path):
         out = datasets.load_examples(str(tmp_path), names, split, fmt)
         assert list(out) == [n.strip() for n in names.split(",")]
         for name, records in out.items():
-            assert records and all(set(r) == _KEYS[fmt] and r["dataset"] == name for r in records)
+            assert len(records) and all(set(r) == _KEYS[fmt] and r["dataset"] == name for r in records)
     pubmed = datasets.load_examples(str(tmp_path), "pubmed", "test", format="literature")["pubmed"]
     assert pubmed[0]["question"] == convert_dict_to_str(literature_rows()[0]["pico"])
     bird = datasets.load_examples(str(tmp_path), "bird", "dev", "bird")["bird"]
     direct = retrieval_tasks.read_sql_task(tmp_path / "bird", "dev", "bird")
-    assert bird == [{**r, "dataset": "bird"} for r in direct]
+    assert list(bird) == [{**r, "dataset": "bird"} for r in direct]
 
 
 def test_load_examples_qa_is_the_default(tmp_path):
     write_jsonl(tmp_path / "nq" / "test.jsonl", [{"id": "1", "question": "q?", "golden_answers": ["a"]}])
     record = {"id": "1", "question": "q?", "golden_answers": ["a"], "metadata": {}, "dataset": "nq"}
-    expected = {"nq": [record]}
-    assert datasets.load_examples(str(tmp_path), "nq", "test") == expected
-    assert datasets.load_examples(str(tmp_path), "nq", "test", "qa") == expected
-    assert datasets.DataConfig().format == "qa"
+    for loaded in (datasets.load_examples(str(tmp_path), "nq", "test"),
+                   datasets.load_examples(str(tmp_path), "nq", "test", "qa")):
+        assert {name: list(records) for name, records in loaded.items()} == {"nq": [record]}
+    assert DataConfig().format == "qa"
 
 
 def test_load_examples_errors(tmp_path):
-    known = "unknown data format 'sql'.*known: qa, beir, literature, spider, bird"
+    known = r"config.data.format='sql' is not a known data format; known: \['beir', 'bird', 'literature', 'qa'"
     with pytest.raises(ValueError, match=known):
         datasets.load_examples(str(tmp_path), "x", "test", "sql")
     (tmp_path / "scifact" / "qrels").mkdir(parents=True)

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from configs import autosearch
-from searchrl.demo import autosearch as demo
+from searchrl.tasks.autosearch import demo
 
 
 @pytest.mark.slow

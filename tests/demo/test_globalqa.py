@@ -9,10 +9,10 @@ import pytest
 
 from searchrl.data import read_flashrag_jsonl
 from searchrl.data.datasets import load_examples
-from searchrl.demo.globalqa import MIN_GROUP, TYPES, generate_tasks, write_tasks
 from searchrl.demo.synthetic import RELATIONS, SPLITS, generate_world, write_world
-from searchrl.envs.program import parse_ids, set_f1
 from searchrl.retrieval.bm25 import BM25Retriever
+from searchrl.tasks.rpl.env import parse_ids, set_f1
+from searchrl.tasks.rpl.globalqa import MIN_GROUP, TYPES, generate_tasks, write_tasks
 
 YEAR = re.compile(r"\b\d{3,4}\b")
 

@@ -11,9 +11,9 @@ import pytest
 
 from configs import deepretrieval
 from searchrl.data import datasets
-from searchrl.demo import rewrite, rewrite_world
 from searchrl.retrieval import metrics
 from searchrl.retrieval.bm25 import BM25Retriever
+from searchrl.tasks.deepretrieval import demo as rewrite, world as rewrite_world
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The RPL miniature's scripted cold starts (`searchrl.demo.rpl`) against the real env, index and tokenizer
+"""The RPL miniature's scripted cold starts (`searchrl.tasks.rpl.demo`) against the real env, index and tokenizer
 of a small world. The whole miniature runs end to end in notebook 04's test (tests/notebooks)."""
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import pytest
 from configs import rpl as rpl_configs
 from searchrl import experiment
 from searchrl.configlib import from_config
-from searchrl.demo import rpl
-from searchrl.demo.config import RPLDemoConfig, world_config
-from searchrl.demo.globalqa import TYPES
-from searchrl.envs.program import PROGRAM, SEARCH, cited_ids
+from searchrl.demo.config import world_config
 from searchrl.episode import Turn
+from searchrl.tasks.rpl import demo as rpl
+from searchrl.tasks.rpl.config import RPLDemoConfig
+from searchrl.tasks.rpl.env import PROGRAM, SEARCH, cited_ids
+from searchrl.tasks.rpl.globalqa import TYPES
 
 
 @pytest.fixture(scope="module")

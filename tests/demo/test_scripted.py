@@ -3,7 +3,7 @@ import types
 
 import pytest
 
-from searchrl.demo import scripted
+from searchrl.tasks.autosearch import scripted
 
 ANSWER_PROMPT = scripted.ANSWER_THOUGHT + "<answer>"
 

@@ -8,11 +8,11 @@ import jax
 import numpy as np
 import pytest
 
-from searchrl import envs, models, run_config
-from searchrl.envs import program as rpl
+from searchrl import models, run_config, task
 from searchrl.episode import Action, Trajectory, Turn
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.rl.trainer import Trainer
+from searchrl.tasks.rpl import env as rpl
 from searchrl.text import tags
 from searchrl.text.tokenizer import PROTOCOL_TAGS, train_bpe_tokenizer
 
@@ -33,7 +33,7 @@ def index(tmp_path_factory):
 
 @pytest.fixture
 def env(index):
-    return envs.build({"name": "program", "max_turns": 2}, {"index_dir": str(index)})
+    return task.build({"name": "rpl", "max_turns": 2}, {"index_dir": str(index)})
 
 
 def test_a_program_runs_in_the_sandbox_and_its_shown_documents_come_back(env):
@@ -49,7 +49,7 @@ def test_a_program_runs_in_the_sandbox_and_its_shown_documents_come_back(env):
 
 
 def test_errors_and_unavailable_functions_become_observations(index):
-    env = envs.build({"name": "program", "action_space": "dense"}, {"index_dir": str(index)})
+    env = task.build({"name": "rpl", "action_space": "dense"}, {"index_dir": str(index)})
     assert "dense_retrieval(q, top_k)" in env.prompt({"question": "q"})
     assert "sparse_retrieval" not in env.prompt({"question": "q"})
     [unavailable, broken] = env.observe([Action(rpl.PROGRAM, "show(sparse_retrieval('Arno', 2))"),
@@ -57,7 +57,7 @@ def test_errors_and_unavailable_functions_become_observations(index):
     assert "sdk error: sparse_retrieval() is not available here" in unavailable.text
     assert "program error:" in broken.text and broken.info["doc_ids"] == ()
     with pytest.raises(ValueError, match="action_space 'all'"):
-        envs.build({"name": "program", "action_space": "all"}, {"index_dir": str(index)})
+        task.build({"name": "rpl", "action_space": "all"}, {"index_dir": str(index)})
 
 
 @pytest.mark.parametrize("text, turn, expected", [
@@ -108,7 +108,7 @@ def test_qa_and_globalqa_scores_rewards_and_metrics(env):
 def test_the_search_space_is_one_query_per_turn_scored_as_programs_are(index):
     """The AutoSearch-style baseline: `<search>` turns get BM25's top `search_top_k` with their ids, a program
     block is not a turn there, and search turns count as retrieval turns and calls."""
-    env = envs.build({"name": "program", "action_space": "search", "search_top_k": 2, "max_turns": 2},
+    env = task.build({"name": "rpl", "action_space": "search", "search_top_k": 2, "max_turns": 2},
                      {"index_dir": str(index)})
     prompt = env.prompt({"question": "Where is Velo Press?"})
     question = "Where is Velo Press?"
@@ -138,7 +138,7 @@ def test_cite_by_rank_numbers_shown_documents_across_turns_and_scores_their_ids(
     """`cite="rank"`: Search-R1's "Doc <n>" lines, numbered on across the episode's turns (turn t starts at
     t * search_top_k + 1); an answer's numbers are mapped back to the ids they were given, and a number no
     document had counts as a wrong document."""
-    env = envs.build({"name": "program", "action_space": "search", "search_top_k": 2, "max_turns": 2,
+    env = task.build({"name": "rpl", "action_space": "search", "search_top_k": 2, "max_turns": 2,
                       "cite": "rank"}, {"index_dir": str(index)})
     assert rpl.GLOBALQA_HINTS["rank"] in env.prompt({"question": "q", "metadata": {"type": "count"}})
     first, second = (env.parse_action(f"<search> {q} </search>", t) for t, q in enumerate(("Arno", "Beni")))
@@ -161,11 +161,11 @@ def test_cite_by_rank_numbers_shown_documents_across_turns_and_scores_their_ids(
     [row] = env.metrics(trajectory([[*turns, answer]], [7]), [example])
     assert row["answer_f1"] == pytest.approx(2 * (2 / 3) * 1.0 / (2 / 3 + 1.0))  # 2 of 3 cited are gold
     with pytest.raises(ValueError, match="cite"):
-        envs.build({"name": "program", "cite": "title"}, {"index_dir": str(index)})
+        task.build({"name": "rpl", "cite": "title"}, {"index_dir": str(index)})
 
 
 def test_the_sparse_space_offers_bm25_fuse_and_dedup(index):
-    env = envs.build({"name": "program", "action_space": "sparse"}, {"index_dir": str(index)})
+    env = task.build({"name": "rpl", "action_space": "sparse"}, {"index_dir": str(index)})
     prompt = env.prompt({"question": "q"})
     assert "sparse_retrieval(q, top_k), fuse(*lists, top_k=None), dedup(docs)" in prompt
     assert "dense_retrieval" not in prompt and "rerank" not in prompt
@@ -184,7 +184,7 @@ def test_each_task_kind_trains_a_few_steps(index, tmp_path, examples):
     texts = [t + " " + x for _, t, x in DOCS] + ["show(sparse_retrieval('Arno', 2)) p1, p2"]
     program_tags = (tags.open_tag(tags.PROGRAM), tags.close_tag(tags.PROGRAM))
     tokenizer = train_bpe_tokenizer(texts * 20, 400, special_tokens=(*PROTOCOL_TAGS, *program_tags))
-    config = run_config.experiment_config("program")
+    config = run_config.experiment_config("rpl")
     config.workdir = str(tmp_path)
     config.env.update(dict(max_turns=1, prompt_template="{question}"))
     config.retrieval.index_dir = str(index)
@@ -192,7 +192,7 @@ def test_each_task_kind_trains_a_few_steps(index, tmp_path, examples):
     config.rollout.update(dict(max_prompt_tokens=24, max_turn_tokens=12, max_obs_tokens=32, obs_buckets=(32,),
                                max_len=24 + 12 + 32 + 12, chunk_steps=12))
     config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
-    env = envs.build(config.env, config.retrieval)
+    env = task.build(config.env, config.retrieval)
     if examples == "qa":
         data = [{"question": f"Where is {t}?", "golden_answers": ["Arno"]} for _, t, _ in DOCS]
     else:
@@ -232,7 +232,7 @@ def test_qwen3_chat_template_and_its_thinking_switch_token_for_token(index, tmp_
     tokenizer.chat_template = QWEN3_TEMPLATE
     tokenizer.save_pretrained(tmp_path / "qwen3")
     tokenizer = load_tokenizer(str(tmp_path / "qwen3"))
-    env = envs.build({"name": "program", "chat_template": True, "enable_thinking": thinking,
+    env = task.build({"name": "rpl", "chat_template": True, "enable_thinking": thinking,
                       "prompt_template": "Q: {question}"}, {"index_dir": str(index)})
     text = chat.render(tokenizer, env.prompt({"question": "Where is Velo?"}))
     expected = "<|im_start|>user\nQ: Where is Velo?<|im_end|>\n<|im_start|>assistant\n"

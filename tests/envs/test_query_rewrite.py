@@ -10,11 +10,11 @@ import pytest
 import transformers
 from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
 
-from searchrl.envs import query_rewrite as qr
-from searchrl.envs.query_rewrite import prompts
 from searchrl.episode import Action, Trajectory, Turn
 from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable
-from searchrl.rewards import deepretrieval as dr
+from searchrl.tasks.deepretrieval import env as qr
+from searchrl.tasks.deepretrieval import rewards as dr
+from searchrl.tasks.deepretrieval.env import prompts
 from searchrl.text import chat
 
 

@@ -18,15 +18,15 @@ import pytest
 
 from configs import deepretrieval
 from searchrl import experiment
-from searchrl.envs.query_rewrite import prompts
 from searchrl.retrieval import load_retriever
 from searchrl.retrieval import metrics as ir
 from searchrl.retrieval.bm25 import BM25Retriever
-from searchrl.retrieval.fake_engines import FakeEngineServer
-from searchrl.rewards import deepretrieval as dr
 from searchrl.rl.trainer import Trainer
+from searchrl.tasks.deepretrieval import rewards as dr
+from searchrl.tasks.deepretrieval.env import prompts
 from searchrl.text.tokenizer import train_bpe_tokenizer
 from tests.data.retrieval_helpers import write_json, write_jsonl
+from tests.fakes.engines import FakeEngineServer
 
 
 @dataclasses.dataclass(frozen=True)

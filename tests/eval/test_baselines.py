@@ -1,6 +1,6 @@
 """The prompting baselines: prompts and answer parsers by hand, the IRCoT and Search-o1 loops driven by a
-scripted model, metrics by hand, and `searchrl.eval --baselines` end to end (in process) on a tiny random
-Hugging Face checkpoint over a tiny BM25 world."""
+scripted model, metrics by hand, and the command line (`python -m searchrl.tasks.autosearch.baselines`) end to
+end (in process) on a tiny random Hugging Face checkpoint over a tiny BM25 world."""
 from __future__ import annotations
 
 import json
@@ -9,14 +9,13 @@ import textwrap
 import pytest
 
 from searchrl import models
-from searchrl.envs.search_qa import format_passages
-from searchrl.eval import baselines
-from searchrl.eval import prompts as P
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.retrieval.types import Hit
-from searchrl.rewards import qa
+from searchrl.tasks.autosearch import baselines
+from searchrl.tasks.autosearch import prompts as P
+from searchrl.tasks.search_r1.env import format_passages
+from searchrl.text import qa
 from tests.eval.test_eval import make_config, tiny_policy, world  # noqa: F401 (a fixture)
-from tests.eval.test_pilot import run_cli
 
 PARIS = Hit("d1", 3.0, '"Paris"', "Paris is the capital of France.")
 SEINE = Hit("d2", 1.0, '"Seine"', "The Seine flows through Paris.")
@@ -183,7 +182,7 @@ def test_baselines_cli_end_to_end(world, tmp_path, monkeypatch):
         return generate(self, prompts, stops)
 
     monkeypatch.setattr(baselines.Generator, "__call__", recording)
-    run_cli([f"--config={config_file}", "--baselines=direct,cot,rag,ircot,search_o1",
+    baselines.main([f"--config={config_file}", "--methods=direct,cot,rag,ircot,search_o1",
              f"--checkpoint={tmp_path / 'hf'}", "--datasets=world", "--limit=3", f"--out={tmp_path / 'out'}"])
     out = tmp_path / "out"
     tables = json.loads((out / "baselines.json").read_text())

@@ -14,17 +14,20 @@ import jax
 import numpy as np
 import pytest
 
-from searchrl import checkpoint, envs, experiment, models, run_config
+from searchrl import checkpoint, experiment, models, run_config, task
 from searchrl.configlib import from_config
 from searchrl.data import datasets
-from searchrl.envs import search_qa
-from searchrl.envs.search_qa import INTERMEDIATE_ANSWER, SearchQAEnv
 from searchrl.episode import Action, Trajectory, Turn
 from searchrl.eval import harness, report
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.rl import train_state
 from searchrl.rl.config import OptimConfig
 from searchrl.rollout.config import RolloutConfig
+from searchrl.tasks.autosearch import analysis as autosearch_analysis
+from searchrl.tasks.autosearch import env as autosearch_env
+from searchrl.tasks.autosearch.env import INTERMEDIATE_ANSWER, AutoSearchEnv
+from searchrl.tasks.rpl import analysis as rpl_analysis
+from searchrl.tasks.search_r1 import env as search_env
 from searchrl.text.tokenizer import train_bpe_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -56,13 +59,14 @@ def row(dataset, em, f1, searches, depth=None, hops=None, cover_em=None):
             "cover_em": em if cover_em is None else cover_em}
 
 
+LABELS = autosearch_analysis.REPORT.labels  # hops and depth describe a question, they are no metrics
 ROWS = [row("a", 1.0, 1.0, 2, depth=1, hops=1), row("a", 0.0, 0.5, 1, hops=2, cover_em=1.0),
         row("a", 1.0, 1.0, 3, depth=3, hops=2), row("a", 0.0, 0.0, 0, hops=2),
         row("b", 1.0, 1.0, 0, depth=0), row("b", 0.0, 0.25, 4)]
 
 
 def test_results_table_by_hand():
-    table = report.results_table(ROWS)
+    table = report.results_table(ROWS, LABELS)
     assert [t["dataset"] for t in table] == ["a", "b", report.AVERAGE]
     a, b, avg = table
     assert a["n"] == 4 and a["em"] == pytest.approx(0.5) and a["f1"] == pytest.approx(2.5 / 4)
@@ -72,7 +76,7 @@ def test_results_table_by_hand():
     # the papers' average: unweighted over datasets, not pooled over questions
     assert avg["n"] == 6 and avg["f1"] == pytest.approx((0.625 + 0.625) / 2)
     assert avg["searches"] == pytest.approx((1.5 + 2.0) / 2)
-    hops = report.hops_table(ROWS)
+    hops = report.group_table(ROWS, "hops", LABELS)
     assert [(h["dataset"], h["hops"], h["n"]) for h in hops] == [("a", 1, 1), ("a", 2, 3)]
     assert hops[1]["em"] == pytest.approx(1 / 3) and hops[1]["f1"] == pytest.approx(1.5 / 3)
     assert hops[1]["searches"] == pytest.approx(4 / 3)
@@ -84,17 +88,17 @@ def test_task_types_table_by_hand():
             {"dataset": "globalqa", "task_type": "topk", "answer_f1": 0.0, "doc_f1": 0.25},
             {"dataset": "globalqa", "task_type": "count", "answer_f1": 0.5, "doc_f1": 1.0},
             {"dataset": "nq", "task_type": "qa", "answer_f1": 0.25, "doc_f1": 0.0}]
-    assert report.task_types_table(rows) == [
+    assert report.group_table(rows, "task_type") == [
         {"dataset": "globalqa", "task_type": "count", "n": 2, "answer_f1": 0.75, "doc_f1": 0.75},
         {"dataset": "globalqa", "task_type": "topk", "n": 1, "answer_f1": 0.0, "doc_f1": 0.25},
         {"dataset": "nq", "task_type": "qa", "n": 1, "answer_f1": 0.25, "doc_f1": 0.0}]
-    text = report.markdown(report.aggregate(rows))
+    text = report.markdown(report.aggregate(rows, spec=rpl_analysis.REPORT), rpl_analysis.REPORT)
     assert "## By task type" in text and "| globalqa | count | 2 | 0.750 | 0.750 |" in text
-    assert report.task_types_table([{"dataset": "nq", "em": 1.0}]) == []
+    assert report.group_table([{"dataset": "nq", "em": 1.0}], "task_type") == []
 
 
 def test_depth_distribution_by_hand():
-    depth = report.depth_distribution(ROWS, max_depth=4)
+    depth = autosearch_analysis.depth_distribution(ROWS, max_depth=4)
     assert depth["buckets"] == ["0", "1", "2", "3", "4", "never"]
     a, b, pooled = depth["datasets"]
     assert a["counts"] == {"0": 0, "1": 1, "2": 0, "3": 1, "4": 0, "never": 2}
@@ -104,19 +108,19 @@ def test_depth_distribution_by_hand():
     hops = [(h["hops"], h["counts"]["never"], h["counts"]["3"]) for h in depth["hops"]]
     assert hops == [(1, 0, 0), (2, 2, 1)]
     with pytest.raises(ValueError, match="outside 0..2"):
-        report.depth_distribution(ROWS, max_depth=2)
+        autosearch_analysis.depth_distribution(ROWS, max_depth=2)
 
 
 def test_budget_curves_by_hand():
     runs = {0: [row("a", 0.0, 0, 0, hops=1), row("a", 0.0, 0, 0, hops=2), row("b", 1.0, 1, 0)],
             2: [row("a", 1.0, 1, 1, hops=1), row("a", 0.0, 0, 2, hops=2), row("b", 1.0, 1, 0)]}
-    curves = report.budget_curves(runs)
+    curves = report.budget_curves(runs, autosearch_analysis.REPORT)
     assert curves["budgets"] == [0, 2]
     by_name = {c["dataset"]: c for c in curves["datasets"]}
     assert by_name["a"]["em"] == [0.0, 0.5] and by_name["b"]["em"] == [1.0, 1.0]
     assert by_name[report.AVERAGE]["em"] == [0.5, 0.75]
     assert by_name["a"]["searches"] == [0.0, 1.5]
-    assert [(h["hops"], h["em"]) for h in curves["hops"]] == [(1, [0.0, 1.0]), (2, [0.0, 0.0])]
+    assert [(h["hops"], h["em"]) for h in curves["by"]["hops"]] == [(1, [0.0, 1.0]), (2, [0.0, 0.0])]
 
 
 class ReplayEngine:
@@ -146,7 +150,7 @@ def test_question_rows_from_a_crafted_trajectory():
     examples = [{"id": "q1", "question": "Capital of France?", "golden_answers": ["Paris"], "dataset": "w",
                  "metadata": {"hops": 1}},
                 {"id": "q2", "question": "Capital of Germany?", "golden_answers": ["Berlin"], "dataset": "w"}]
-    env = SearchQAEnv(None, search_qa.Config(intermediate_answers=True))
+    env = AutoSearchEnv(None, autosearch_env.Config(reward="search_r1"))
     first, second = harness.question_rows(env, ReplayEngine(traj), None, examples, batch_size=3)
     assert (first["answer"], first["em"], first["f1"], first["searches"], first["depth"], first["hops"]) == \
         ("Paris", 1.0, 1.0, 1, 1, 1)
@@ -164,16 +168,16 @@ def test_metrics_are_whatever_numbers_the_env_reports():
             {"dataset": "d", "id": 8, "hops": None, "recall": 1.0, "ok": False, "answer": "y", "depth": 2}]
     assert report.metric_names(rows) == ["recall", "ok"]
     table = report.results_table(rows)
-    assert table[0] == {"dataset": "d", "hops": None, "n": 2, "recall": 0.75, "ok": 0.5}
+    assert table[0] == {"dataset": "d", "n": 2, "recall": 0.75, "ok": 0.5}
     assert "| d | 2 | 0.750 | 0.500 |" in report.main_markdown({"table": table})
 
 
 def test_write_report_files(tmp_path):
     meta = {"checkpoint": "ckpt", "side_branch": INTERMEDIATE_ANSWER, "side_branch_prompt": "\n<answer>"}
-    results = {"meta": meta, **report.aggregate(ROWS, {0: ROWS, 3: ROWS}, max_depth=4), "predictions": ROWS}
-    paths = report.write_report(results, tmp_path / "out")
-    assert sorted(paths) == ["depth_analysis.png", "predictions.jsonl", "results.csv", "results.json",
-                             "results.md"]
+    spec = autosearch_analysis.REPORT
+    summary = report.aggregate(ROWS, {0: ROWS, 3: ROWS}, spec, {**meta, "max_turns": 4})
+    paths = report.write_report({"meta": meta, **summary, "predictions": ROWS}, tmp_path / "out", spec)
+    assert sorted(paths) == ["analysis.png", "predictions.jsonl", "results.csv", "results.json", "results.md"]
     with open(paths["results.csv"]) as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["dataset", "hops", "n", "em", "f1", "searches", "cover_em"]
@@ -186,7 +190,7 @@ def test_write_report_files(tmp_path):
     md = paths["results.md"].read_text()
     assert "| average | 6 | 0.500 | 0.625 | 1.750 | 0.625 |" in md
     assert "| em @ 0 | em @ 3 |" in md and '"\\n<answer>"' in md and "| a (2-hop) | 3 |" in md
-    assert paths["depth_analysis.png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert paths["analysis.png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 # ---- A tiny world: corpus, BM25 index, datasets, tokenizer, random policy ----
@@ -213,14 +217,14 @@ def world(tmp_path_factory):
 
 
 def make_config(root):
-    config = run_config.experiment_config()
+    config = run_config.experiment_config("autosearch")
     config.workdir = str(root / "run")
     config.tokenizer = str(root / "tokenizer")
     config.data.dir = str(root / "data")
     config.data.eval = "world,trivia"
     config.retrieval.index_dir = str(root / "index")
-    config.env.update(dict(max_turns=2, prompt_template="Question: {question}\n",
-                           intermediate_answer_tokens=4))
+    config.env.update(dict(max_turns=2, prompt_template="Question: {question}\n", reward="search_r1",
+                           intermediate_answers=False, intermediate_answer_tokens=4))
     config.train.batch_size = 4
     config.rollout.update(dict(max_prompt_tokens=32, max_len=160, max_turn_tokens=8, max_obs_tokens=32,
                                obs_buckets=(32,), chunk_steps=8))
@@ -236,7 +240,7 @@ def tiny_policy(tokenizer, seed=0):
 
 
 @dataclasses.dataclass
-class AlwaysSearchEnv(SearchQAEnv):
+class AlwaysSearchEnv(AutoSearchEnv):
     """The search-QA env (real BM25 observations) with a policy stand-in's choice: every turn that may search
     searches, the final turn answers with its text. A random policy rarely writes a well-formed action; this
     makes searches, intermediate answers and budgets exercise the whole path with known counts."""
@@ -255,12 +259,12 @@ def test_evaluate_policy_budgets_and_depth(world):
     root, tokenizer = world
     config = make_config(root)
     cfg, params = tiny_policy(tokenizer)
-    env_config = search_qa.Config(max_turns=2, prompt_template=config.env.prompt_template,
-                                  intermediate_answers=True, intermediate_answer_tokens=4)
+    env_config = autosearch_env.Config(max_turns=2, prompt_template=config.env.prompt_template,
+                                       reward="search_r1", intermediate_answer_tokens=4)
     env = AlwaysSearchEnv(BM25Retriever(root / "index"), env_config)
     data = datasets.load_examples(config.data.dir, config.data.eval, "test")
     results = harness.evaluate_policy(cfg, params, tokenizer, env, data, rollout_config(config), batch_size=4,
-                                      budgets=[2, 0, 1])
+                                      budgets=[2, 0, 1], spec=autosearch_analysis.REPORT)
     sizes = {name: len(qs) for name, qs in QUESTIONS.items()}
     predictions = results["predictions"]
     assert [p["dataset"] for p in predictions] == ["world"] * 5 + ["trivia"] * 3  # padded rows dropped
@@ -274,10 +278,10 @@ def test_evaluate_policy_budgets_and_depth(world):
         assert p["searches"] == 2 and len(p["intermediate_answers"]) == 2 and p["finish_reason"] == "done"
         assert p["em"] == 0.0 or p["depth"] is not None  # a right final answer always has a depth
         assert p["depth"] is None or p["depth"] <= p["searches"]
-    assert [(h["hops"], h["n"]) for h in results["hops"]] == [(1, 3), (2, 2)]
+    assert [(h["hops"], h["n"]) for h in results["by"]["hops"]] == [(1, 3), (2, 2)]
     curves = results["budgets"]
     assert curves["budgets"] == [0, 1, 2]
-    for curve in curves["datasets"] + curves["hops"]:
+    for curve in curves["datasets"] + curves["by"]["hops"]:
         assert curve["searches"] == [0.0, 1.0, 2.0]
         assert len(curve["em"]) == 3 and all(0.0 <= em <= 1.0 for em in curve["em"])
     by_name = {c["dataset"]: c for c in curves["datasets"]}
@@ -289,10 +293,10 @@ def test_evaluate_policy_budgets_and_depth(world):
         assert sum(group["fractions"].values()) == pytest.approx(1.0)
     assert {g["dataset"]: g["n"] for g in depth["datasets"]} == {**sizes, report.ALL: 8}
     assert results["meta"]["side_branch"] == INTERMEDIATE_ANSWER
-    assert results["meta"]["side_branch_prompt"] == search_qa.ANSWER_PROMPT
+    assert results["meta"]["side_branch_prompt"] == autosearch_env.ANSWER_PROMPT
     # intermediate answers run on a side branch: without them the trajectories and answers are the same
     plain = harness.evaluate_policy(cfg, params, tokenizer, env, data, rollout_config(config), batch_size=4,
-                                    side_branch=False, warmup=False)
+                                    side_branch=False, warmup=False, spec=autosearch_analysis.REPORT)
     for field in ("response", "answer"):
         assert [p[field] for p in plain["predictions"]] == [p[field] for p in predictions]
     assert plain["depth"] is None and "depth" not in plain["predictions"][0]
@@ -301,7 +305,8 @@ def test_evaluate_policy_budgets_and_depth(world):
 def saved_checkpoint(directory, cfg, params):
     """A trainer-format checkpoint (whole TrainState + model config) at step 3."""
     spec = train_state.StateSpec(cfg, OptimConfig(1e-3))
-    state = train_state.init_train_state(spec, models.make_mesh(), params, jax.random.key(0))
+    state = train_state.init_train_state(spec, models.make_mesh(-1, 1, 1), params, jax.random.key(0),
+                                         kl_coef=0.0)
     with checkpoint.Checkpointer(directory, async_save=False) as ckpt:
         ckpt.save(3, state, model=cfg)
 
@@ -321,7 +326,7 @@ def reference(world):
     config = make_config(root)
     config.env.max_turns = 1
     config.env.intermediate_answers = True
-    env = envs.build(config.env, config.retrieval)
+    env = task.build(config.env, config.retrieval)
     data = datasets.load_examples(config.data.dir, "world", "test")
     direct = harness.evaluate_policy(cfg, params, tokenizer, env, {"world": data["world"][:3]},
                                      rollout_config(config), batch_size=4, side_branch=False)
@@ -349,7 +354,7 @@ def test_cli_end_to_end_on_a_trainer_checkpoint(world, reference, tmp_path):
     assert "| dataset | n | em | f1 | cover_em | searches | format_valid |" in out.stdout
     assert "| world | 3 |" in out.stdout
     out_dir = tmp_path / "run" / "checkpoints" / "eval" / "step_3"
-    for name in ("results.md", "results.csv", "results.json", "predictions.jsonl", "depth_analysis.png"):
+    for name in ("results.md", "results.csv", "results.json", "predictions.jsonl", "analysis.png"):
         assert (out_dir / name).is_file(), name
     results = json.loads((out_dir / "results.json").read_text())
     assert results["meta"]["step"] == 3 and results["meta"]["max_turns"] == 1
@@ -384,7 +389,7 @@ def test_bad_inputs_are_named(world, tmp_path):
     with pytest.raises(ValueError, match="data"):
         harness.evaluate_checkpoint(bare, "")
     cfg, params = tiny_policy(tokenizer)
-    env = envs.build(config.env, config.retrieval)
+    env = task.build(config.env, config.retrieval)
     rollout = rollout_config(config)
     with pytest.raises(ValueError, match="'world' has no questions"):
         harness.evaluate_policy(cfg, params, tokenizer, env, {"world": []}, rollout, 4)
@@ -393,11 +398,11 @@ def test_bad_inputs_are_named(world, tmp_path):
     with pytest.raises(ValueError, match="unknown key.*'topk_'"):
         bad = make_config(root)
         bad.env.topk_ = 3
-        envs.build(bad.env, bad.retrieval)
-    with pytest.raises(ValueError, match=r"config.env.name='qa' is not a known environment; known: \["):
+        task.build(bad.env, bad.retrieval)
+    with pytest.raises(ValueError, match=r"config.env.name='qa' is not a known task; known: \['autosearch'"):
         bad = make_config(root)
         bad.env.name = "qa"
-        envs.build(bad.env, bad.retrieval)
+        task.build(bad.env, bad.retrieval)
     out = subprocess.run([sys.executable, "-m", "searchrl.eval", "--config=configs/search_r1.py:tiny",
                           "--budgets=1,two"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "'two' is not a non-negative integer" in out.stderr

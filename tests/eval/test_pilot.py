@@ -1,26 +1,26 @@
 """AutoSearch's pilot at forced search depth: the forcing rules and the pilot's arithmetic by hand,
-forced-depth rollouts of a tiny random policy over a tiny BM25 world, and `searchrl.eval --pilot` end to end
-(in process: the compiled programs are shared) on two tiny random Hugging Face checkpoints."""
+forced-depth rollouts of a tiny random policy over a tiny BM25 world, and its command line
+(`python -m searchrl.tasks.autosearch.pilot`) end to end, in process (the compiled programs are shared), on two
+tiny random Hugging Face checkpoints."""
 from __future__ import annotations
 
-import importlib
 import json
 import textwrap
 
 import pytest
-from absl import flags
 
-from searchrl import envs, models
+from searchrl import models, task
 from searchrl.data import datasets
-from searchrl.envs import search_qa
-from searchrl.envs.search_qa import SearchQAEnv
 from searchrl.episode import Action
-from searchrl.eval import harness, pilot
-from searchrl.eval.forced_depth import ForcedDepthEnv, ForcedSearch
-from searchrl.eval.prompts import continued
+from searchrl.eval import harness
 from searchrl.retrieval.types import Hit
-from searchrl.rewards import qa
-from searchrl.text import chat, tags
+from searchrl.tasks.autosearch import env as autosearch_env
+from searchrl.tasks.autosearch import pilot
+from searchrl.tasks.autosearch.env import AutoSearchEnv
+from searchrl.tasks.autosearch.forced_depth import ForcedDepthEnv, ForcedSearch
+from searchrl.tasks.autosearch.prompts import continued
+from searchrl.tasks.search_r1 import env as search_env
+from searchrl.text import chat, qa, tags
 from tests.eval.test_eval import make_config, rollout_config, tiny_policy, world  # noqa: F401 (a fixture)
 
 
@@ -38,10 +38,11 @@ class RecordingRetriever:
 
 def test_forcing_rules_by_hand():
     retriever = RecordingRetriever()
-    base = SearchQAEnv(retriever, search_qa.Config(max_turns=4, topk=2, prompt_template="Q: {question}\n"))
+    base = AutoSearchEnv(retriever,
+                         autosearch_env.Config(max_turns=4, topk=2, prompt_template="Q: {question}\n"))
     env = ForcedDepthEnv(base, depth=2)
     assert env.max_turns == env.base.max_turns == 2 and env.prompt({"question": "x"}) == "Q: x\n"
-    assert env.side_branch.name == search_qa.INTERMEDIATE_ANSWER and env.side_branch.prompt == "\n<answer>"
+    assert env.side_branch.name == autosearch_env.INTERMEDIATE_ANSWER and env.side_branch.prompt == "\n<answer>"
     own = env.parse_action("<think>hm</think><search> capital of France </search>", 0)
     assert own == Action("search", "capital of France") and not isinstance(own, ForcedSearch)
     early = env.parse_action("<think>easy</think><answer> Paris </answer>", 0)  # an early answer: searched
@@ -99,7 +100,7 @@ def test_pilot_arithmetic_by_hand(tmp_path):
     summary = pilot.model_summary("m", runs)
     curves = {c["dataset"]: c["em"] for c in summary["accuracy"]["datasets"]}
     assert curves == {"a": [0.5, 0.5, 1.0], "b": [0.0, 0.0, 0.0], "average": [0.25, 0.25, 0.5]}
-    hops = [(h["hops"], h["em"]) for h in summary["accuracy"]["hops"]]
+    hops = [(h["hops"], h["em"]) for h in summary["accuracy"]["by"]["hops"]]
     assert hops == [(1, [0.0, 1.0, 1.0]), (2, [1.0, 0.0, 1.0])]
     a, b, pooled = summary["depth"]["datasets"]
     assert a["counts"] == {"0": 1, "1": 1, "2": 0, "never": 0} and b["counts"]["never"] == 1
@@ -126,7 +127,7 @@ def test_forced_depth_makes_exactly_k_searches(world):
     root, tokenizer = world
     config = pilot_config(root)
     cfg, params = tiny_policy(tokenizer)
-    env = envs.build(config.env, config.retrieval)
+    env = task.build(config.env, config.retrieval)
     data = datasets.load_examples(config.data.dir, "world,trivia", "test")
     rollout = rollout_config(config)
     for depth in (0, 2):
@@ -139,17 +140,6 @@ def test_forced_depth_makes_exactly_k_searches(world):
             assert len(r["intermediate_answers"]) == depth  # the answer after every search
             if depth == 0:  # the answer prompt was the prompt's end: the answer is the text up to </answer>
                 assert r["answer"] == tags.until_close(r["response"], tags.ANSWER)
-
-
-def run_cli(argv):
-    """`python -m searchrl.eval ARGV`, in this process."""
-    cli = importlib.import_module("searchrl.eval.__main__")
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(["searchrl.eval", *argv])
-    try:
-        cli.main(["searchrl.eval"])
-    finally:
-        flags.FLAGS.unparse_flags()
 
 
 def test_pilot_cli_on_two_checkpoints(world, tmp_path, capsys):
@@ -167,7 +157,7 @@ def test_pilot_cli_on_two_checkpoints(world, tmp_path, capsys):
         def get_config():
             return pilot_config(pathlib.Path({str(root)!r}))
     """))
-    run_cli([f"--config={config_file}", "--pilot", f"--checkpoints={','.join(checkpoints)}", "--depths=0,2,1",
+    pilot.main([f"--config={config_file}", f"--checkpoints={','.join(checkpoints)}", "--depths=0,2,1",
              "--datasets=world", "--limit=3", f"--out={tmp_path / 'out'}"])
     assert "| model | group | em @ 0 | em @ 1 | em @ 2 |" in capsys.readouterr().out
     out = tmp_path / "out"

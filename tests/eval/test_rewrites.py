@@ -4,7 +4,8 @@ import json
 import pytest
 from absl import app
 
-from searchrl.eval import report, rewrites
+from searchrl.eval import report
+from searchrl.tasks.deepretrieval import analysis, rewrites
 
 
 @pytest.mark.parametrize("query, shape", [
@@ -29,13 +30,14 @@ def test_report_puts_raw_and_rewritten_side_by_side():
     rows = [{"dataset": "nq", "hit@5": 1.0, "raw_hit@5": 0.0, "reward": 6.0},
             {"dataset": "nq", "hit@5": 0.0, "raw_hit@5": 0.0, "reward": -2.5},
             {"dataset": "tqa", "hit@5": 1.0, "raw_hit@5": 1.0, "reward": 6.0}]
-    results = report.aggregate(rows)
+    spec = analysis.REPORT
+    results = report.aggregate(rows, spec=spec)
     assert results["raw_vs_rewritten"] == [
         {"dataset": "nq", "metric": "hit@5", "raw": 0.0, "rewritten": 0.5, "gain": 0.5},
         {"dataset": "tqa", "metric": "hit@5", "raw": 1.0, "rewritten": 1.0, "gain": 0.0},
         {"dataset": "average", "metric": "hit@5", "raw": 0.5, "rewritten": 0.75, "gain": 0.25}]
-    assert "| nq | hit@5 | 0.000 | 0.500 | 0.500 |" in report.markdown(results)
-    assert report.aggregate([{"dataset": "nq", "em": 1.0}])["raw_vs_rewritten"] == []
+    assert "| nq | hit@5 | 0.000 | 0.500 | 0.500 |" in report.markdown(results, spec)
+    assert report.aggregate([{"dataset": "nq", "em": 1.0}], spec=spec)["raw_vs_rewritten"] == []
 
 
 def test_command_line_prints_shapes_and_length_curves(tmp_path, capsys):

@@ -70,7 +70,8 @@ def test_unstacked_layers_compute_the_same_logits_and_cache():
     tokens, positions, mask = _left_pad([random_tokens(CFG, (n,), seed=30 + n) for n in (5, 8)], 8)
     cache = KVCache.init(CFG, batch=2, max_len=12)
     stacked = fwd(PARAMS, tokens, positions, mask, cache)
-    unstacked = fwd(unstacked_params, tokens, positions, mask, cache)
+    unrolled = jax.jit(functools.partial(forward, CFG, unrolled=True))
+    unstacked = unrolled(unstacked_params, tokens, positions, mask, cache)
     np.testing.assert_allclose(unstacked[0], stacked[0], atol=1e-5, rtol=0)
     for field in ("k", "v", "valid", "length"):
         np.testing.assert_allclose(getattr(unstacked[2], field), getattr(stacked[2], field), atol=1e-5, rtol=0)

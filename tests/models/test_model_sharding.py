@@ -8,22 +8,22 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from searchrl.models import (SAMPLE_RULES, TRAIN_RULES, KVCache, ShardingRules, cache_shardings, forward,
-                             get_preset, logical_to_sharding, logical_to_spec, make_mesh, param_layout,
-                             param_logical_axes, param_shardings, value_params_from_policy)
+                             get_preset, logical_to_sharding, logical_to_spec, make_mesh, param_shardings,
+                             param_table, value_params_from_policy)
 from tests.models.model_helpers import random_params, random_tokens
 
 MESH_SHAPE = {"data": 2, "fsdp": 2, "tensor": 2}
 
 
 def test_make_mesh_sizes_and_errors():
-    assert dict(make_mesh().shape) == {"data": 8, "fsdp": 1, "tensor": 1}
+    assert dict(make_mesh(-1, 1, 1).shape) == {"data": 8, "fsdp": 1, "tensor": 1}
     assert dict(make_mesh(data=-1, fsdp=2, tensor=2).shape) == MESH_SHAPE
     assert dict(make_mesh(data=1, fsdp=-1, tensor=4).shape) == {"data": 1, "fsdp": 2, "tensor": 4}
     assert make_mesh(data=2, fsdp=1, tensor=2).devices.size == 4  # a divisor of the device count is fine
     with pytest.raises(ValueError, match="does not divide the 8 devices"):
-        make_mesh(data=3)
+        make_mesh(data=3, fsdp=1, tensor=1)
     with pytest.raises(ValueError, match="at most one -1"):
-        make_mesh(data=-1, fsdp=-1)
+        make_mesh(data=-1, fsdp=-1, tensor=1)
 
 
 def test_logical_to_spec_rules():
@@ -44,18 +44,16 @@ def test_logical_to_spec_rules():
 
 
 @pytest.mark.parametrize("value", [False, True])
-def test_param_axes_mirror_params(value):
+def test_param_table_mirrors_params(value):
     cfg = dataclasses.replace(get_preset("tiny"), tie_word_embeddings=False)
     params = random_params(cfg)
     if value:
         params = value_params_from_policy(cfg, params, jax.random.key(0))
-    axes = param_logical_axes(cfg, value=value)
-    is_axes = lambda x: isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)  # noqa: E731
-    assert jax.tree.structure(axes, is_leaf=is_axes) == jax.tree.structure(params)
-    for a, p in zip(jax.tree.leaves(axes, is_leaf=is_axes), jax.tree.leaves(params)):
-        assert len(a) == p.ndim
-    layout = param_layout(cfg, value=value)
-    assert ("value_head" in layout) == value and ("lm_head" in layout) != value
+    table = param_table(cfg, value=value)
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    assert {tuple(k.key for k in path): x.shape for path, x in leaves} == \
+        {path: spec.shape for path, spec in table.items()}
+    assert (("value_head", "kernel") in table) == value and (("lm_head",) in table) != value
 
 
 def _mesh_cfg():

@@ -4,9 +4,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from searchrl.programs import RULES, Limits, ProgramResult, execute, language, sandbox
-from searchrl.retrieval.ops import SDK_FUNCTIONS, RetrievalSDK
 from searchrl.retrieval.types import Hit
+from searchrl.tasks.rpl import language, sandbox
+from searchrl.tasks.rpl.language import RULES
+from searchrl.tasks.rpl.limits import Limits
+from searchrl.tasks.rpl.sandbox import ProgramResult, execute
+from searchrl.tasks.rpl.sdk import SDK_FUNCTIONS, RetrievalSDK
 
 ERROR = re.compile(r"(?P<rule>[a-z ]+): (?P<detail>.*) \(line (?P<line>\d+), column (?P<column>\d+)\)",
                    re.DOTALL)

@@ -10,8 +10,11 @@ from unittest import mock
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from searchrl.programs import FUNCTIONS, Limits, execute, sandbox
 from searchrl.retrieval.types import Hit
+from searchrl.tasks.rpl import sandbox
+from searchrl.tasks.rpl.language import FUNCTIONS
+from searchrl.tasks.rpl.limits import Limits
+from searchrl.tasks.rpl.sandbox import execute
 from tests.programs.program_helpers import SDK, check_result
 
 SETTINGS = dict(deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))

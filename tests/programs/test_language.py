@@ -4,8 +4,10 @@ import ast
 
 import pytest
 
-from searchrl.programs import FUNCTIONS, Limits, execute
-from searchrl.retrieval.ops import SDK_FUNCTIONS
+from searchrl.tasks.rpl.language import FUNCTIONS
+from searchrl.tasks.rpl.limits import Limits
+from searchrl.tasks.rpl.sandbox import execute
+from searchrl.tasks.rpl.sdk import SDK_FUNCTIONS
 from tests.programs.program_helpers import SDK, run
 
 EVERY_ALLOWED_CONSTRUCT = """

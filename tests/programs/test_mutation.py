@@ -8,10 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from searchrl.envs.program import ACTION_SPACES, set_f1
-from searchrl.programs import Limits, language, mutation
-from searchrl.programs.mutation import Mutation, mutate, mutations, verify
-from searchrl.retrieval.ops import SDK_FUNCTIONS
+from searchrl.tasks.rpl import language, mutation
+from searchrl.tasks.rpl.env import ACTION_SPACES, set_f1
+from searchrl.tasks.rpl.limits import Limits
+from searchrl.tasks.rpl.mutation import Mutation, mutate, mutations, verify
+from searchrl.tasks.rpl.sdk import SDK_FUNCTIONS
 from tests.programs.program_helpers import SDK, ids, run
 from tests.programs.test_fuzz import PRELUDE, statements
 

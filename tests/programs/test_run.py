@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from searchrl.programs import run
 from searchrl.retrieval.bm25 import BM25Retriever
+from searchrl.tasks.rpl import run
 
 CORPUS = [
     {"_id": "turing", "title": "Alan Turing", "text": "Turing formalised computation with his machine."},

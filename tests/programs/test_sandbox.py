@@ -4,8 +4,10 @@ import time
 
 import pytest
 
-from searchrl.programs import Limits, ProgramError, execute
-from searchrl.retrieval.ops import RetrievalSDK
+from searchrl.tasks.rpl.language import ProgramError
+from searchrl.tasks.rpl.limits import Limits
+from searchrl.tasks.rpl.sandbox import execute
+from searchrl.tasks.rpl.sdk import RetrievalSDK
 from tests.programs.program_helpers import ids, run, variables
 
 RETRIEVAL_PROGRAM = """

@@ -135,7 +135,7 @@ def test_lucene_index_cli(data, tmp_path, capsys):
 
 
 def test_serve_cli(data):
-    proc = subprocess.Popen([sys.executable, "-m", "searchrl.retrieval.serve", "--index", str(data / "index"),
+    proc = subprocess.Popen([sys.executable, "-m", "searchrl.serving.serve", "--index", str(data / "index"),
                              "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=ENV)
     try:

@@ -6,9 +6,8 @@ import time
 
 import pytest
 
-from searchrl.retrieval.client import RemoteRetriever
-from searchrl.retrieval.types import RetrievalError, RetrievalUnavailable
-from searchrl.retrieval.types import Hit
+from searchrl.retrieval.remote import RemoteRetriever
+from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable
 
 OK_BODY = b'{"result": [[{"document": {"id": "7", "contents": "Paris\\nCapital."}, "score": 3.5}]]}'
 

@@ -6,13 +6,13 @@ import os
 import numpy as np
 import pytest
 
-from searchrl.envs.search_qa import format_passages
 from searchrl.retrieval import index_kind, load_retriever
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.retrieval.corpus import CorpusScan, CorpusStore, JSONError, building, join_contents, \
     parse_json, parse_record, read_manifest, split_contents, write_manifest
-from searchrl.retrieval.server import format_results
 from searchrl.retrieval.types import Hit
+from searchrl.serving.server import format_results
+from searchrl.tasks.search_r1.env import format_passages
 
 
 def write_jsonl(path, rows):

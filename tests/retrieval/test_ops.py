@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from searchrl.retrieval.dense import DenseRetriever
-from searchrl.retrieval.ops import SDK_FUNCTIONS, BackendNotConfigured, RetrievalSDK, dedup, fuse
 from searchrl.retrieval.rerank import DenseSimilarityReranker
 from searchrl.retrieval.types import Hit
+from searchrl.tasks.rpl.sdk import SDK_FUNCTIONS, BackendNotConfigured, RetrievalSDK, dedup, fuse
 
 
 def hits(*ids: str, title: str = "") -> list[Hit]:

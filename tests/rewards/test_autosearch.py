@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from searchrl.rewards import autosearch as au
+from searchrl.tasks.autosearch import rewards as au
 
 GOLDS = ["Paris"]
 

@@ -6,8 +6,8 @@ import time
 import pytest
 
 from searchrl.retrieval import metrics
-from searchrl.rewards import deepretrieval as dr
-from searchrl.rewards import sql_sandbox
+from searchrl.tasks.deepretrieval import rewards as dr
+from searchrl.tasks.deepretrieval import sql_sandbox
 
 MB = 1_000_000
 

@@ -12,14 +12,15 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from searchrl.envs import program, search_qa
-from searchrl.envs import query_rewrite as qr
 from searchrl.episode import Action
-from searchrl.retrieval.ops import RetrievalSDK
-from searchrl.rewards import autosearch as au
-from searchrl.rewards import deepretrieval as dr
-from searchrl.rewards import protocol, qa, search_r1
-from searchrl.text import tags
+from searchrl.tasks.autosearch import rewards as au
+from searchrl.tasks.deepretrieval import env as qr
+from searchrl.tasks.deepretrieval import rewards as dr
+from searchrl.tasks.rpl import env as program
+from searchrl.tasks.rpl.sdk import RetrievalSDK
+from searchrl.tasks.search_r1 import env as search_env
+from searchrl.tasks.search_r1 import rewards as search_r1_rewards
+from searchrl.text import protocol, qa, tags
 
 FRAGMENTS = [
     "<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<answer>",
@@ -75,10 +76,10 @@ def test_qa_and_search_r1(text, answers):
     assert isinstance(qa.normalize_answer(text), str)
     assert all(is_unit(metric(text, answers)) for metric in (qa.exact_match, qa.cover_em, qa.f1))
     assert isinstance(qa.has_answer(text, answers), bool)
-    assert search_r1.search_r1_em_reward(text, answers) in (0.0, 1.0)
-    reward = search_r1.search_r1_reward(text, answers)
+    assert search_r1_rewards.search_r1_em_reward(text, answers) in (0.0, 1.0)
+    reward = search_r1_rewards.search_r1_reward(text, answers, search_r1_rewards.RewardConfig())
     assert any(math.isclose(reward, value) for value in (0.0, 0.1, 0.2, 0.3, 0.8, 1.0))
-    assert isinstance(search_r1.retrieval_hit(text, answers), bool)
+    assert isinstance(search_r1_rewards.retrieval_hit(text, answers), bool)
 
 
 @FUZZ
@@ -131,7 +132,7 @@ def test_sql_execution_match(db, sql):
     assert score in (0.0, 1.0) and isinstance(reason, str) and (score == 1.0) == (reason == "")
 
 
-SEARCH_QA = search_qa.SearchQAEnv(None, search_qa.Config(max_turns=2))
+SEARCH_ENV = search_env.SearchEnv(None, search_env.Config(max_turns=2))
 QUERY_REWRITE = [qr.QueryRewriteEnv(qr.Config(task="sql"), None),
                  qr.QueryRewriteEnv(qr.Config(task="evidence", reasoning=False), object())]
 PROGRAM = program.ProgramEnv(program.Config(), RetrievalSDK())
@@ -144,7 +145,7 @@ def is_action(action: Action, kinds: tuple[str, ...]) -> bool:
 @FUZZ
 @given(texts, st.integers(0, 3))
 def test_env_actions(text, turn):
-    assert is_action(SEARCH_QA.parse_action(text, turn), ("search", "answer", "invalid"))
+    assert is_action(SEARCH_ENV.parse_action(text, turn), ("search", "answer", "invalid"))
     assert all(is_action(env.parse_action(text, turn), ("rewrite", "invalid")) for env in QUERY_REWRITE)
     assert is_action(PROGRAM.parse_action(text, turn), ("program", "answer", "invalid"))
     assert isinstance(program.program_source(text), str) and is_strings(program.parse_ids(text))
@@ -164,7 +165,7 @@ MB = 1_000_000
 ])
 def test_env_actions_take_linear_time(text):
     start = time.perf_counter()
-    SEARCH_QA.parse_action(text, 0)
+    SEARCH_ENV.parse_action(text, 0)
     for env in QUERY_REWRITE:
         env.parse_action(text, 0)
     PROGRAM.parse_action(text, 0)

@@ -5,7 +5,7 @@ import time
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from searchrl.rewards import protocol
+from searchrl.text import protocol
 
 PROMPT = ("<|im_start|>user\nAnswer the given question. ... For example, <answer> Beijing </answer>. "
           "Question: capital of France?\n<|im_end|>\n<|im_start|>assistant\n")

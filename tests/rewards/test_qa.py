@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from searchrl.rewards import qa
+from searchrl.text import qa
 
 
 @pytest.mark.parametrize("text, expected", [

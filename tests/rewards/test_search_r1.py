@@ -3,11 +3,13 @@ import time
 
 import pytest
 
-from searchrl.rewards import search_r1
+from searchrl.tasks.search_r1 import rewards as search_r1
 
 GOLDS = ["Paris", "City of Paris"]
 HIT = "<information>Doc 1(Title: Paris) Paris is the capital of France.</information>"
 MISS = "<information>Doc 1(Title: Lyon) Lyon is a city.</information>"
+# qa_em_format.py compute_score_em's own defaults (the v0.3 script sets retrieval_score=0: RewardConfig's).
+TABLE = search_r1.RewardConfig(structure_format_score=0.2, final_format_score=0.1, retrieval_score=0.1)
 
 
 def _valid(answer: str, info: str = MISS) -> str:
@@ -29,22 +31,22 @@ def _invalid(answer: str, info: str = MISS) -> str:
     ("<think>a</think> I give up", 0.0),    # no answer, invalid format
 ])
 def test_format_aware_table(response, expected):
-    assert search_r1.search_r1_reward(response, GOLDS) == pytest.approx(expected, abs=1e-12)
+    assert search_r1.search_r1_reward(response, GOLDS, TABLE) == pytest.approx(expected, abs=1e-12)
     # A valid response always ends in an answer, so "no answer, valid format" cannot happen.
 
 
 def test_prompt_example_is_not_an_answer():
     prompt = "<|im_start|>user\nFor example, <answer> Paris </answer>.<|im_end|>\n<|im_start|>assistant\n"
-    assert search_r1.search_r1_reward(prompt + "<think>a</think> I give up", GOLDS) == 0.0
+    assert search_r1.search_r1_reward(prompt + "<think>a</think> I give up", GOLDS, TABLE) == 0.0
     assert search_r1.search_r1_em_reward(prompt + "<think>a</think>", GOLDS) == 0.0
-    assert search_r1.search_r1_reward(prompt + _valid("Paris"), GOLDS) == 1.0
+    assert search_r1.search_r1_reward(prompt + _valid("Paris"), GOLDS, TABLE) == 1.0
 
 
 def test_custom_coefficients():
-    kw = dict(structure_format_score=0.3, final_format_score=0.05, retrieval_score=0.2, score=2.0)
-    assert search_r1.search_r1_reward(_invalid("paris"), GOLDS, **kw) == pytest.approx(1.7)
-    assert search_r1.search_r1_reward(_valid("Lyon", info=HIT), GOLDS, **kw) == pytest.approx(0.5)
-    assert search_r1.search_r1_reward(_invalid("Lyon"), GOLDS, **kw) == pytest.approx(0.05)
+    config = search_r1.RewardConfig(structure_format_score=0.3, final_format_score=0.05, retrieval_score=0.2)
+    assert search_r1.search_r1_reward(_invalid("paris"), GOLDS, config, score=2.0) == pytest.approx(1.7)
+    assert search_r1.search_r1_reward(_valid("Lyon", info=HIT), GOLDS, config, score=2.0) == pytest.approx(0.5)
+    assert search_r1.search_r1_reward(_invalid("Lyon"), GOLDS, config, score=2.0) == pytest.approx(0.05)
 
 
 def test_em_reward():
@@ -72,6 +74,6 @@ MB = 1_000_000
 ])
 def test_rewards_take_linear_time(response):
     start = time.perf_counter()
-    search_r1.search_r1_reward(response, GOLDS)
+    search_r1.search_r1_reward(response, GOLDS, TABLE)
     search_r1.search_r1_em_reward(response, GOLDS)
     assert time.perf_counter() - start < 1.0

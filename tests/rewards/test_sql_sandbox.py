@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from searchrl.rewards import sql_sandbox as sb
+from searchrl.tasks.deepretrieval import sql_sandbox as sb
 
 NUMBERS = "WITH RECURSIVE n(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM n LIMIT {}) "
 # Quadratic in its arguments inside one VM step: minutes, whatever the deadline inside SQLite.

@@ -1,5 +1,6 @@
 """Advantage estimators against plain-Python references and hand-computed cases."""
 import collections
+import dataclasses
 import math
 
 import jax
@@ -9,6 +10,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from searchrl.rl import advantages as adv_lib
+from searchrl.rl.config import RLConfig
 
 
 def _random_batch(seed, b=5, t=16):
@@ -144,13 +146,13 @@ def test_grpo_hand_computed():
     # Group 4 has one member -> 0. Group 9: equal scores -> 0 / (0 + eps) = 0.
     rewards, mask = _scores_rewards([1.0, 0.0, 1.0, 0.5, 0.3, 0.3])
     ids = jnp.array([7, 7, 7, 4, 9, 9])
-    adv, ret = adv_lib.grpo(rewards, mask, ids)
+    adv, ret = adv_lib.grpo(rewards, mask, ids, 1e-6, True)
     std = math.sqrt(1 / 3)
     expected = np.array([1 / 3 / std, -2 / 3 / std, 1 / 3 / std, 0.0, 0.0, 0.0])
     np.testing.assert_allclose(adv[:, 0], expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(adv, np.where(mask > 0, expected[:, None], 0.0), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(adv, ret)
-    dr, _ = adv_lib.grpo(rewards, mask, ids, norm_by_std=False)  # Dr.GRPO: no std division
+    dr, _ = adv_lib.grpo(rewards, mask, ids, 1e-6, norm_by_std=False)  # Dr.GRPO: no std division
     np.testing.assert_allclose(dr[:, 0], [1 / 3, -2 / 3, 1 / 3, 0, 0, 0], rtol=1e-5, atol=1e-6)
 
 
@@ -160,7 +162,7 @@ def test_grpo_groups_by_prompt_id_not_batch_position():
     ids = np.array([1000003, 42, 1000003, 7, 42, 42, 7, 1000003, 7, 42, 1000003, 7])
     scores = (rng.integers(0, 2, size=len(ids)) + rng.normal(size=len(ids))).astype(np.float32)
     rewards, mask = _scores_rewards(scores)
-    adv, _ = jax.jit(adv_lib.grpo)(rewards, mask, jnp.asarray(ids))
+    adv, _ = jax.jit(adv_lib.grpo, static_argnums=4)(rewards, mask, jnp.asarray(ids), 1e-6, True)
     expected = _reference_grpo(scores, ids)
     np.testing.assert_allclose(adv[:, 0], expected, rtol=1e-5, atol=1e-5)
     # Grouping by position (contiguous blocks of 3) would give something else.
@@ -168,7 +170,7 @@ def test_grpo_groups_by_prompt_id_not_batch_position():
     assert not np.allclose(expected, by_position, atol=1e-3)
     # Shuffling the rows shuffles the advantages and nothing else.
     perm = rng.permutation(len(ids))
-    adv_perm, _ = adv_lib.grpo(rewards[perm], mask[perm], jnp.asarray(ids[perm]))
+    adv_perm, _ = adv_lib.grpo(rewards[perm], mask[perm], jnp.asarray(ids[perm]), 1e-6, True)
     np.testing.assert_allclose(adv_perm, np.asarray(adv)[perm], rtol=1e-5, atol=1e-6)
 
 
@@ -207,16 +209,18 @@ def test_outcome_scores_sum_policy_token_rewards():
 def test_registry_dispatch_and_errors():
     rewards, values, mask = _random_batch(seed=6, b=4)
     ids = jnp.array([1, 2, 1, 2])
-    inputs = dict(rewards=rewards, values=values, mask=mask, group_ids=ids, gamma=0.99, lam=0.95)
+    inputs = adv_lib.AdvantageInputs(rewards, mask, values, ids)
+    rl = RLConfig(gamma=0.99, lam=0.95, grpo_eps=0.1)
     assert set(adv_lib.ADVANTAGES) == {"gae", "grpo", "rloo", "reinforce_plus_plus"}
     np.testing.assert_array_equal(
-        adv_lib.compute_advantages("gae", **inputs)[0], adv_lib.gae(rewards, values, mask, 0.99, 0.95)[0])
+        adv_lib.compute_advantages(rl, inputs)[0], adv_lib.gae(rewards, values, mask, 0.99, 0.95)[0])
     np.testing.assert_array_equal(
-        adv_lib.compute_advantages("grpo", **inputs)[0], adv_lib.grpo(rewards, mask, ids)[0])
-    with pytest.raises(ValueError, match="needs inputs \\['values'\\]"):
-        adv_lib.compute_advantages("gae", rewards=rewards, mask=mask)
-    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'"):
-        adv_lib.compute_advantages("ppo", **inputs)
+        adv_lib.compute_advantages(dataclasses.replace(rl, advantage="grpo"), inputs)[0],
+        adv_lib.grpo(rewards, mask, ids, 0.1, True)[0])
+    with pytest.raises(ValueError, match="rl.advantage='gae' needs the critic's values"):
+        adv_lib.compute_advantages(rl, inputs._replace(values=None))
+    with pytest.raises(ValueError, match="config.rl.advantage='ppo' is not a known advantage estimator"):
+        adv_lib.compute_advantages(dataclasses.replace(rl, advantage="ppo"), inputs)
 
 
 def test_bad_shapes_and_ids_are_named():
@@ -224,7 +228,7 @@ def test_bad_shapes_and_ids_are_named():
     with pytest.raises(ValueError, match="values has shape \\(3, 15\\)"):
         adv_lib.gae(rewards, values[:, :-1], mask, 1.0, 1.0)
     with pytest.raises(ValueError, match="group_ids has shape \\(2,\\)"):
-        adv_lib.grpo(rewards, mask, jnp.array([0, 1]))
+        adv_lib.grpo(rewards, mask, jnp.array([0, 1]), 1e-6, True)
     with pytest.raises(ValueError, match="group_ids must be an integer array"):
         adv_lib.rloo(rewards, mask, jnp.array([0.0, 1.0, 0.0]))
 
@@ -239,8 +243,8 @@ def test_estimators_under_batch_sharding_match_unsharded():
     ids = np.arange(b) % 3  # each group spans several devices
     for name in ("gae", "grpo", "rloo", "reinforce_plus_plus"):
         def fn(r, v, m, g, name=name):
-            return adv_lib.compute_advantages(
-                name, rewards=r, values=v, mask=m, group_ids=g, gamma=0.99, lam=0.95)
+            return adv_lib.compute_advantages(RLConfig(advantage=name, gamma=0.99, lam=0.95),
+                                              adv_lib.AdvantageInputs(r, m, v, g))
 
         got = jax.jit(fn, in_shardings=(rows,) * 4)(rewards, values, mask, ids)
         want = jax.jit(fn)(rewards, values, mask, ids)

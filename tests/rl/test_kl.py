@@ -42,11 +42,11 @@ def test_k1_and_k3_are_unbiased_for_kl():
 
 
 def test_unknown_estimator():
-    with pytest.raises(ValueError, match="unknown KL estimator 'k4'"):
+    with pytest.raises(ValueError, match="kl_loss_type='k4' is not a known KL estimator"):
         kl.kl_estimate(jnp.zeros((1, 1)), jnp.zeros((1, 1)), "k4")
     # verl's kl_penalty names "full" (KL over the whole vocabulary) but raises NotImplementedError for it.
     with pytest.raises(NotImplementedError, match="rl.kl_reward_estimator 'full' needs every vocabulary"):
-        kl.check_estimator("full", "rl.kl_reward_estimator")
+        kl.get_estimator("full", "rl.kl_reward_estimator")
 
 
 @pytest.mark.parametrize("estimator,clip,expected_kl", [
@@ -78,7 +78,8 @@ def test_apply_kl_penalty_hand_computed():
     logp = jnp.array([[-1.0, -2.0, -0.5, -3.0], [-1.0, -1.0, -1.0, -1.0]])
     ref = jnp.array([[-1.5, -1.8, -0.8, 0.0], [-1.1, -5.0, -1.4, -1.0]])
     mask = jnp.array([[1, 1, 1, 0], [1, 0, 1, 1]], jnp.float32)
-    out, m = jax.jit(kl.apply_kl_penalty, static_argnames="estimator")(rewards, logp, ref, mask, 0.1)
+    penalty = jax.jit(kl.apply_kl_penalty, static_argnames=("estimator", "clip"))
+    out, m = penalty(rewards, logp, ref, mask, 0.1, estimator="kl", clip=0.0)
     expected = [[-0.05, 0.02, 1.0 - 0.03, 9.0], [-0.01, 0.0, -0.04, 2.0]]  # masked positions untouched
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-7)
     # Row token-means: (0.5 - 0.2 + 0.3) / 3 = 0.2 and (0.1 + 0.4 + 0) / 3 = 1/6; batch mean = 0.18333.

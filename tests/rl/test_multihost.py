@@ -21,8 +21,9 @@ import pytest
 from configs import autosearch
 from searchrl import distributed, models
 from searchrl.checkpoint import Checkpointer
-from searchrl.demo import autosearch as demo
-from searchrl.demo.config import DemoConfig, world_config
+from searchrl.demo.config import world_config
+from searchrl.tasks.autosearch import demo
+from searchrl.tasks.autosearch.config import DemoConfig
 from tests.processes import wait
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,7 +1,9 @@
-"""A new task is one env: a calculator tool defined entirely here, trained with PPO and with GRPO through the
-public API (`Trainer`), and its reward rises. Nothing under searchrl/ knows this env."""
+"""A new task is one env, registered by name: a calculator tool defined entirely here, trained with PPO and with
+GRPO through the public API (`Trainer`), its reward rising, and evaluated with its own tables in the report.
+Nothing under searchrl/ knows this task."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 import re
 
@@ -11,9 +13,12 @@ import pytest
 import transformers
 from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
 
-from searchrl import models, run_config
+from searchrl import models, run_config, task
 from searchrl.episode import Action, Observation, Trajectory
+from searchrl.eval import harness, report
 from searchrl.rl.trainer import Trainer
+from searchrl.rollout.config import RolloutConfig
+from searchrl.task import TASKS, Analysis, Report, Task
 
 WORDS = ["<eos>", "<calc>", "</calc>", "<answer>", "</answer>", "=", "+", "?", *"0123456789"]
 _NUMBER = re.compile(r"^\d+$")
@@ -72,12 +77,38 @@ class CalculatorEnv:
                 for turns, score in zip(trajectory.turns, self._scores(trajectory, examples))]
 
     def metrics(self, trajectory, examples):
-        return [{"score": s, "calls": sum(t.action.kind == "calc" for t in turns)}
-                for s, turns in zip(self._scores(trajectory, examples), trajectory.turns)]
+        return [{"b": example["b"], "score": s, "calls": sum(t.action.kind == "calc" for t in turns)}
+                for s, turns, example in zip(self._scores(trajectory, examples), trajectory.turns, examples)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """`config.env` of the calculator task."""
+
+    max_calls: int = 1
+
+
+def make(config: Config, retrieval) -> CalculatorEnv:
+    return CalculatorEnv(config.max_calls)
+
+
+def calls_table(rows, meta):
+    """How many questions made 0, 1, ... calculator calls."""
+    counts = collections.Counter(row["calls"] for row in rows)
+    return [{"calls": calls, "questions": counts[calls]} for calls in sorted(counts)]
+
+
+def calls_markdown(table, meta):
+    return "## Calculator calls\n\n" + report.markdown_table(
+        ("calls", "questions"), [(r["calls"], r["questions"]) for r in table])
+
+
+TASKS.register("calculator")(Task(Config, make, report=Report(
+    labels=("b",), groups={"b": "second term"}, analyses=(Analysis("calls", calls_table, calls_markdown),))))
 
 
 def make_trainer(tmp_path, tokenizer, **rl):
-    config = run_config.experiment_config()
+    config = run_config.experiment_config("search_r1")
     config.workdir = str(tmp_path)
     config.train.update(dict(batch_size=16, checkpoint_every=0, async_checkpoints=False))
     config.rollout.update(dict(max_prompt_tokens=8, max_len=40, max_turn_tokens=6, max_obs_tokens=8,
@@ -109,3 +140,22 @@ def test_a_calculator_env_defined_here_trains(tmp_path, algo):
     assert last > first + 0.25, rewards
     assert history[-1]["env/score"] == pytest.approx(history[-1]["reward/mean"])  # the env's own metrics
     assert "env/calls" in history[-1]
+
+
+def test_the_calculator_task_adds_its_own_tables_to_an_evaluation(tmp_path):
+    tokenizer = calculator_tokenizer()
+    cfg = dataclasses.replace(models.get_preset("tiny"), vocab_size=len(tokenizer),
+                              eos_token_id=tokenizer.eos_token_id)
+    env, spec = task.build({"name": "calculator"}, {}), task.get("calculator").report
+    examples = [{"a": a, "b": b} for a, b in [(1, 2), (3, 2), (4, 5), (0, 5), (6, 2), (7, 7), (2, 2), (9, 5)]]
+    rollout = RolloutConfig(max_prompt_tokens=8, max_len=40, max_turn_tokens=6, max_obs_tokens=8,
+                            obs_buckets=(8,), chunk_steps=8)
+    results = harness.evaluate_policy(cfg, models.init_params(cfg, jax.random.key(0)), tokenizer, env,
+                                      {"sums": examples}, rollout, batch_size=8, spec=spec)
+    assert "b" not in results["table"][0]  # a label of the question, not a metric
+    assert [(r["b"], r["n"]) for r in results["by"]["b"]] == [(2, 4), (5, 3), (7, 1)]
+    calls = {r["calls"]: r["questions"] for r in results["calls"]}
+    assert sum(calls.values()) == 8
+    assert calls == collections.Counter(row["calls"] for row in results["predictions"])
+    markdown = report.write_report(results, tmp_path, spec)["results.md"].read_text()
+    assert "## By second term" in markdown and "## Calculator calls" in markdown

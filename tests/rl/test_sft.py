@@ -63,7 +63,7 @@ def test_sft_learns_the_scripted_answers(tokenizer):
     params = models.init_params(cfg, jax.random.key(0))
     tokens, mask = sft.encode(tokenizer, examples(), max_len=24)
     config = SFTConfig(steps=120, batch_size=8)
-    mesh = models.make_mesh()
+    mesh = models.make_mesh(-1, 1, 1)
     trained, losses = sft.train(cfg, params, tokens, mask, config, mesh)
     assert losses[-1] < 0.05 * losses[0], losses[::20]
     # Greedy continuation of every prompt reproduces its answer.

@@ -50,7 +50,7 @@ class LowTokensEnv:
 
 
 def make_config(workdir, **rl):
-    config = run_config.experiment_config()
+    config = run_config.experiment_config("search_r1")
     config.workdir = str(workdir)
     config.train.batch_size = 16
     config.train.checkpoint_every = 0

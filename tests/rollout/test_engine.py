@@ -54,7 +54,7 @@ class ScriptedEnv:
         if self.branch_prompt is None:
             return None
         return SideBranch("note", self.branch_prompt, ("</answer>",), max_tokens=4, after_kinds=("lookup",),
-                          separate_prompt=self.separate)
+                          sampling=SamplingParams(temperature=0.0), separate_prompt=self.separate)
 
     def side_branch_prompt(self, example, turns):
         return self.prompt(example) + "".join(t.text + t.observation for t in turns) + self.branch_prompt

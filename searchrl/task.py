@@ -1,0 +1,97 @@
+"""The task protocol: a task (one package per paper under `searchrl.tasks`) registers a `Task` by name in
+`TASKS`; `config.env.name` picks one.
+
+A task package defines its env, rewards, prompts, data readers, demo and analyses, and registers a `Task`:
+
+    TASKS.register("search_r1")(Task(Config, make))
+
+`Config` is the dataclass of its `config.env` group and `make(config, retrieval)` builds its env over the
+retriever that `config.retrieval` describes. The optional parts extend the substrate through declared hooks:
+`demo` runs its CPU miniature (`python -m searchrl.demo`), `report` adds its own groupings and analyses to an
+evaluation report (`searchrl.eval.report`), `train_hooks` extends the training loop (`searchrl.rl.trainer.TrainHook`).
+Nothing outside a task's package names it, except that a task may build on the common baseline,
+`searchrl.tasks.search_r1`; a task defined anywhere else (a test, a user's module) registers the same way.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import pkgutil
+from typing import Any, Callable, Mapping, Sequence
+
+import ml_collections
+
+from searchrl.configlib import from_config, to_config
+from searchrl.episode import Env
+from searchrl.registry import Registry
+
+@dataclasses.dataclass(frozen=True)
+class Analysis:
+    """A task's own part of an evaluation report (`searchrl.eval.report`): `summarize(rows, meta)` gives its
+    summary of the question rows (None: nothing to add, e.g. the rows lack what it reads), kept in the
+    results under `name`; `markdown(summary, meta)` is its section of results.md and `plot(ax, summary)`, if
+    any, its panel of the report's figure."""
+
+    name: str
+    summarize: Callable[[Sequence[Mapping[str, Any]], Mapping[str, Any]], Any]
+    markdown: Callable[[Any, Mapping[str, Any]], str]
+    plot: Callable[[Any, Any], None] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """What a task adds to an evaluation report: `labels`, the fields of its question rows that describe a
+    question rather than score it (never averaged); `groups`, the fields to tabulate (and draw budget curves)
+    by, each with its title; its own `analyses`."""
+
+    labels: tuple[str, ...] = ()
+    groups: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    analyses: tuple[Analysis, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """What a task registers: its `config.env` dataclass and env factory, and its optional hooks."""
+
+    config: type
+    make: Callable[[Any, Any], Env]  # (its Config, a RetrievalConfig) -> Env
+    demo: Callable[[Any], Any] | None = None  # (the run's ConfigDict) -> its miniature's results
+    report: Report = Report()  # its part of an evaluation report
+    train_hooks: Callable[[Env], list[Any]] | None = None  # (its env) -> `searchrl.rl.trainer.TrainHook`s
+
+
+TASKS: Registry[Task] = Registry("task", "config.env.name")
+TASK_PACKAGES = "searchrl.tasks"  # where load_all looks for task packages
+
+
+def load_all() -> None:
+    """Imports every package under `searchrl.tasks`, so that each registers itself (and its data formats,
+    retrievers, rewards). Found by name: the substrate depends on no task."""
+    package = importlib.import_module(TASK_PACKAGES)
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{TASK_PACKAGES}.{module.name}")
+
+
+def default_config(name: str) -> ml_collections.ConfigDict:
+    """`config.env` of task `name`: its name and its `Config` defaults."""
+    group = to_config(get(name).config())
+    group.name = name
+    return group
+
+
+def build(group: Mapping[str, Any] | ml_collections.ConfigDict, retrieval: Any) -> Env:
+    """The env that `config.env` names, from its group (unknown keys are errors) and `config.retrieval`."""
+    values = dict(group.to_dict() if isinstance(group, ml_collections.ConfigDict) else group)
+    task = get(values.pop("name"))
+    return task.make(from_config(task.config, values, "config.env"), retrieval)
+
+
+def get(name: str) -> Task:
+    """The task registered as `name`: the package `searchrl.tasks.<name>` registers it when imported; a task
+    registered elsewhere (a test, a user's module) is found as it is; an unknown name lists every task."""
+    if name not in TASKS and importlib.util.find_spec(f"{TASK_PACKAGES}.{name}") is not None:
+        importlib.import_module(f"{TASK_PACKAGES}.{name}")
+    if name not in TASKS:
+        load_all()
+    return TASKS.get(name)

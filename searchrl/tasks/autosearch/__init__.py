@@ -1,0 +1,18 @@
+"""AutoSearch: Search-R1's env with an intermediate answer after every search and turn-level rewards for
+format, answer-quality gains and the minimal sufficient search depth (`env`, `rewards`); its pilot study at
+forced depth (`pilot`, `forced_depth`), prompting baselines (`baselines`, `prompts`), depth tables (`tables`)
+and CPU miniature (`demo`, `scripted`)."""
+from typing import Any
+
+from searchrl.task import TASKS, Task
+from searchrl.tasks.autosearch import analysis, env
+
+
+def run_demo(config: Any) -> Any:
+    """The miniature (`searchrl.tasks.autosearch.demo`), imported when run: configs import this package."""
+    from searchrl.tasks.autosearch import demo as miniature
+
+    return miniature.run(config)
+
+
+TASKS.register("autosearch")(Task(env.Config, env.make, demo=run_demo, report=analysis.REPORT))

@@ -1,0 +1,21 @@
+"""`config.demo` of the AutoSearch miniature (no JAX here: building a config stays instant)."""
+from __future__ import annotations
+
+import dataclasses
+
+from searchrl.rl.config import SFTConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoConfig:
+    """The synthetic world, the scripted cold start and the evaluation of the AutoSearch demo."""
+
+    entities: int = 4000
+    questions_per_entity: float = 2.0
+    hop_fractions: tuple[float, ...] = (0.5, 0.3, 0.2)  # of 1-, 2- and 3-hop questions
+    vocab_size: int = 1200  # of the BPE tokenizer trained on the world
+    extra_search_fraction: float = 0.7  # scripted trajectories that search once more than needed
+    early_answer_fraction: float = 0.3  # of those, the ones that also practise the answer before that search
+    eval_questions: int = 384  # per evaluation set
+    budgets: tuple[int, ...] = (0, 1, 2, 3)  # search budgets of the accuracy-vs-budget curve
+    prefix_sft: SFTConfig = SFTConfig()  # the first cold-start stage, on two-turn prefixes

@@ -1,0 +1,19 @@
+"""DeepRetrieval: RL-trained query rewriting rewarded by retrieval metrics from a real retriever. Its env and
+prompts (`env`, `prompts`), rewards (`rewards`, `sql_sandbox`), data formats (`data`: literature, BEIR,
+Spider, BIRD), search-engine retrievers (`engines`: PubMed, ClinicalTrials.gov), raw-vs-rewritten tables and
+rewrite analysis (`tables`, `rewrites`) and CPU miniature (`demo`, `world`)."""
+from typing import Any
+
+from searchrl.task import TASKS, Task
+# data and engines register the data formats and retrievers the task reads
+from searchrl.tasks.deepretrieval import analysis, data, engines, env  # noqa: F401
+
+
+def run_demo(config: Any) -> Any:
+    """The miniature (`searchrl.tasks.deepretrieval.demo`), imported when run: configs import this package."""
+    from searchrl.tasks.deepretrieval import demo as miniature
+
+    return miniature.run(config)
+
+
+TASKS.register("deepretrieval")(Task(env.Config, env.make, demo=run_demo, report=analysis.REPORT))

@@ -1,0 +1,34 @@
+"""Retrieval Program Learning: the policy writes programs over a retrieval SDK, run in a sandbox.
+
+    result = execute(source, sdk)  # never raises for any source (`sandbox`)
+    result.shown  # the hits the program showed, in order
+    result.error  # None, or "<rule or limit>: <detail> (line L, column C)"
+
+Programs are untrusted input (the policy writes them): they are parsed with `ast`, checked against an
+allow-list (`language`, `limits`, `values`) and run by searchrl's own tree-walking interpreter (`sandbox`),
+never by Python's eval, exec or compile, over the SDK (`sdk`). Also here: the env (`env`), program mutation
+(`mutation`) and its distillation inside an RL run (`distill`, a train hook of the env), GlobalQA
+(`globalqa`), per-type tables (`tables`) and the CPU miniature (`demo`).
+"""
+from typing import Any
+
+from searchrl.task import TASKS, Task
+from searchrl.tasks.rpl import analysis, env
+
+
+def run_demo(config: Any) -> Any:
+    """The miniature (`searchrl.tasks.rpl.demo`), imported when run: configs import this package."""
+    from searchrl.tasks.rpl import demo as miniature
+
+    return miniature.run(config)
+
+
+def train_hooks(program_env: env.ProgramEnv) -> list[Any]:
+    """Program mutation (`searchrl.tasks.rpl.distill`), imported when a run trains: it needs JAX."""
+    from searchrl.tasks.rpl import distill
+
+    return distill.train_hooks(program_env)
+
+
+TASKS.register("rpl")(Task(env.Config, env.make, demo=run_demo, report=analysis.REPORT,
+                           train_hooks=train_hooks))
