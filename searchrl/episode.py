@@ -171,6 +171,11 @@ class Env(Protocol):
         ...
 
 
+def outcome_reward(score: float, turns: Sequence[Turn]) -> list[float]:
+    """An episode's per-turn rewards for an outcome reward: `score` on its last turn, 0 on the others."""
+    return [0.0] * (len(turns) - 1) + [score]
+
+
 def numeric_metrics(row: Mapping[str, Any]) -> dict[str, float]:
     """A row's metrics that are numbers, as floats (bools count as 0 / 1; None: not applicable)."""
     return {name: float(value) for name, value in row.items()

@@ -3,14 +3,14 @@
 
 A task package defines its env, rewards, prompts, data readers, demo and analyses, and registers a `Task`:
 
-    TASKS.register("search_r1")(Task(Config, make))
+    TASKS.register("<name>")(Task(Config, make))
 
 `Config` is the dataclass of its `config.env` group and `make(config, retrieval)` builds its env over the
 retriever that `config.retrieval` describes. The optional parts extend the substrate through declared hooks:
 `demo` runs its CPU miniature (`python -m searchrl.demo`), `report` adds its own groupings and analyses to an
-evaluation report (`searchrl.eval.report`), `train_hooks` extends the training loop (`searchrl.rl.trainer.TrainHook`).
-Nothing outside a task's package names it, except that a task may build on the common baseline,
-`searchrl.tasks.search_r1`; a task defined anywhere else (a test, a user's module) registers the same way.
+evaluation report (`searchrl.eval.report`), `train_hooks` extends the training loop
+(`searchrl.rl.trainer.TrainHook`). Nothing here or in the rest of the substrate names a task; a task defined
+anywhere else (a test, a user's module) registers the same way.
 """
 from __future__ import annotations
 

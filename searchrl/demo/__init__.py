@@ -1,2 +1,3 @@
-"""searchrl.demo: the CPU miniatures. A synthetic world no model can know (`synthetic`), scripted cold starts
-(`scripted`) and one entry point per paper (`autosearch`; `python -m searchrl.demo` runs it)."""
+"""searchrl.demo: the CPU miniatures. `python -m searchrl.demo` runs the miniature of the config's task (its
+`searchrl.task.Task.demo`); the synthetic world no model can know (`synthetic`) is theirs to share, and
+`config` gives a miniature's per-seed and world-file configs."""

@@ -9,8 +9,7 @@ CKPT: a trainer checkpoint dir (`<workdir>/checkpoints`, or the workdir itself; 
 the latest) or a Hugging Face model dir; without it, the config's own policy (config.model.path) is evaluated.
 Writes results.md / .csv / .json, predictions.jsonl and analysis.png to --out (default:
 <CKPT>/eval[/step_N], or <config.workdir>/eval) and prints the results table. A task's own evaluations have
-their own entry points (AutoSearch's pilot study: `python -m searchrl.tasks.autosearch.pilot`; its prompting
-baselines: `python -m searchrl.tasks.autosearch.baselines`).
+their own entry points in the task's package.
 """
 from __future__ import annotations
 

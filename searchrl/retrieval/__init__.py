@@ -22,19 +22,19 @@ BM25_K1, BM25_B = 0.9, 0.4  # pyserini / Anserini defaults, shared by both BM25 
 
 @dataclasses.dataclass(frozen=True)
 class RetrievalConfig:
-    """`config.retrieval`: a local index dir, a Search-R1 `/retrieve` server, or a literature search
-    engine."""
+    """`config.retrieval`: a local index dir, a Search-R1 `/retrieve` server, or a retriever a task registers
+    (a search engine, whose url, options, cache and rate are the fields below)."""
 
-    kind: str = "local"  # a name in RETRIEVERS: local | remote | pubmed | ctgov (DeepRetrieval's engines)
+    kind: str = "local"  # a name in RETRIEVERS: local, remote, or one a task registers
     index_dir: str = ""  # local: any searchrl index dir (its manifest names the backend)
     options: dict[str, Any] = dataclasses.field(default_factory=dict)  # local: the backend's options;
-    #   pubmed/ctgov: the API's (e.g. sort, email, page_size; see searchrl.tasks.deepretrieval.engines.make_engine)
-    url: str = ""  # remote: http://HOST:PORT/retrieve; pubmed/ctgov: the API's base URL ("": the real one)
+    #   a search engine: its API's
+    url: str = ""  # remote: http://HOST:PORT/retrieve; a search engine: its base URL ("": the real one)
     timeout_s: float = 30.0
     retries: int = 3
     batch_size: int = 256  # remote: queries per request
-    cache_path: str = ""  # pubmed/ctgov: JSONL cache of ranked ids ("": no cache)
-    rate_per_s: float = 0.0  # pubmed/ctgov: requests per second (0: the engine's default)
+    cache_path: str = ""  # a search engine: JSONL cache of ranked ids ("": no cache)
+    rate_per_s: float = 0.0  # a search engine: requests per second (0: the engine's default)
 
 
 def index_kind(index_dir: str | os.PathLike) -> str:

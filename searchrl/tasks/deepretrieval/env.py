@@ -24,7 +24,7 @@ import dataclasses
 import json
 from typing import Any, Mapping, Sequence
 
-from searchrl.episode import Action, Observation, Trajectory
+from searchrl.episode import Action, Observation, Trajectory, outcome_reward
 from searchrl.retrieval import make_retriever
 from searchrl.retrieval import metrics as ir
 from searchrl.retrieval.types import Hit, RetrievalError, Retriever, search_each
@@ -213,7 +213,7 @@ class QueryRewriteEnv:
 
     def rewards(self, trajectory: Trajectory, examples: Sequence[Mapping[str, Any]]) -> list[list[float]]:
         rows = self._batch_results(trajectory, examples)
-        return [[0.0] * (len(turns) - 1) + [self.reward(row)] for turns, row in zip(trajectory.turns, rows)]
+        return [outcome_reward(self.reward(row), turns) for turns, row in zip(trajectory.turns, rows)]
 
     def raw_metrics(self, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
         """The eval metrics of the users' own queries (memoised: a question's raw query never changes)."""

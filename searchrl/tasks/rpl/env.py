@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from searchrl.configlib import from_config
-from searchrl.episode import Action, Observation, Trajectory, Turn
+from searchrl.episode import Action, Observation, Trajectory, Turn, outcome_reward
 from searchrl.retrieval import RetrievalConfig, index_kind, load_retriever, make_retriever
 from searchrl.retrieval.types import Hit
 from searchrl.tasks.rpl.config import MutationConfig
@@ -240,7 +240,7 @@ class ProgramEnv:
 
     def rewards(self, trajectory: Trajectory, examples: Sequence[Mapping[str, Any]]) -> list[list[float]]:
         """The episode's reward (`episode_reward`) on its last turn."""
-        return [[0.0] * (len(turns) - 1) + [self.episode_reward(turns, example)]
+        return [outcome_reward(self.episode_reward(turns, example), turns)
                 for turns, example in zip(trajectory.turns, examples)]
 
     def metrics(self, trajectory: Trajectory, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -7,11 +7,9 @@ Prompt, action parsing, observation format and the invalid-action message follow
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from typing import Callable
-
-from searchrl.episode import Action, Observation, SideBranch, Trajectory, Turn
+from searchrl.episode import Action, Observation, SideBranch, Trajectory, Turn, outcome_reward
 from searchrl.registry import Registry
 from searchrl.retrieval import RetrievalConfig, make_retriever
 from searchrl.retrieval.types import Hit, RetrievalError, Retriever, search_each
@@ -170,15 +168,10 @@ class SearchEnv:
         return rows
 
 
-def outcome(score: float, turns: Sequence[Turn]) -> list[float]:
-    """An outcome reward: `score` on the last turn, 0 on the others."""
-    return [0.0] * (len(turns) - 1) + [score]
-
-
 def em_reward(env: SearchEnv, trajectory: Trajectory, b: int, example: Mapping[str, Any]) -> list[float]:
     """Search-R1 v0.2's reward: exact match of the final answer."""
     turns = trajectory.turns[b]
-    return outcome(qa.exact_match(final_answer(turns), example["golden_answers"]), turns)
+    return outcome_reward(qa.exact_match(final_answer(turns), example["golden_answers"]), turns)
 
 
 def search_r1_reward(env: SearchEnv, trajectory: Trajectory, b: int, example: Mapping[str, Any]
@@ -186,7 +179,7 @@ def search_r1_reward(env: SearchEnv, trajectory: Trajectory, b: int, example: Ma
     """Search-R1 v0.3's format-aware reward on the whole response."""
     score = rewards.search_r1_reward(trajectory.response_text(b), example["golden_answers"],
                                      env.config.search_r1)
-    return outcome(score, trajectory.turns[b])
+    return outcome_reward(score, trajectory.turns[b])
 
 
 REWARDS.register("em")(Reward(em_reward))
