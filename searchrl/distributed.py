@@ -12,21 +12,20 @@ import json
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from searchrl.models.config import DistributedConfig
 from searchrl.models.sharding import TRAIN_RULES
 
 
-def initialize(config: ml_collections.ConfigDict) -> None:
+def initialize(dist: DistributedConfig) -> None:
     """`jax.distributed.initialize` as `config.distributed` says; a no-op when disabled or already done.
 
     With `coordinator_address` set, `num_processes` and `process_id` must be too; with it empty, JAX detects
     the cluster (SLURM, TPU pods, Open MPI, Kubernetes). Must run before anything touches a device.
     """
-    dist = config.distributed
     if not dist.enabled or jax.distributed.is_initialized():
         return
     # Cross-process collectives between CPU devices (tests, CPU clusters); accelerators ignore it.

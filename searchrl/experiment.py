@@ -13,16 +13,14 @@ from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from searchrl import checkpoint as checkpoint_lib
 from searchrl import models, task
-from searchrl.configlib import from_config
 from searchrl.data import datasets
-from searchrl.data.config import DataConfig
 from searchrl.data.tfds_records import Records
 from searchrl.episode import Env
 from searchrl.rollout.config import RolloutConfig
+from searchrl.run_config import RunConfig
 from searchrl.text.tokenizer import load_tokenizer
 
 
@@ -40,18 +38,18 @@ class Experiment:
     source: dict[str, Any]
 
 
-def load_policy(config: ml_collections.ConfigDict, tokenizer: Any) -> tuple[models.ModelConfig, dict]:
-    """The HF checkpoint at config.model.path, or a random-initialised preset sized to the tokenizer."""
-    source = from_config(models.ModelSource, config.model, "config.model")
+def load_policy(source: models.ModelSource, seed: int, tokenizer: Any) -> tuple[models.ModelConfig, dict]:
+    """The HF checkpoint at `source.path`, or a random-initialised preset (drawn from `seed`) sized to the
+    tokenizer."""
     dtype = jnp.dtype(source.param_dtype)
-    cfg = models.config_from_dict(source)
+    cfg = models.config_from_source(source)
     if source.path:
         return cfg, models.load_hf(source.path, dtype=dtype)[1]
     # A new model speaks its tokenizer's language: vocabulary size (unless set) and special ids come from it.
     vocab = len(tokenizer) if source.vocab_size is None else cfg.vocab_size
     cfg = dataclasses.replace(cfg, vocab_size=vocab, eos_token_id=tokenizer.eos_token_id,
                               bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id)
-    return cfg, models.init_params(cfg, jax.random.key(config.seed), dtype)
+    return cfg, models.init_params(cfg, jax.random.key(seed), dtype)
 
 
 def _is_hf_dir(path: Path) -> bool:
@@ -93,8 +91,8 @@ def load_checkpoint(path: str | os.PathLike, step: int | None = None, dtype: str
     return cfg, params, {"kind": kind, "checkpoint": str(directory), "step": step}
 
 
-def build(config: ml_collections.ConfigDict, *, train_data: bool = True, checkpoint: str = "",
-          step: int | None = None) -> Experiment:
+def build(config: RunConfig, *, train_data: bool = True, checkpoint: str = "", step: int | None = None
+          ) -> Experiment:
     """Tokenizer, policy, environment, rollout settings and (optionally) the training examples of `config`.
 
     `checkpoint` (a trainer checkpoint dir, run workdir or Hugging Face model dir; `step` picks a trainer
@@ -110,15 +108,14 @@ def build(config: ml_collections.ConfigDict, *, train_data: bool = True, checkpo
                          "directory.")
     tokenizer = load_tokenizer(tokenizer_dir)
     if not checkpoint:
-        model_cfg, policy = load_policy(config, tokenizer)
+        model_cfg, policy = load_policy(config.model, config.seed, tokenizer)
     if model_cfg.vocab_size < len(tokenizer):
         raise ValueError(f"The model's vocab_size {model_cfg.vocab_size} is smaller than the tokenizer's "
                          f"{len(tokenizer)} tokens ({tokenizer_dir}).")
-    env = task.build(config.env, config.retrieval)
-    rollout = from_config(RolloutConfig, config.rollout, "config.rollout")
+    env = task.build(config.task, config.env, config.retrieval)
     train: Sequence[dict] = []
     if train_data:
-        data = from_config(DataConfig, config.data, "config.data")
+        data = config.data
         sets = datasets.load_examples(data.dir, data.train, data.train_split, data.format, data.tfds_dir)
         train = Records.concatenate(sets.values())
-    return Experiment(model_cfg, policy, tokenizer, env, rollout, train, source)
+    return Experiment(model_cfg, policy, tokenizer, env, config.rollout, train, source)

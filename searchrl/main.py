@@ -12,39 +12,40 @@ from typing import Callable
 
 from absl import app, logging
 import jax
-import ml_collections
 from ml_collections import config_flags
+
+from searchrl import run_config
+from searchrl.configlib import to_config
+from searchrl.run_config import RunConfig
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config: configs/FILE.py:PRESET.")
 
 
-def info(config: ml_collections.ConfigDict) -> None:
+def info(config: RunConfig) -> None:
     """Prints the resolved config, the mesh it asks for, and the model's parameter count."""
     from searchrl import models  # local: keeps `--help` fast
 
-    from searchrl.configlib import from_config
-
-    print(config)
-    mesh = models.mesh_from_config(from_config(models.MeshConfig, config.mesh, "config.mesh"))
+    print(to_config(config))
+    mesh = models.mesh_of(config.mesh)
     print(f"mesh: {dict(mesh.shape)} over {jax.device_count()} {jax.default_backend()} device(s)")
-    cfg = models.config_from_dict(config.model)
+    cfg = models.config_from_source(config.model)
     shapes = jax.eval_shape(lambda: models.init_params(cfg, jax.random.key(0)))
     count = sum(x.size for x in jax.tree.leaves(shapes))
     print(f"model: {cfg.family}, {count / 1e6:.2f}M parameters")
 
 
-def train(config: ml_collections.ConfigDict) -> None:
+def train(config: RunConfig) -> None:
     """Builds the run from its config and trains until config.train.steps, with the task's train hooks."""
     from searchrl import distributed, experiment, task
     from searchrl.data import datasets
     from searchrl.rl.trainer import Trainer
 
-    distributed.initialize(config)
+    distributed.initialize(config.distributed)
     built = experiment.build(config)
-    eval_sets = datasets.load_examples(config.data.dir, config.data.eval, config.data.eval_split,
-                                      config.data.format, config.data.tfds_dir)
-    eval_examples = [r for records in eval_sets.values() for r in records[: config.data.eval_limit or None]]
-    spec = task.get(config.env.name)
+    data = config.data
+    eval_sets = datasets.load_examples(data.dir, data.eval, data.eval_split, data.format, data.tfds_dir)
+    eval_examples = [r for records in eval_sets.values() for r in records[: data.eval_limit or None]]
+    spec = task.get(config.task)
     hooks = spec.train_hooks(built.env) if spec.train_hooks is not None else []
     trainer = Trainer(config, built.model_cfg, built.policy, built.tokenizer, built.env, built.train_examples,
                       eval_examples, hooks=hooks)
@@ -56,18 +57,16 @@ def train(config: ml_collections.ConfigDict) -> None:
         trainer.close()
 
 
-def sft(config: ml_collections.ConfigDict) -> None:
+def sft(config: RunConfig) -> None:
     """A supervised cold start on the env's reference responses (`env.reference_response`, e.g. the gold SQL
     of text-to-SQL), saved as a Hugging Face model at <workdir>/sft: set config.model.path to it for RL."""
     import os
 
     from searchrl import distributed, experiment, models
-    from searchrl.configlib import from_config
     from searchrl.rl import sft as sft_lib
-    from searchrl.rl.config import SFTConfig
     from searchrl.text import chat
 
-    distributed.initialize(config)
+    distributed.initialize(config.distributed)
     built = experiment.build(config)
     reference = getattr(built.env, "reference_response", None)
     examples = [[(chat.render(built.tokenizer, built.env.prompt(example)), False), (response, True)]
@@ -75,11 +74,10 @@ def sft(config: ml_collections.ConfigDict) -> None:
                 if reference is not None and (response := reference(example)) is not None]
     if not examples:
         raise app.UsageError(f"{type(built.env).__name__} has no reference responses for a cold start "
-                             f"(config.env: {dict(config.env)}).")
-    sft_config = from_config(SFTConfig, config.sft, "config.sft")
-    tokens, loss_mask = sft_lib.encode(built.tokenizer, examples, sft_config.max_len)
-    mesh = models.mesh_from_config(from_config(models.MeshConfig, config.mesh, "config.mesh"))
-    params, losses = sft_lib.train(built.model_cfg, built.policy, tokens, loss_mask, sft_config, mesh)
+                             f"(config.env: {config.env}).")
+    tokens, loss_mask = sft_lib.encode(built.tokenizer, examples, config.sft.max_len)
+    mesh = models.mesh_of(config.mesh)
+    params, losses = sft_lib.train(built.model_cfg, built.policy, tokens, loss_mask, config.sft, mesh)
     out = os.path.join(config.workdir, "sft")
     models.save_hf(built.model_cfg, params, out)  # every process takes part; process 0 writes
     if jax.process_index() == 0:
@@ -88,7 +86,7 @@ def sft(config: ml_collections.ConfigDict) -> None:
           f"saved to {out}")
 
 
-COMMANDS: dict[str, Callable[[ml_collections.ConfigDict], None]] = {"info": info, "train": train, "sft": sft}
+COMMANDS: dict[str, Callable[[RunConfig], None]] = {"info": info, "train": train, "sft": sft}
 
 
 def main(argv: list[str]) -> None:
@@ -97,7 +95,7 @@ def main(argv: list[str]) -> None:
     if _CONFIG.value is None:
         raise app.UsageError("--config is required, e.g. --config=configs/search_r1.py:tiny")
     logging.info("command %s", argv[1])
-    COMMANDS[argv[1]](_CONFIG.value)
+    COMMANDS[argv[1]](run_config.parse(_CONFIG.value))
 
 
 if __name__ == "__main__":

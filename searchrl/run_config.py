@@ -1,31 +1,51 @@
-"""The config of a run: every group an experiment config has, with its defaults from the group's dataclass.
+"""The config of a run: every group an experiment config has, with its defaults from the group's dataclass, and
+`parse`, the one place a ConfigDict becomes the typed `RunConfig` the library reads.
 
-`configs/*.py` start from `experiment_config()` and change what their preset needs. Nothing here (nor in the
-dataclasses) imports JAX, transformers or orbax, so building a config is instant.
+`configs/*.py` start from `experiment_config()` and change what their preset needs; each entry point (`searchrl.main`,
+`searchrl.eval`, `searchrl.demo`, the benchmarks and the tasks' own CLIs) calls `parse` once, and every component
+below it receives the typed group it needs. Nothing here (nor in the dataclasses) imports JAX, transformers or
+orbax, so building and parsing a config is instant.
 """
 from __future__ import annotations
 
 import dataclasses
+import typing
+from typing import Any
 
 import ml_collections
 
 from searchrl import task
-from searchrl.configlib import to_config
+from searchrl.configlib import from_config, to_config
 from searchrl.data.config import DataConfig
-from searchrl.models.config import MeshConfig, ModelSource
+from searchrl.models.config import DistributedConfig, MeshConfig, ModelSource
 from searchrl.retrieval import RetrievalConfig
 from searchrl.rl.config import RLConfig, SFTConfig, TrainConfig
 from searchrl.rollout.config import RolloutConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class DistributedConfig:
-    """`config.distributed`: JAX's multi-process runtime (see `searchrl.distributed.initialize`)."""
+class RunConfig:
+    """A whole run's config, parsed: `task` is `config.env.name`, `env` that task's `Config`, and `demo` its
+    miniature's config (`Task.demo_config`) when the preset has a `config.demo` group."""
 
-    enabled: bool = False  # jax.distributed.initialize() from the cluster environment
-    coordinator_address: str = ""  # host:port; empty = auto-detect (SLURM, TPU pod, ...)
-    num_processes: int = -1
-    process_id: int = -1
+    task: str
+    env: Any
+    seed: int = 0
+    workdir: str = "runs/default"
+    tokenizer: str = ""  # a local HF tokenizer directory; empty: model.path
+    model: ModelSource = ModelSource()
+    mesh: MeshConfig = MeshConfig()
+    distributed: DistributedConfig = DistributedConfig()
+    data: DataConfig = DataConfig()
+    retrieval: RetrievalConfig = RetrievalConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    train: TrainConfig = TrainConfig()
+    rl: RLConfig = RLConfig()
+    sft: SFTConfig = SFTConfig()
+    demo: Any = None
+
+
+GROUPS: dict[str, Any] = typing.get_type_hints(RunConfig)  # group name -> its dataclass (or plain type)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -43,7 +63,7 @@ def experiment_config(name: str) -> ml_collections.ConfigDict:
     """Every group a training run reads: base, tokenizer, data, retrieval, the env group of task `name`, rollout,
     train, rl and sft."""
     config = base_config()
-    config.tokenizer = ""  # a local HF tokenizer directory; empty: config.model.path
+    config.tokenizer = ""
     config.data = to_config(DataConfig())
     config.retrieval = to_config(RetrievalConfig())
     config.env = task.default_config(name)
@@ -52,3 +72,34 @@ def experiment_config(name: str) -> ml_collections.ConfigDict:
     config.rl = to_config(RLConfig())
     config.sft = to_config(SFTConfig())
     return config
+
+
+def parse(config: ml_collections.ConfigDict) -> RunConfig:
+    """The `RunConfig` of an experiment config: every group becomes its dataclass, the env group its task's
+    `Config` and `config.demo` the task's `demo_config`. A missing group of `experiment_config`, an unknown
+    key or a value a dataclass refuses is an error naming where it is (e.g. "config.rl")."""
+    values = config.to_dict()
+    missing = [name for name in ("env", "data", "retrieval", "rollout", "train", "rl", "model")
+               if name not in values]
+    if missing:
+        raise ValueError(f"The config has no {missing} group(s): start experiment configs from "
+                         "searchrl.run_config.experiment_config().")
+    unknown = sorted(set(values) - set(GROUPS))
+    if unknown:
+        raise ValueError(f"config: unknown key(s) {unknown}; known: {sorted(set(GROUPS) - {'task'})}")
+    env = dict(values.pop("env"))
+    if "name" not in env:
+        raise ValueError("config.env: no name (the task, e.g. 'search_r1')")
+    name = env.pop("name")
+    spec = task.get(name)
+    fields: dict[str, Any] = {"task": name, "env": from_config(spec.config, env, "config.env")}
+    demo = values.pop("demo", None)
+    if demo is not None:
+        if spec.demo_config is None:
+            raise ValueError(f"config.demo: task {name!r} has no demo")
+        fields["demo"] = from_config(spec.demo_config, demo, "config.demo")
+    for group, value in values.items():
+        kind = GROUPS[group]
+        is_group = dataclasses.is_dataclass(kind)
+        fields[group] = from_config(kind, value, f"config.{group}") if is_group else value
+    return RunConfig(**fields)

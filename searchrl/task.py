@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import ml_collections
 
-from searchrl.configlib import from_config, to_config
+from searchrl.configlib import to_config
 from searchrl.episode import Env
 from searchrl.registry import Registry
 
@@ -56,7 +56,8 @@ class Task:
 
     config: type
     make: Callable[[Any, Any], Env]  # (its Config, a RetrievalConfig) -> Env
-    demo: Callable[[Any], Any] | None = None  # (the run's ConfigDict) -> its miniature's results
+    demo: Callable[[Any], Any] | None = None  # (the run's `RunConfig`) -> its miniature's results
+    demo_config: type | None = None  # the dataclass of its miniature's `config.demo` group
     report: Report = Report()  # its part of an evaluation report
     train_hooks: Callable[[Env], list[Any]] | None = None  # (its env) -> `searchrl.rl.trainer.TrainHook`s
 
@@ -80,11 +81,13 @@ def default_config(name: str) -> ml_collections.ConfigDict:
     return group
 
 
-def build(group: Mapping[str, Any] | ml_collections.ConfigDict, retrieval: Any) -> Env:
-    """The env that `config.env` names, from its group (unknown keys are errors) and `config.retrieval`."""
-    values = dict(group.to_dict() if isinstance(group, ml_collections.ConfigDict) else group)
-    task = get(values.pop("name"))
-    return task.make(from_config(task.config, values, "config.env"), retrieval)
+def build(name: str, env: Any, retrieval: Any) -> Env:
+    """The env of task `name` from its parsed `config.env` (its `Config`) and `config.retrieval` (a
+    `RetrievalConfig`)."""
+    task = get(name)
+    if not isinstance(env, task.config):
+        raise TypeError(f"task {name!r} builds from a {task.config.__qualname__}, got {type(env).__qualname__}")
+    return task.make(env, retrieval)
 
 
 def get(name: str) -> Task:

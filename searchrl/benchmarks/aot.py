@@ -32,6 +32,7 @@ HBM bandwidth (a roofline lower bound: the slower of the two).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -41,21 +42,18 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from absl import flags
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ml_collections import config_flags
 
-from searchrl import cli, models
+from searchrl import cli, models, run_config
 from searchrl.benchmarks.hardware import GPU_TARGETS, MEGACORE, GiB, Chip, GpuTarget, chip_of
 from searchrl.benchmarks.jaxpr_cost import MatmulCost, matmul_cost
-from searchrl.configlib import from_config
 from searchrl.rl import ppo
-from searchrl.rl.config import RLConfig, TrainConfig
 from searchrl.rl.config import batch_rows as rl_batch_rows
 from searchrl.rl.train_state import abstract_train_state
 from searchrl.rollout import generate
-from searchrl.rollout.config import RolloutConfig
+from searchrl.run_config import RunConfig
 
 DEFAULT_LIBTPU = str(pathlib.Path(__file__).resolve().parents[2] / ".libtpu" / "libtpu" / "libtpu.so")
 # Stop sequences and EOS ids of the decode chunk (their values do not change the program's cost).
@@ -118,17 +116,15 @@ def _rows_sharded(shape: tuple[int, ...], dtype, mesh: Mesh, rules: models.Shard
     return jax.ShapeDtypeStruct(shape, dtype, sharding=models.rows_sharding(shape, mesh, rules))
 
 
-def batch_rows(config: ml_collections.ConfigDict) -> int:
+def batch_rows(config: RunConfig) -> int:
     """Rows of a training batch (and so of its rollout): train.batch_size x rl.responses_per_prompt."""
-    return rl_batch_rows(from_config(TrainConfig, config.train, "config.train"),
-                         from_config(RLConfig, config.rl, "config.rl"))
+    return rl_batch_rows(config.train, config.rl)
 
 
-def learn_inputs(config: ml_collections.ConfigDict, cfg: models.ModelConfig, mesh: Mesh):
+def learn_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh):
     """The PPO step's program and abstract (state, batch) at the config's shapes."""
-    rl = from_config(RLConfig, config.rl, "config.rl")
-    rows, width = batch_rows(config), from_config(RolloutConfig, config.rollout, "config.rollout").max_len
-    ppo_config = ppo.PPOConfig.create(rl, cfg, models.rules_named(config.mesh.train_rules))
+    rows, width = batch_rows(config), config.rollout.max_len
+    ppo_config = ppo.PPOConfig.create(config.rl, cfg, models.rules_named(config.mesh.train_rules))
     rules = ppo_config.spec.rules
 
     def per_token(dtype):
@@ -142,14 +138,13 @@ def learn_inputs(config: ml_collections.ConfigDict, cfg: models.ModelConfig, mes
     return program, (abstract_train_state(ppo_config.spec, mesh), batch)
 
 
-def rollout_inputs(config: ml_collections.ConfigDict, cfg: models.ModelConfig, mesh: Mesh
-                   ) -> dict[str, tuple[Any, tuple]]:
+def rollout_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> dict[str, tuple[Any, tuple]]:
     """Each rollout program's name -> (jitted function, its arguments: abstract arrays and static
     settings)."""
-    rollout = from_config(RolloutConfig, config.rollout, "config.rollout")
+    rollout = config.rollout
     rows, rules = batch_rows(config), models.rules_named(config.mesh.sample_rules)
     slots = rollout.slots(max(rollout.obs_buckets))
-    dtype = jnp.dtype(from_config(RLConfig, config.rl, "config.rl").compute_dtype)
+    dtype = jnp.dtype(config.rl.compute_dtype)
     params = _abstract(jax.eval_shape(lambda: models.init_params(cfg, jax.random.key(0), dtype)),
                        models.param_shardings(cfg, mesh, rules))
     state = jax.tree.map(
@@ -214,12 +209,11 @@ def analyse(name: str, jitted, args: tuple, mesh: Mesh, chip: Chip) -> dict[str,
         "code_gib": memory.generated_code_size_in_bytes / GiB}
 
 
-def report(config: ml_collections.ConfigDict, topology: str, devices: Sequence[jax.Device],
+def report(config: RunConfig, topology: str, devices: Sequence[jax.Device],
            mesh_sizes: tuple[int, int, int] | None = None, programs: Sequence[str] | None = None) -> dict:
     """Every program's analysis (`analyse`) for `config` on `devices` of `topology`."""
-    config = ml_collections.ConfigDict(config)
-    config.model.path = ""  # the preset's architecture; no checkpoint is read
-    cfg = models.config_from_dict(config.model)
+    # the preset's architecture; no checkpoint is read
+    cfg = models.config_from_source(dataclasses.replace(config.model, path=""))
     data, fsdp, tensor = mesh_sizes or (config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
     mesh = models.make_mesh(data, fsdp, tensor, devices=devices)
     jobs = {"learn": learn_inputs(config, cfg, mesh), **rollout_inputs(config, cfg, mesh)}
@@ -266,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     flags.mark_flag_as_required("config", flag_values=values)
     cli.parse(values, argv, __doc__)
     devices = topology_devices(topology.value, libtpu.value)
-    result = report(config.value, topology.value, devices, parse_mesh(mesh.value) if mesh.value else None,
+    result = report(run_config.parse(config.value), topology.value, devices, parse_mesh(mesh.value) if mesh.value else None,
                     programs.value)
     print(json.dumps(result) if as_json.value else format_report(result))
 

@@ -14,26 +14,25 @@ first rollout.max_prompt_tokens the prompt, the rest trained on): the widest bat
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
 from collections.abc import Sequence
 
 import jax
-import ml_collections
 import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from searchrl import cli, models
+from searchrl import cli, models, run_config
 from searchrl.benchmarks import aot
 from searchrl.benchmarks.hardware import GiB, device_chip, device_name
 from searchrl.benchmarks.jaxpr_cost import matmul_cost
-from searchrl.configlib import from_config
 from searchrl.rl import ppo
 from searchrl.rl.config import RLConfig
 from searchrl.rl.train_state import init_train_state
-from searchrl.rollout.config import RolloutConfig
+from searchrl.run_config import RunConfig
 
 
 def synthetic_batch(rows: int, width: int, prompt: int, vocab: int, responses_per_prompt: int,
@@ -71,7 +70,7 @@ def model_flops(cfg: models.ModelConfig, rl: RLConfig, rows: int, width: int) ->
     return rows * width * (forward + rl.ppo_epochs * 3 * (policy + critic))
 
 
-def executed_flops(config: ml_collections.ConfigDict, cfg: models.ModelConfig, mesh) -> float:
+def executed_flops(config: RunConfig, cfg: models.ModelConfig, mesh) -> float:
     """Matmul FLOPs of one PPO step (all devices together) as its program runs them, counted on its
     jaxpr."""
     program, args = aot.learn_inputs(config, cfg, mesh)
@@ -79,13 +78,10 @@ def executed_flops(config: ml_collections.ConfigDict, cfg: models.ModelConfig, m
         return matmul_cost(program.trace(*args).jaxpr).flops
 
 
-def run(config: ml_collections.ConfigDict, steps: int) -> dict:
+def run(config: RunConfig, steps: int) -> dict:
     """Times `steps` PPO steps of `config` after one untimed (compiling) step; see the module docstring."""
-    config = ml_collections.ConfigDict(config)
-    config.model.path = ""  # the preset's architecture, random weights
-    cfg = models.config_from_dict(config.model)
-    rl = from_config(RLConfig, config.rl, "config.rl")
-    rollout = from_config(RolloutConfig, config.rollout, "config.rollout")
+    cfg = models.config_from_source(dataclasses.replace(config.model, path=""))  # the preset, random weights
+    rl, rollout = config.rl, config.rollout
     mesh = models.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
     ppo_config = ppo.PPOConfig.create(rl, cfg, models.rules_named(config.mesh.train_rules))
     rows = aot.batch_rows(config)
@@ -148,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                    flag_values=values)
     flags.mark_flag_as_required("config", flag_values=values)
     cli.parse(values, argv, __doc__)
-    result = run(config.value, steps.value)
+    result = run(run_config.parse(config.value), steps.value)
     print(json.dumps(result) if as_json.value else format_result(result))
 
 

@@ -4,7 +4,7 @@ runs the CPU miniature of the config's task (`config.env.name`): `configs/autose
 from absl import app, logging
 from ml_collections import config_flags
 
-from searchrl import task
+from searchrl import run_config, task
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/autosearch.py:tiny", "Demo config.")
 
@@ -12,13 +12,13 @@ _CONFIG = config_flags.DEFINE_config_file("config", "configs/autosearch.py:tiny"
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments {argv[1:]}")
-    name = _CONFIG.value.env.name
-    demo = task.get(name).demo
+    config = run_config.parse(_CONFIG.value)
+    demo = task.get(config.task).demo
     if demo is None:
-        raise app.UsageError(f"Task {name!r} (config.env.name) has no demo; tasks with one: "
+        raise app.UsageError(f"Task {config.task!r} (config.env.name) has no demo; tasks with one: "
                              f"{[n for n in task.TASKS if task.TASKS.get(n).demo is not None]}")
     logging.set_verbosity(logging.WARNING)  # progress bars and the final table, not every checkpoint file
-    demo(_CONFIG.value)
+    demo(config)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from absl import app, flags
 
-from searchrl import cli, task
+from searchrl import cli, run_config, task
 from searchrl.eval import harness, report, selection
 
 _SELECTION = selection.define(flags.FLAGS, "<checkpoint>/eval or <workdir>/eval")
@@ -29,13 +29,13 @@ _SIDE_BRANCH = flags.DEFINE_bool("side_branch", True, "Run the env's side branch
 
 
 def run_eval() -> None:
-    config, chosen = _SELECTION.config.value, _SELECTION
+    config, chosen = run_config.parse(_SELECTION.config.value), _SELECTION
     results, info = harness.evaluate_checkpoint(
         config, _CHECKPOINT.value, step=_STEP.value, datasets=chosen.datasets.value, split=chosen.split.value,
         limit=chosen.limit.value, budgets=cli.non_negative_ints(_BUDGETS.value, "budgets"),
         batch_size=chosen.batch_size.value, side_branch=_SIDE_BRANCH.value)
     out = chosen.out.value or harness.default_out_dir(config, info)
-    paths = report.write_report(results, out, task.get(config.env.name).report)
+    paths = report.write_report(results, out, task.get(config.task).report)
     print(report.main_markdown(results))
     print(f"wrote {', '.join(sorted(paths))} to {out}")
 

@@ -16,7 +16,6 @@ from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from tqdm import tqdm
 
@@ -26,6 +25,7 @@ from searchrl.episode import Env
 from searchrl.eval import report
 from searchrl.rollout.config import RolloutConfig, SamplingParams
 from searchrl.rollout.engine import RolloutEngine
+from searchrl.run_config import RunConfig
 from searchrl.shapes import padded_batch
 from searchrl.task import Report
 
@@ -104,14 +104,7 @@ def evaluate_policy(model_cfg: models.ModelConfig, params, tokenizer, env: Env,
     return {"meta": meta, **report.aggregate(rows, budget_runs, spec, meta), "predictions": rows}
 
 
-def _require_groups(config: ml_collections.ConfigDict) -> None:
-    missing = [g for g in ("data", "env", "retrieval", "rollout", "train", "model") if g not in config]
-    if missing:
-        raise ValueError(f"The config has no {missing} group(s): start evaluation configs from "
-                         "run_config.experiment_config().")
-
-
-def default_out_dir(config: ml_collections.ConfigDict, info: Mapping[str, Any]) -> Path:
+def default_out_dir(config: RunConfig, info: Mapping[str, Any]) -> Path:
     """<checkpoint>/eval (plus step_<N> for trainer checkpoints), or <config.workdir>/eval without one."""
     if info["kind"] == "config":
         return Path(config.workdir) / "eval"
@@ -119,11 +112,10 @@ def default_out_dir(config: ml_collections.ConfigDict, info: Mapping[str, Any]) 
     return out / f"step_{info['step']}" if info.get("step") is not None else out
 
 
-def load_eval_data(config: ml_collections.ConfigDict, datasets: str = "", split: str = "",
-                   limit: int | None = None) -> tuple[dict[str, list[dict]], str]:
+def load_eval_data(config: RunConfig, datasets: str = "", split: str = "", limit: int | None = None
+                   ) -> tuple[dict[str, list[dict]], str]:
     """(questions by dataset, split) to evaluate; empty / None arguments take the config's values
     (data.eval, data.eval_split, data.eval_limit). An unknown dataset fails before anything is built."""
-    _require_groups(config)
     names = datasets or config.data.eval
     split = split or config.data.eval_split
     limit = config.data.eval_limit if limit is None else limit
@@ -136,7 +128,7 @@ def load_eval_data(config: ml_collections.ConfigDict, datasets: str = "", split:
     return data, split
 
 
-def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str = "", *, step: int | None = None,
+def evaluate_checkpoint(config: RunConfig, checkpoint: str = "", *, step: int | None = None,
                         datasets: str = "", split: str = "", limit: int | None = None,
                         budgets: Sequence[int] = (), batch_size: int = 0, side_branch: bool = True
                         ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -150,6 +142,6 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, checkpoint: str = "",
     built = experiment.build(config, train_data=False, checkpoint=checkpoint, step=step)
     results = evaluate_policy(built.model_cfg, built.policy, built.tokenizer, built.env, data, built.rollout,
                               batch_size or config.train.batch_size, budgets, side_branch,
-                              spec=task.get(config.env.name).report)
+                              spec=task.get(config.task).report)
     results["meta"] = {**built.source, "split": split, **results["meta"]}
     return results, built.source

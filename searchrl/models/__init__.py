@@ -8,8 +8,9 @@ import importlib
 
 _EXPORTS = {
     "bert": ("Bert",),
-    "config": ("PRESETS", "BertConfig", "MeshConfig", "ModelConfig", "ModelSource", "RopeScaling",
-               "bert_from_hf_config", "config_from_dict", "from_hf_config", "get_preset", "to_hf_config"),
+    "config": ("PRESETS", "BertConfig", "DistributedConfig", "MeshConfig", "ModelConfig", "ModelSource",
+               "RopeScaling", "bert_from_hf_config", "config_from_source", "from_hf_config", "get_preset",
+               "to_hf_config"),
     "decoder": ("Decoder", "apply", "backbone", "forward", "init_params", "lm_logits", "logprobs_from_logits",
                 "param_shardings", "param_table", "token_logprobs", "unstack_layers",
                 "value_params_from_policy", "values"),
@@ -17,7 +18,7 @@ _EXPORTS = {
     "kv_cache": ("KVCache", "cache_shardings", "write_rows"),
     "layout": ("ParamSpec",),
     "sharding": ("RULES", "SAMPLE_RULES", "TRAIN_RULES", "ShardingRules", "constrain", "logical_to_sharding",
-                 "logical_to_spec", "make_mesh", "mesh_from_config", "process_mesh", "rows_sharding",
+                 "logical_to_spec", "make_mesh", "mesh_of", "process_mesh", "rows_sharding",
                  "rules_named", "to_process_mesh"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

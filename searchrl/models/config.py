@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from searchrl.configlib import from_config
 
 FAMILIES = ("qwen2", "qwen3", "llama")
 ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
@@ -333,9 +332,8 @@ ModelSource = dataclasses.make_dataclass("ModelSource", [
 ], frozen=True)
 
 
-def config_from_dict(model: Any) -> ModelConfig:
-    """`ModelConfig` from an experiment's `config.model` (a ConfigDict, dict or `ModelSource`)."""
-    model = model if isinstance(model, ModelSource) else from_config(ModelSource, model, "config.model")
+def config_from_source(model: ModelSource) -> ModelConfig:
+    """`ModelConfig` from an experiment's `config.model`."""
     cfg = read_hf_config(model.path) if model.path else get_preset(model.preset)
     overrides = {name: getattr(model, name) for name in OVERRIDABLE if getattr(model, name) is not None}
     return dataclasses.replace(cfg, **overrides)
@@ -351,3 +349,13 @@ class MeshConfig:
     tensor: int = 1
     train_rules: str = "train"
     sample_rules: str = "sample"
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """`config.distributed`: JAX's multi-process runtime (see `searchrl.distributed.initialize`)."""
+
+    enabled: bool = False  # jax.distributed.initialize() from the cluster environment
+    coordinator_address: str = ""  # host:port; empty = auto-detect (SLURM, TPU pod, ...)
+    num_processes: int = -1
+    process_id: int = -1

@@ -67,7 +67,7 @@ def rules_named(name: str) -> ShardingRules:
     return RULES[name]
 
 
-def mesh_from_config(config: MeshConfig) -> Mesh:
+def mesh_of(config: MeshConfig) -> Mesh:
     """The mesh `config.mesh` asks for, over every device."""
     return make_mesh(config.data, config.fsdp, config.tensor)
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
-from searchrl.configlib import from_config
 from searchrl.registry import Registry
 from searchrl.retrieval.corpus import MANIFEST, read_manifest, write_manifest
 from searchrl.retrieval.types import Hit, Retriever
@@ -85,9 +84,7 @@ def remote_retriever(config: RetrievalConfig) -> Retriever:
                            batch_size=config.batch_size)
 
 
-def make_retriever(config: RetrievalConfig | Mapping[str, Any]) -> Retriever:
-    """The retriever a `config.retrieval` group (a `RetrievalConfig`, ConfigDict or dict) describes: its kind
-    names an entry of RETRIEVERS (tasks register theirs, e.g. DeepRetrieval's search engines)."""
-    if not isinstance(config, RetrievalConfig):
-        config = from_config(RetrievalConfig, config, "config.retrieval")
+def make_retriever(config: RetrievalConfig) -> Retriever:
+    """The retriever `config.retrieval` describes: its kind names an entry of RETRIEVERS (tasks register
+    theirs, e.g. DeepRetrieval's search engines)."""
     return RETRIEVERS.get(config.kind)(config)

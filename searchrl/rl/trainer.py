@@ -26,13 +26,11 @@ import os
 from typing import Any, Iterator, Protocol, Sequence
 
 import jax
-import ml_collections
 import numpy as np
 from tqdm import tqdm
 
 from searchrl import distributed, models
 from searchrl.checkpoint import Checkpointer
-from searchrl.configlib import from_config
 from searchrl.episode import Env, mean_metrics, numeric_metrics
 from searchrl.metric_writer import MetricWriter
 from searchrl.rl import ppo
@@ -59,6 +57,17 @@ class TrainHook(Protocol):
         ...
 
 
+class TrainRun(Protocol):
+    """The parts of a parsed run config the trainer reads (`searchrl.run_config.RunConfig` has them)."""
+
+    seed: int
+    workdir: str
+    train: TrainConfig
+    rl: RLConfig
+    rollout: RolloutConfig
+    mesh: models.MeshConfig
+
+
 class DataOrder:
     """An endless, seeded stream of example indices: a fresh permutation per epoch, addressable by position."""
 
@@ -78,19 +87,16 @@ class DataOrder:
 class Trainer:
     """PPO / GRPO / RLOO / REINFORCE++ on one environment, with checkpoints and logs under `workdir`.
 
-    Reads `config.train`, `config.rl`, `config.rollout` and `config.mesh` (unknown keys are errors)."""
+    Reads the run's `train`, `rl`, `rollout` and `mesh` groups, its seed and its workdir."""
 
-    def __init__(self, config: ml_collections.ConfigDict, model_cfg: models.ModelConfig, policy: dict,
-                 tokenizer: Any, env: Env, train_examples: Sequence[dict], eval_examples: Sequence[dict] = (),
-                 workdir: str | None = None, hooks: Sequence[TrainHook] = ()):
+    def __init__(self, config: TrainRun, model_cfg: models.ModelConfig, policy: dict, tokenizer: Any, env: Env,
+                 train_examples: Sequence[dict], eval_examples: Sequence[dict] = (), workdir: str | None = None,
+                 hooks: Sequence[TrainHook] = ()):
         self.model_cfg, self.env, self.seed = model_cfg, env, config.seed
-        self.train_config = from_config(TrainConfig, config.train, "config.train")
-        rl = from_config(RLConfig, config.rl, "config.rl")
-        mesh = from_config(models.MeshConfig, config.mesh, "config.mesh")
-        rollout = from_config(RolloutConfig, config.rollout, "config.rollout")
+        self.train_config, rl, mesh, rollout = config.train, config.rl, config.mesh, config.rollout
         self.train_examples, self.eval_examples = train_examples, list(eval_examples)
         self.workdir = workdir or config.workdir
-        self.mesh = models.mesh_from_config(mesh)
+        self.mesh = models.mesh_of(mesh)
         self.ppo = ppo.PPOConfig.create(rl, model_cfg, models.rules_named(mesh.train_rules))
         self.batch_rows = batch_rows(self.train_config, rl)
         shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]

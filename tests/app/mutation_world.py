@@ -55,7 +55,8 @@ def build_trainer(root: Path, mesh: tuple[int, int, int] | None = None) -> Train
     config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
     if mesh is not None:
         config.mesh.update(dict(zip(("data", "fsdp", "tensor"), mesh)))
-    env = task.build(config.env, config.retrieval)
+    config = run_config.parse(config)
+    env = task.build(config.task, config.env, config.retrieval)
     ids = {c: [f"{c}{i}" for i in range(4)] for c in CITIES}
     examples = [{"question": f"which organisations are in {c}", "golden_answers": ids[c],
                  "metadata": {"type": "count", "evidence_ids": ids[c]}} for c in CITIES]

@@ -14,7 +14,8 @@ LAYERS = [
     {"retrieval", "checkpoint", "distributed"},
     {"data", "serving", "task", "rollout"},
     {"rl"},
-    {"run_config", "experiment"},
+    {"run_config"},
+    {"experiment"},
     {"eval", "benchmarks"},
     {"demo", "main"},
     {"tasks"},  # one package per paper, on top of the task-free substrate

@@ -35,24 +35,26 @@ def test_unknown_config_key_and_command_are_clear_errors():
     assert out.returncode != 0 and "Expected one command out of" in out.stderr
 
 
-def test_config_from_dict_prefers_set_fields_over_the_preset():
-    config = run_config.base_config()
+def test_config_from_source_prefers_set_fields_over_the_preset():
+    config = run_config.experiment_config("search_r1")
     config.model.preset = "tiny"
     config.model.hidden_size = 96
-    cfg = models.config_from_dict(config.model)
+    cfg = models.config_from_source(run_config.parse(config).model)
     assert cfg.hidden_size == 96 and cfg.num_layers == models.get_preset("tiny").num_layers
     config.model.preset = "no_such_model"
     with pytest.raises(ValueError, match="no_such_model"):
-        models.config_from_dict(config.model)
+        models.config_from_source(run_config.parse(config).model)
 
 
-def test_building_a_config_is_instant_and_imports_no_heavy_library():
-    """configs/*.py import config dataclasses only: no JAX, transformers, orbax or torch."""
+def test_building_and_parsing_every_preset_is_instant_and_imports_no_heavy_library():
+    """configs/*.py import config dataclasses only (no JAX, transformers, orbax or torch), and every preset
+    parses into its RunConfig."""
     code = ("import sys; sys.path.insert(0, 'configs'); import autosearch, deepretrieval, rpl, search_r1\n"
-            "for name in autosearch.PRESETS: autosearch.get_config(name)\n"
-            "for name in search_r1.PRESETS: search_r1.get_config(name)\n"
-            "for name in deepretrieval.PRESETS: deepretrieval.get_config(name + ',no_reasoning')\n"
-            "for name in rpl.PRESETS: rpl.get_config(name + ',dual,no_thinking')\n"
+            "from searchrl.run_config import parse\n"
+            "for name in autosearch.PRESETS: parse(autosearch.get_config(name))\n"
+            "for name in search_r1.PRESETS: parse(search_r1.get_config(name))\n"
+            "for name in deepretrieval.PRESETS: parse(deepretrieval.get_config(name + ',no_reasoning'))\n"
+            "for name in rpl.PRESETS: parse(rpl.get_config(name + ',dual,no_thinking'))\n"
             "print(sorted(m for m in ('jax', 'transformers', 'orbax', 'torch', 'tensorflow') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -63,15 +65,15 @@ def test_building_a_config_is_instant_and_imports_no_heavy_library():
 def test_every_group_rejects_unknown_keys():
     out = run_main("--config=configs/autosearch.py:tiny", "--config.rl.lamda=0.9", "info")
     assert out.returncode != 0 and "lamda" in out.stderr
-    from searchrl.configlib import from_config
-    from searchrl.rl.config import RLConfig
 
     config = run_config.experiment_config("search_r1")
     config.rl.lamda = 0.9  # a typo in a config file, not on the command line
     with pytest.raises(ValueError, match=r"config.rl: unknown key\(s\) \['lamda'\]"):
-        from_config(RLConfig, config.rl, "config.rl")
+        run_config.parse(config)
+    config = run_config.experiment_config("search_r1")
+    config.rl.actor.learning_rate = 1e-3
     with pytest.raises(ValueError, match=r"config.rl.actor: unknown key\(s\) \['learning_rate'\]"):
-        from_config(RLConfig, {"actor": {"learning_rate": 1e-3}}, "config.rl")
+        run_config.parse(config)
 
 
 def test_sft_cold_starts_sql_on_gold_queries_and_saves_a_hugging_face_model(tmp_path):

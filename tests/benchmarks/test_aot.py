@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from searchrl import models
+from searchrl import models, run_config
 from searchrl.benchmarks import aot
 from searchrl.benchmarks.hardware import MEGACORE
 
@@ -61,7 +61,7 @@ def test_a_program_that_does_not_fit_is_reported_not_raised(devices):
     # A prefill of 8192 prompts of 1024 tokens: its attention scores over 5120 slots take ~170 GiB per chip.
     config.train.batch_size = 8192
     config.rollout.update(dict(max_prompt_tokens=1024, max_len=4096))
-    row = aot.report(config, "v5p:2x2x1", devices, (4, 1, 1), ["prefill"])["programs"][0]
+    row = aot.report(run_config.parse(config), "v5p:2x2x1", devices, (4, 1, 1), ["prefill"])["programs"][0]
     assert not row["fits"] and "RESOURCE_EXHAUSTED" in row["compile_error"] and "total_gib" not in row
     assert row["tflop_per_step"] > 0  # counted on the jaxpr, compiled or not
     assert "HLO temporaries: " in aot.format_report({"model": "tiny", "topology": "v5p:2x2x1", "devices": 4,
@@ -89,10 +89,11 @@ def test_the_tiny_preset_compiles_for_gpus_without_one(capsys):
 def test_a_chunked_prefill_has_no_program_of_its_own():
     config = autosearch.get_config("tiny")
     config.model.path = ""
-    cfg, mesh = models.config_from_dict(config.model), models.make_mesh(1, 8, 1)
-    assert list(aot.rollout_inputs(config, cfg, mesh)) == ["prefill", "extend", "decode"]
+    run = run_config.parse(config)
+    cfg, mesh = models.config_from_source(run.model), models.make_mesh(1, 8, 1)
+    assert list(aot.rollout_inputs(run, cfg, mesh)) == ["prefill", "extend", "decode"]
     config.rollout.chunked_prefill = True
-    assert list(aot.rollout_inputs(config, cfg, mesh)) == ["extend", "decode"]
+    assert list(aot.rollout_inputs(run_config.parse(config), cfg, mesh)) == ["extend", "decode"]
 
 
 @pytest.mark.parametrize("topology,xla", [("h100:8", "1x1x8"), ("a100:2x8", "1x2x8"), ("h200:1", "1x1x1")])

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from searchrl import models
+from searchrl import models, run_config
 from searchrl.benchmarks import learn
 from searchrl.rl.config import RLConfig
 
@@ -18,7 +18,7 @@ def _config(remat: bool):
     config.train.batch_size = 4
     config.rl.update(dict(responses_per_prompt=2, minibatch_size=8, micro_batch_size=4, remat=remat))
     config.mesh.update(dict(data=2, fsdp=4, tensor=1))
-    return config
+    return run_config.parse(config)
 
 
 @pytest.mark.parametrize("remat", [False, True])
@@ -29,7 +29,7 @@ def test_a_tiny_ppo_step_and_its_flops(remat):
     r = learn.run(config, steps=1)
     assert r["finite"] and r["rows"] == 8 and r["width"] == 96 and r["devices"] == 8 and r["step_s"] > 0
     assert r["mfu"] is None and r["hfu"] is None  # no peak FLOP/s figure for a CPU
-    cfg = models.config_from_dict(config.model)
+    cfg = models.config_from_source(config.model)
     D, F, L, H, KV, hd, T = (cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads,
                              cfg.num_kv_heads, cfg.head_dim, 96)
     # One forward pass through the layers, per token, by hand: the q/k/v/o and MLP matmuls, then attention.

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from configs import autosearch
+from searchrl import run_config
 from searchrl.tasks.autosearch import demo
 
 
@@ -27,7 +28,7 @@ def test_demo_pipeline_writes_its_results(tmp_path):
     config.train.update(dict(steps=1, batch_size=8, checkpoint_every=1))
     config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
 
-    demo.run(config)
+    demo.run(run_config.parse(config))
 
     results = json.load(open(os.path.join(workdir, "results.json")))
     for policy in ("sft", "rl"):

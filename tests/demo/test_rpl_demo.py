@@ -5,12 +5,10 @@ from __future__ import annotations
 import pytest
 
 from configs import rpl as rpl_configs
-from searchrl import experiment
-from searchrl.configlib import from_config
+from searchrl import experiment, run_config
 from searchrl.demo.config import world_config
 from searchrl.episode import Turn
 from searchrl.tasks.rpl import demo as rpl
-from searchrl.tasks.rpl.config import RPLDemoConfig
 from searchrl.tasks.rpl.env import PROGRAM, SEARCH, cited_ids
 from searchrl.tasks.rpl.globalqa import TYPES
 
@@ -21,8 +19,8 @@ def world(tmp_path_factory):
     config = rpl_configs.get_config("tiny")
     config.workdir = str(tmp_path_factory.mktemp("rpl_demo"))
     config.demo.entities = 300
-    demo = from_config(RPLDemoConfig, config.demo, "config.demo")
-    seeded = world_config(config)
+    seeded = world_config(run_config.parse(config))
+    demo = seeded.demo
     prefix_tasks = rpl.build_world(seeded, demo)
     return seeded, demo, prefix_tasks
 

@@ -10,6 +10,7 @@ import pytest
 
 from searchrl import models, run_config, task
 from searchrl.episode import Action, Trajectory, Turn
+from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.rl.trainer import Trainer
 from searchrl.tasks.rpl import env as rpl
@@ -31,9 +32,14 @@ def index(tmp_path_factory):
     return root / "index"
 
 
+def program_env(index, **options) -> rpl.ProgramEnv:
+    """The program env of `rpl.Config(**options)` over the BM25 index."""
+    return rpl.make(rpl.Config(**options), RetrievalConfig(index_dir=str(index)))
+
+
 @pytest.fixture
 def env(index):
-    return task.build({"name": "rpl", "max_turns": 2}, {"index_dir": str(index)})
+    return program_env(index, max_turns=2)
 
 
 def test_a_program_runs_in_the_sandbox_and_its_shown_documents_come_back(env):
@@ -49,7 +55,7 @@ def test_a_program_runs_in_the_sandbox_and_its_shown_documents_come_back(env):
 
 
 def test_errors_and_unavailable_functions_become_observations(index):
-    env = task.build({"name": "rpl", "action_space": "dense"}, {"index_dir": str(index)})
+    env = program_env(index, action_space="dense")
     assert "dense_retrieval(q, top_k)" in env.prompt({"question": "q"})
     assert "sparse_retrieval" not in env.prompt({"question": "q"})
     [unavailable, broken] = env.observe([Action(rpl.PROGRAM, "show(sparse_retrieval('Arno', 2))"),
@@ -57,7 +63,7 @@ def test_errors_and_unavailable_functions_become_observations(index):
     assert "sdk error: sparse_retrieval() is not available here" in unavailable.text
     assert "program error:" in broken.text and broken.info["doc_ids"] == ()
     with pytest.raises(ValueError, match="action_space 'all'"):
-        task.build({"name": "rpl", "action_space": "all"}, {"index_dir": str(index)})
+        program_env(index, action_space="all")
 
 
 @pytest.mark.parametrize("text, turn, expected", [
@@ -108,8 +114,7 @@ def test_qa_and_globalqa_scores_rewards_and_metrics(env):
 def test_the_search_space_is_one_query_per_turn_scored_as_programs_are(index):
     """The AutoSearch-style baseline: `<search>` turns get BM25's top `search_top_k` with their ids, a program
     block is not a turn there, and search turns count as retrieval turns and calls."""
-    env = task.build({"name": "rpl", "action_space": "search", "search_top_k": 2, "max_turns": 2},
-                     {"index_dir": str(index)})
+    env = program_env(index, action_space="search", search_top_k=2, max_turns=2)
     prompt = env.prompt({"question": "Where is Velo Press?"})
     question = "Where is Velo Press?"
     assert prompt == rpl.SEARCH_PROMPT.replace("{answer_hint}", "").replace("{question}", question)
@@ -138,8 +143,7 @@ def test_cite_by_rank_numbers_shown_documents_across_turns_and_scores_their_ids(
     """`cite="rank"`: Search-R1's "Doc <n>" lines, numbered on across the episode's turns (turn t starts at
     t * search_top_k + 1); an answer's numbers are mapped back to the ids they were given, and a number no
     document had counts as a wrong document."""
-    env = task.build({"name": "rpl", "action_space": "search", "search_top_k": 2, "max_turns": 2,
-                      "cite": "rank"}, {"index_dir": str(index)})
+    env = program_env(index, action_space="search", search_top_k=2, max_turns=2, cite="rank")
     assert rpl.GLOBALQA_HINTS["rank"] in env.prompt({"question": "q", "metadata": {"type": "count"}})
     first, second = (env.parse_action(f"<search> {q} </search>", t) for t, q in enumerate(("Arno", "Beni")))
     assert (first.first_number, second.first_number) == (1, 3)
@@ -161,11 +165,11 @@ def test_cite_by_rank_numbers_shown_documents_across_turns_and_scores_their_ids(
     [row] = env.metrics(trajectory([[*turns, answer]], [7]), [example])
     assert row["answer_f1"] == pytest.approx(2 * (2 / 3) * 1.0 / (2 / 3 + 1.0))  # 2 of 3 cited are gold
     with pytest.raises(ValueError, match="cite"):
-        task.build({"name": "rpl", "cite": "title"}, {"index_dir": str(index)})
+        program_env(index, cite="title")
 
 
 def test_the_sparse_space_offers_bm25_fuse_and_dedup(index):
-    env = task.build({"name": "rpl", "action_space": "sparse"}, {"index_dir": str(index)})
+    env = program_env(index, action_space="sparse")
     prompt = env.prompt({"question": "q"})
     assert "sparse_retrieval(q, top_k), fuse(*lists, top_k=None), dedup(docs)" in prompt
     assert "dense_retrieval" not in prompt and "rerank" not in prompt
@@ -192,7 +196,8 @@ def test_each_task_kind_trains_a_few_steps(index, tmp_path, examples):
     config.rollout.update(dict(max_prompt_tokens=24, max_turn_tokens=12, max_obs_tokens=32, obs_buckets=(32,),
                                max_len=24 + 12 + 32 + 12, chunk_steps=12))
     config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
-    env = task.build(config.env, config.retrieval)
+    config = run_config.parse(config)
+    env = task.build(config.task, config.env, config.retrieval)
     if examples == "qa":
         data = [{"question": f"Where is {t}?", "golden_answers": ["Arno"]} for _, t, _ in DOCS]
     else:
@@ -232,8 +237,7 @@ def test_qwen3_chat_template_and_its_thinking_switch_token_for_token(index, tmp_
     tokenizer.chat_template = QWEN3_TEMPLATE
     tokenizer.save_pretrained(tmp_path / "qwen3")
     tokenizer = load_tokenizer(str(tmp_path / "qwen3"))
-    env = task.build({"name": "rpl", "chat_template": True, "enable_thinking": thinking,
-                      "prompt_template": "Q: {question}"}, {"index_dir": str(index)})
+    env = program_env(index, chat_template=True, enable_thinking=thinking, prompt_template="Q: {question}")
     text = chat.render(tokenizer, env.prompt({"question": "Where is Velo?"}))
     expected = "<|im_start|>user\nQ: Where is Velo?<|im_end|>\n<|im_start|>assistant\n"
     expected += "" if thinking else "<think>\n\n</think>\n\n"

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from configs import deepretrieval
-from searchrl import experiment
+from searchrl import experiment, run_config
 from searchrl.retrieval import load_retriever
 from searchrl.retrieval import metrics as ir
 from searchrl.retrieval.bm25 import BM25Retriever
@@ -286,7 +286,7 @@ def good_and_bad(family: str, example: dict) -> tuple[str, str]:
 def test_each_family_trains_against_its_real_retriever(family, world, tmp_path, request, monkeypatch):
     """Two PPO steps from the family's tiny preset; rewards, metrics and updates come from its retriever."""
     config = family_config(family, world, tmp_path, retrieval_settings(family, world, tmp_path, request))
-    exp = experiment.build(config)
+    exp = experiment.build(run_config.parse(config))
     env, task = exp.env, config.env.task
     if family.startswith("literature"):
         request.addfinalizer(env.retriever.close)  # its cache file
@@ -306,7 +306,7 @@ def test_each_family_trains_against_its_real_retriever(family, world, tmp_path, 
 
     monkeypatch.setattr(env, "rewards", recorded)
     before = jax.tree.map(np.array, exp.policy)
-    trainer = Trainer(config, exp.model_cfg, exp.policy, exp.tokenizer, env, examples)
+    trainer = Trainer(run_config.parse(config), exp.model_cfg, exp.policy, exp.tokenizer, env, examples)
     history = trainer.train(STEPS)
     after = jax.device_get(trainer.state.policy)
     trainer.close()

@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 
 from searchrl import checkpoint, experiment, models, run_config, task
-from searchrl.configlib import from_config
 from searchrl.data import datasets
-from searchrl.episode import Action, Trajectory, Turn
+from searchrl.episode import Action, Env, Trajectory, Turn
 from searchrl.eval import harness, report
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.rl import train_state
@@ -251,8 +250,13 @@ class AlwaysSearchEnv(AutoSearchEnv):
         return Action("answer", turn_text, done=True)
 
 
-def rollout_config(config):
-    return from_config(RolloutConfig, config.rollout, "config.rollout")
+def rollout_config(config) -> RolloutConfig:
+    return run_config.parse(config).rollout
+
+
+def build_env(config) -> Env:
+    run = run_config.parse(config)
+    return task.build(run.task, run.env, run.retrieval)
 
 
 def test_evaluate_policy_budgets_and_depth(world):
@@ -326,7 +330,7 @@ def reference(world):
     config = make_config(root)
     config.env.max_turns = 1
     config.env.intermediate_answers = True
-    env = task.build(config.env, config.retrieval)
+    env = build_env(config)
     data = datasets.load_examples(config.data.dir, "world", "test")
     direct = harness.evaluate_policy(cfg, params, tokenizer, env, {"world": data["world"][:3]},
                                      rollout_config(config), batch_size=4, side_branch=False)
@@ -368,28 +372,30 @@ def test_cli_end_to_end_on_a_trainer_checkpoint(world, reference, tmp_path):
 def test_evaluate_checkpoint_on_a_hugging_face_dir(reference, tmp_path):
     cfg, params, config, want = reference
     models.save_hf(cfg, params, tmp_path / "hf")
-    results, info = harness.evaluate_checkpoint(config, str(tmp_path / "hf"), datasets="world", limit=3,
+    run = run_config.parse(config)
+    results, info = harness.evaluate_checkpoint(run, str(tmp_path / "hf"), datasets="world", limit=3,
                                                 side_branch=False)
     assert info["kind"] == "hf" and results["depth"] is None and results["budgets"] is None
     assert_same_rollouts(results["predictions"], want)
-    assert harness.default_out_dir(config, info) == tmp_path / "hf" / "eval"
+    assert harness.default_out_dir(run, info) == tmp_path / "hf" / "eval"
 
 
 def test_bad_inputs_are_named(world, tmp_path):
     root, tokenizer = world
     config = make_config(root)
+    run = run_config.parse(config)
     with pytest.raises(FileNotFoundError, match="'nosuchset'"):
-        harness.evaluate_checkpoint(config, str(tmp_path / "missing"), datasets="world,nosuchset")
+        harness.evaluate_checkpoint(run, str(tmp_path / "missing"), datasets="world,nosuchset")
     with pytest.raises(FileNotFoundError, match="Checkpoint not found: .*missing"):
-        harness.evaluate_checkpoint(config, str(tmp_path / "missing"), datasets="world")
+        harness.evaluate_checkpoint(run, str(tmp_path / "missing"), datasets="world")
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="neither a Hugging Face model directory"):
         experiment.load_checkpoint(tmp_path / "empty")
     bare = run_config.base_config()
     with pytest.raises(ValueError, match="data"):
-        harness.evaluate_checkpoint(bare, "")
+        run_config.parse(bare)
     cfg, params = tiny_policy(tokenizer)
-    env = task.build(config.env, config.retrieval)
+    env = build_env(config)
     rollout = rollout_config(config)
     with pytest.raises(ValueError, match="'world' has no questions"):
         harness.evaluate_policy(cfg, params, tokenizer, env, {"world": []}, rollout, 4)
@@ -398,11 +404,11 @@ def test_bad_inputs_are_named(world, tmp_path):
     with pytest.raises(ValueError, match="unknown key.*'topk_'"):
         bad = make_config(root)
         bad.env.topk_ = 3
-        task.build(bad.env, bad.retrieval)
+        build_env(bad)
     with pytest.raises(ValueError, match=r"config.env.name='qa' is not a known task; known: \['autosearch'"):
         bad = make_config(root)
         bad.env.name = "qa"
-        task.build(bad.env, bad.retrieval)
+        build_env(bad)
     out = subprocess.run([sys.executable, "-m", "searchrl.eval", "--config=configs/search_r1.py:tiny",
                           "--budgets=1,two"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "'two' is not a non-negative integer" in out.stderr

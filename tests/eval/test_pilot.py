@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from searchrl import models, task
+from searchrl import models
 from searchrl.data import datasets
 from searchrl.episode import Action
 from searchrl.eval import harness
@@ -21,7 +21,7 @@ from searchrl.tasks.autosearch.forced_depth import ForcedDepthEnv, ForcedSearch
 from searchrl.tasks.autosearch.prompts import continued
 from searchrl.tasks.search_r1 import env as search_env
 from searchrl.text import chat, qa, tags
-from tests.eval.test_eval import make_config, rollout_config, tiny_policy, world  # noqa: F401 (a fixture)
+from tests.eval.test_eval import build_env, make_config, rollout_config, tiny_policy, world  # noqa: F401 (a fixture)
 
 
 class RecordingRetriever:
@@ -127,7 +127,7 @@ def test_forced_depth_makes_exactly_k_searches(world):
     root, tokenizer = world
     config = pilot_config(root)
     cfg, params = tiny_policy(tokenizer)
-    env = task.build(config.env, config.retrieval)
+    env = build_env(config)
     data = datasets.load_examples(config.data.dir, "world,trivia", "test")
     rollout = rollout_config(config)
     for depth in (0, 2):

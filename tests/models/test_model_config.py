@@ -4,12 +4,11 @@ import json
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import pytest
 import transformers
 
-from searchrl.models import (PRESETS, ModelConfig, config_from_dict, from_hf_config, get_preset, init_params,
-                             to_hf_config)
+from searchrl.models import (PRESETS, ModelConfig, ModelSource, config_from_source, from_hf_config, get_preset,
+                             init_params, to_hf_config)
 
 # Published sizes in billions of parameters (model cards), to check the presets' shapes against.
 PUBLISHED_BILLIONS = {
@@ -98,13 +97,11 @@ def test_invalid_model_config():
         to_hf_config(dataclasses.replace(get_preset("qwen2p5_0p5b"), attention_bias=False))
 
 
-def test_config_from_dict(tmp_path):
-    model = ml_collections.ConfigDict({"preset": "tiny", "path": "", "param_dtype": "float32",
-                                       "num_layers": 3, "qk_norm": None})
-    cfg = config_from_dict(model)
+def test_config_from_source(tmp_path):
+    cfg = config_from_source(ModelSource(preset="tiny", num_layers=3, qk_norm=None))
     assert cfg == dataclasses.replace(get_preset("tiny"), num_layers=3)
     (tmp_path / "config.json").write_text(json.dumps(to_hf_config(get_preset("llama3p2_1b"))))
-    assert config_from_dict({"path": str(tmp_path), "preset": "tiny"}) == get_preset("llama3p2_1b")
-    assert config_from_dict({"path": str(tmp_path), "num_kv_heads": 2}).num_kv_heads == 2
+    assert config_from_source(ModelSource(path=str(tmp_path), preset="tiny")) == get_preset("llama3p2_1b")
+    assert config_from_source(ModelSource(path=str(tmp_path), num_kv_heads=2)).num_kv_heads == 2
     with pytest.raises(ValueError, match="unknown model preset"):
-        config_from_dict({"preset": "", "path": ""})
+        config_from_source(ModelSource(preset="", path=""))

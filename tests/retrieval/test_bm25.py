@@ -2,11 +2,10 @@
 import json
 import math
 
-import ml_collections
 import numpy as np
 import pytest
 
-from searchrl.retrieval import load_retriever, make_retriever
+from searchrl.retrieval import RetrievalConfig, load_retriever, make_retriever
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.retrieval.corpus import write_manifest
 
@@ -97,9 +96,7 @@ def test_saved_index_loads_memory_mapped(index_dir, retriever):
     assert isinstance(loaded.model.scores["data"], np.memmap)
     queries = ["fish bird", "red dog", "tree"]
     assert loaded.search(queries, 5) == retriever.search(queries, 5)
-    config = ml_collections.ConfigDict({"kind": "local", "index_dir": str(index_dir),
-                                        "options": {"n_threads": 0}})
-    made = make_retriever(config)
+    made = make_retriever(RetrievalConfig(kind="local", index_dir=str(index_dir), options={"n_threads": 0}))
     assert isinstance(made, BM25Retriever) and made.n_threads == 0
     assert made.search(queries, 5) == retriever.search(queries, 5)
 

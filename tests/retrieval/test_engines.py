@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from searchrl.retrieval import make_retriever
+from searchrl.retrieval import RetrievalConfig, make_retriever
 from searchrl.retrieval.types import Hit
 from searchrl.tasks.deepretrieval.engines import (PUBMED_MAX_RESULTS, ClinicalTrials, Malformed, PubMed, RateLimiter,
                                         SearchCache, SearchEngine, SearchEngineError, make_engine,
@@ -299,8 +299,8 @@ def test_cache_is_thread_safe(tmp_path):
 @pytest.mark.parametrize("kind, expected", [("pubmed", ["1003", "1001"]),
                                             ("ctgov", ["NCT00000002", "NCT00000000"])])
 def test_make_retriever_builds_engines(fake, tmp_path, kind, expected):
-    retriever = make_retriever({"kind": kind, "url": fake.url, "cache_path": str(tmp_path / "c.jsonl"),
-                                "rate_per_s": 1000.0, "retries": 1, "options": {"page_size": 1}})
+    retriever = make_retriever(RetrievalConfig(kind=kind, url=fake.url, cache_path=str(tmp_path / "c.jsonl"),
+                                               rate_per_s=1000.0, retries=1, options={"page_size": 1}))
     assert isinstance(retriever, SearchEngine) and retriever.api.page_size == 1
     assert ids(retriever.search(["cancer"], k=2)) == [expected]
     assert fake.request_count == 2  # one id a page

@@ -8,10 +8,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import ml_collections
 import pytest
 
-from searchrl.retrieval import make_retriever
+from searchrl.retrieval import RetrievalConfig, make_retriever
 from searchrl.retrieval.remote import RemoteRetriever, parse_response
 from searchrl.retrieval.types import Hit, RetrievalError
 from searchrl.serving.server import Batcher, Limits, RequestError, RetrievalServer, parse_request
@@ -353,15 +352,14 @@ def test_parse_search_r1_response_shapes():
 
 
 def test_make_retriever_remote_and_errors(server):
-    config = ml_collections.ConfigDict({"kind": "remote", "url": server.url, "timeout_s": 5.0, "retries": 0,
-                                        "batch_size": 4})
-    retriever = make_retriever(config)
+    retriever = make_retriever(RetrievalConfig(kind="remote", url=server.url, timeout_s=5.0, retries=0,
+                                               batch_size=4))
     assert isinstance(retriever, RemoteRetriever) and retriever.batch_size == 4 and retriever.retries == 0
     assert retriever.search(["q"], 1)[0][0].id == "q-0"
     with pytest.raises(ValueError, match='"url"'):
-        make_retriever({"kind": "remote"})
+        make_retriever(RetrievalConfig(kind="remote"))
     with pytest.raises(ValueError, match='"index_dir"'):
-        make_retriever({"kind": "local"})
+        make_retriever(RetrievalConfig(kind="local"))
     known = r"config.retrieval.kind='cloud' is not a known retriever kind; known: \[.*'local', .*'remote'\]"
     with pytest.raises(ValueError, match=known):
-        make_retriever({"kind": "cloud"})
+        make_retriever(RetrievalConfig(kind="cloud"))

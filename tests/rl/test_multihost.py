@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from configs import autosearch
-from searchrl import distributed, models
+from searchrl import distributed, models, run_config
 from searchrl.checkpoint import Checkpointer
 from searchrl.demo.config import world_config
 from searchrl.tasks.autosearch import demo
@@ -75,7 +75,7 @@ def test_two_processes_train_resume_and_evaluate_like_one(tmp_path):
     world, cache = tmp_path / "world", tmp_path / "jax_cache"  # the cache: the resumed launch compiles less
     config = autosearch.get_config("tiny")
     config.workdir = str(world)
-    demo.build_world(world_config(config), DemoConfig(entities=40, vocab_size=400))
+    demo.build_world(world_config(run_config.parse(config)), DemoConfig(entities=40, vocab_size=400))
 
     one, two = tmp_path / "one", tmp_path / "two"
     single = launch(world, one, 2, processes=1, cache=cache)

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
 
 from searchrl import models, run_config, task
 from searchrl.episode import Action, Observation, Trajectory
+from searchrl.retrieval import RetrievalConfig
 from searchrl.eval import harness, report
 from searchrl.rl.trainer import Trainer
 from searchrl.rollout.config import RolloutConfig
@@ -108,7 +109,7 @@ TASKS.register("calculator")(Task(Config, make, report=Report(
 
 
 def make_trainer(tmp_path, tokenizer, **rl):
-    config = run_config.experiment_config("search_r1")
+    config = run_config.experiment_config("calculator")  # the task registered above
     config.workdir = str(tmp_path)
     config.train.update(dict(batch_size=16, checkpoint_every=0, async_checkpoints=False))
     config.rollout.update(dict(max_prompt_tokens=8, max_len=40, max_turn_tokens=6, max_obs_tokens=8,
@@ -121,8 +122,9 @@ def make_trainer(tmp_path, tokenizer, **rl):
                               eos_token_id=tokenizer.eos_token_id)
     rng = np.random.default_rng(0)
     examples = [{"a": int(a), "b": int(b)} for a, b in rng.integers(0, 10, size=(64, 2))]
-    return Trainer(config, cfg, models.init_params(cfg, jax.random.key(0)), tokenizer, CalculatorEnv(),
-                   examples, examples[:16])
+    run = run_config.parse(config)
+    env = task.build(run.task, run.env, run.retrieval)
+    return Trainer(run, cfg, models.init_params(cfg, jax.random.key(0)), tokenizer, env, examples, examples[:16])
 
 
 @pytest.mark.parametrize("algo", [
@@ -146,7 +148,7 @@ def test_the_calculator_task_adds_its_own_tables_to_an_evaluation(tmp_path):
     tokenizer = calculator_tokenizer()
     cfg = dataclasses.replace(models.get_preset("tiny"), vocab_size=len(tokenizer),
                               eos_token_id=tokenizer.eos_token_id)
-    env, spec = task.build({"name": "calculator"}, {}), task.get("calculator").report
+    env, spec = task.build("calculator", Config(), RetrievalConfig()), task.get("calculator").report
     examples = [{"a": a, "b": b} for a, b in [(1, 2), (3, 2), (4, 5), (0, 5), (6, 2), (7, 7), (2, 2), (9, 5)]]
     rollout = RolloutConfig(max_prompt_tokens=8, max_len=40, max_turn_tokens=6, max_obs_tokens=8,
                             obs_buckets=(8,), chunk_steps=8)

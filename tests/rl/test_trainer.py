@@ -71,7 +71,7 @@ def make_trainer(config, tokenizer):
     policy = models.init_params(cfg, jax.random.key(0))
     examples = [{"word": w} for w in "red green blue cyan magenta yellow black white".split()] * 4
     env = LowTokensEnv(cfg.vocab_size)
-    return trainer_lib.Trainer(config, cfg, policy, tokenizer, env, examples, examples[:8])
+    return trainer_lib.Trainer(run_config.parse(config), cfg, policy, tokenizer, env, examples, examples[:8])
 
 
 @pytest.mark.parametrize("algo", [

@@ -5,7 +5,7 @@ and CPU miniature (`demo`, `scripted`)."""
 from typing import Any
 
 from searchrl.task import TASKS, Task
-from searchrl.tasks.autosearch import analysis, env
+from searchrl.tasks.autosearch import analysis, config, env
 
 
 def run_demo(config: Any) -> Any:
@@ -15,4 +15,5 @@ def run_demo(config: Any) -> Any:
     return miniature.run(config)
 
 
-TASKS.register("autosearch")(Task(env.Config, env.make, demo=run_demo, report=analysis.REPORT))
+TASKS.register("autosearch")(Task(env.Config, env.make, demo=run_demo, demo_config=config.DemoConfig,
+                                  report=analysis.REPORT))

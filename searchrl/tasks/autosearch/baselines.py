@@ -37,15 +37,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from absl import flags
 
-from searchrl import cli, experiment, models
+from searchrl import cli, experiment, models, run_config
 from searchrl.episode import Action
 from searchrl.eval import harness, report, selection
 from searchrl.retrieval import make_retriever
 from searchrl.retrieval.types import Hit, Retriever
 from searchrl.rollout.config import RolloutConfig, SamplingParams
+from searchrl.run_config import RunConfig
 from searchrl.rollout.engine import RolloutEngine
 from searchrl.shapes import padded_batch
 from searchrl.tasks.autosearch import prompts as P
@@ -283,7 +283,7 @@ def evaluate_baselines(generate: Generate, retriever: Retriever, datasets: Mappi
     return results
 
 
-def evaluate_baselines_checkpoint(config: ml_collections.ConfigDict, checkpoint: str = "", *,
+def evaluate_baselines_checkpoint(config: RunConfig, checkpoint: str = "", *,
                                   step: int | None = None, methods: Sequence[str] = tuple(METHODS),
                                   datasets: str = "", split: str = "", limit: int | None = None,
                                   batch_size: int = 0, use_chat: bool = False
@@ -296,7 +296,7 @@ def evaluate_baselines_checkpoint(config: ml_collections.ConfigDict, checkpoint:
     retriever = getattr(built.env, "retriever", None) or make_retriever(config.retrieval)
     generate = Generator(built.model_cfg, built.policy, built.tokenizer, built.rollout,
                          batch_size or config.train.batch_size)
-    options = Options(topk=config.env.get("topk", Options.topk), chat=use_chat)
+    options = Options(topk=getattr(config.env, "topk", Options.topk), chat=use_chat)
     results = evaluate_baselines(generate, retriever, data, methods, options)
     for result in results.values():
         result["meta"] = {**built.source, "split": split, **result["meta"]}
@@ -343,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     chat = flags.DEFINE_bool("chat", False, "Prompt through the tokenizer's chat template (instruct models).",
                              flag_values=values)
     cli.parse(values, argv, __doc__)
-    config = chosen.config.value
+    config = run_config.parse(chosen.config.value)
     results, info = evaluate_baselines_checkpoint(
         config, checkpoint.value, step=step.value, methods=methods.value, datasets=chosen.datasets.value,
         split=chosen.split.value, limit=chosen.limit.value, batch_size=chosen.batch_size.value,

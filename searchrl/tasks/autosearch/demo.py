@@ -21,17 +21,15 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import ml_collections  # noqa: E402
 
 from searchrl import experiment, models  # noqa: E402
-from searchrl.configlib import from_config  # noqa: E402
 from searchrl.data import datasets  # noqa: E402
 from searchrl.demo import synthetic  # noqa: E402
 from searchrl.eval import harness, report  # noqa: E402
 from searchrl.retrieval.bm25 import BM25Retriever  # noqa: E402
 from searchrl.rl import sft  # noqa: E402
-from searchrl.rl.config import SFTConfig  # noqa: E402
 from searchrl.rl.trainer import Trainer  # noqa: E402
+from searchrl.run_config import RunConfig  # noqa: E402
 from searchrl.tasks.autosearch import analysis, scripted  # noqa: E402
 from searchrl.tasks.autosearch.config import DemoConfig  # noqa: E402
 from searchrl.text.tokenizer import train_bpe_tokenizer  # noqa: E402
@@ -39,7 +37,7 @@ from searchrl.text.tokenizer import train_bpe_tokenizer  # noqa: E402
 DATASET = "world"
 
 
-def build_world(config: ml_collections.ConfigDict, demo: DemoConfig) -> dict[str, str]:
+def build_world(config: RunConfig, demo: DemoConfig) -> dict[str, str]:
     """The world's files under workdir/world, its BM25 index and its tokenizer (rebuilt from scratch)."""
     world = synthetic.generate_world(config.seed, demo.entities, hop_fractions=tuple(demo.hop_fractions),
                                      questions_per_entity=demo.questions_per_entity)
@@ -93,18 +91,18 @@ def plot(summaries: dict[str, dict[str, Any]], path: str) -> None:
     plt.close(fig)
 
 
-def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
+def run(config: RunConfig) -> dict[str, Any]:
     start = time.perf_counter()
     os.makedirs(config.workdir, exist_ok=True)
     for stale in ("checkpoints", "tensorboard"):  # the demo always starts over
         shutil.rmtree(os.path.join(config.workdir, stale), ignore_errors=True)
     if os.path.exists(metrics := os.path.join(config.workdir, "metrics.jsonl")):
         os.remove(metrics)
-    demo = from_config(DemoConfig, config.demo, "config.demo")
+    demo = config.demo
     build_world(config, demo)
     built = experiment.build(config)
-    test = datasets.load_examples(config.data.dir, config.data.eval, config.data.eval_split,
-                                   config.data.format, config.data.tfds_dir)
+    data = config.data
+    test = datasets.load_examples(data.dir, data.eval, data.eval_split, data.format, data.tfds_dir)
     test = {name: records[: demo.eval_questions] for name, records in test.items()}
     print(f"world, index and tokenizer ready ({time.perf_counter() - start:.0f}s)")
 
@@ -113,8 +111,8 @@ def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
     early = scripted.early_answers(built.train_examples, segments, demo.early_answer_fraction, config.seed,
                                    built.env.config.answer_prompt)
     stages = (("prefixes", scripted.turn_prefixes(segments, 2), demo.prefix_sft),
-              ("trajectories", segments + early, from_config(SFTConfig, config.sft, "config.sft")))
-    mesh = models.mesh_from_config(from_config(models.MeshConfig, config.mesh, "config.mesh"))
+              ("trajectories", segments + early, config.sft))
+    mesh = models.mesh_of(config.mesh)
     policy = built.policy
     losses = {}
     for stage, examples, sft_config in stages:

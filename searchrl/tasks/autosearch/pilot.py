@@ -17,12 +17,12 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import ml_collections
 from absl import flags
 
-from searchrl import cli, experiment, models
+from searchrl import cli, experiment, models, run_config
 from searchrl.eval import harness, report, selection
 from searchrl.rollout.config import RolloutConfig
+from searchrl.run_config import RunConfig
 from searchrl.tasks.autosearch import analysis
 from searchrl.tasks.autosearch.env import AutoSearchEnv
 from searchrl.tasks.autosearch.forced_depth import ForcedDepthEnv
@@ -83,7 +83,7 @@ def model_labels(checkpoints: Sequence[str]) -> list[str]:
     return names if len(set(names)) == len(names) else [c or "policy" for c in checkpoints]
 
 
-def run_pilot(config: ml_collections.ConfigDict, checkpoints: Sequence[str], depths: Sequence[int] = (), *,
+def run_pilot(config: RunConfig, checkpoints: Sequence[str], depths: Sequence[int] = (), *,
               datasets: str = "", split: str = "", limit: int | None = None, batch_size: int = 0
               ) -> dict[str, Any]:
     """The pilot of every checkpoint (an HF model dir, trainer checkpoint or run dir; "": the config's policy)
@@ -97,7 +97,7 @@ def run_pilot(config: ml_collections.ConfigDict, checkpoints: Sequence[str], dep
         built = experiment.build(config, train_data=False, checkpoint=checkpoint)
         if not isinstance(built.env, AutoSearchEnv):
             raise ValueError(f"The pilot forces the searches of the autosearch env; config.env.name is "
-                             f"{config.env.name!r}.")
+                             f"{config.task!r}.")
         runs = forced_depth_runs(built.model_cfg, built.policy, built.tokenizer, built.env, data,
                                  built.rollout, batch_size or config.train.batch_size, depths)
         summaries.append(model_summary(label, runs) | {"source": built.source})
@@ -205,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     depths = flags.DEFINE_list("depths", [], "Forced search depths (default: 0 .. config.env.max_turns).",
                                flag_values=values)
     cli.parse(values, argv, __doc__)
-    config = chosen.config.value
+    config = run_config.parse(chosen.config.value)
     results = run_pilot(config, checkpoints.value or [""], cli.non_negative_ints(depths.value, "depths"),
                         datasets=chosen.datasets.value, split=chosen.split.value, limit=chosen.limit.value,
                         batch_size=chosen.batch_size.value)

@@ -6,7 +6,7 @@ from typing import Any
 
 from searchrl.task import TASKS, Task
 # data and engines register the data formats and retrievers the task reads
-from searchrl.tasks.deepretrieval import analysis, data, engines, env  # noqa: F401
+from searchrl.tasks.deepretrieval import analysis, config, data, engines, env  # noqa: F401
 
 
 def run_demo(config: Any) -> Any:
@@ -16,4 +16,5 @@ def run_demo(config: Any) -> Any:
     return miniature.run(config)
 
 
-TASKS.register("deepretrieval")(Task(env.Config, env.make, demo=run_demo, report=analysis.REPORT))
+TASKS.register("deepretrieval")(Task(env.Config, env.make, demo=run_demo,
+                                     demo_config=config.RewriteDemoConfig, report=analysis.REPORT))

@@ -19,18 +19,16 @@ import time
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 
 from searchrl import experiment, models, task
-from searchrl.configlib import from_config
 from searchrl.data import datasets
 from searchrl.demo.config import seed_config, world_config
 from searchrl.eval import harness, report
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.rl import sft
-from searchrl.rl.config import SFTConfig
 from searchrl.rl.trainer import Trainer
+from searchrl.run_config import RunConfig
 from searchrl.tasks.deepretrieval import analysis
 from searchrl.tasks.deepretrieval import world as rewrite_world
 from searchrl.tasks.deepretrieval.config import RewriteDemoConfig
@@ -42,7 +40,7 @@ METRICS = ("recall@10", "ndcg@10", "recall@100")  # held-out columns of results.
 POLICIES = ("raw", "sft", "rl")
 
 
-def build_world(config: ml_collections.ConfigDict, demo: RewriteDemoConfig) -> rewrite_world.RewriteWorld:
+def build_world(config: RunConfig, demo: RewriteDemoConfig) -> rewrite_world.RewriteWorld:
     """The world's BEIR files under workdir/rewrite_world, its BM25 index and its tokenizer (from scratch)."""
     for built_before in (DATASET, "index", "tokenizer", "checkpoints", "tensorboard"):  # the demo starts over
         shutil.rmtree(os.path.join(config.workdir, built_before), ignore_errors=True)
@@ -52,7 +50,7 @@ def build_world(config: ml_collections.ConfigDict, demo: RewriteDemoConfig) -> r
                                          num_candidates=demo.num_candidates)
     paths = rewrite_world.write_world(world, os.path.join(config.data.dir, DATASET))
     BM25Retriever.build(paths["corpus"], config.retrieval.index_dir, show_progress=False)
-    env = task.build(config.env, config.retrieval)  # its prompts and answers, in the tokenizer's texts
+    env = task.build(config.task, config.env, config.retrieval)  # its prompts and answers, in the tokenizer's texts
     queries = [{"question": q["text"], **q} for qs in world.queries.values() for q in qs]
     texts = [doc["text"] for doc in world.docs]
     texts += [env.prompt(q) + env.target_response(rewrite_world.oracle_rewrite(world, q)) for q in queries]
@@ -83,18 +81,16 @@ def held_out_metrics(results: dict[str, Any]) -> dict[str, dict[str, float]]:
                                                        "query_words": row["query_words"]}}
 
 
-def run_seed(config: ml_collections.ConfigDict, demo: RewriteDemoConfig) -> dict[str, Any]:
+def run_seed(config: RunConfig, demo: RewriteDemoConfig) -> dict[str, Any]:
     """One seed from an empty directory: world, cold start, PPO, and the held-out metrics of each policy."""
     start = time.perf_counter()
     world = build_world(config, demo)
     built = experiment.build(config)
-    test = datasets.load_examples(config.data.dir, DATASET, "test", config.data.format,
-                                  config.data.tfds_dir)
+    test = datasets.load_examples(config.data.dir, DATASET, "test", config.data.format, config.data.tfds_dir)
     examples = cold_start_examples(world, built, demo.sft_samples, config.seed)
-    sft_config = from_config(SFTConfig, config.sft, "config.sft")
-    tokens, loss_mask = sft.encode(built.tokenizer, examples, sft_config.max_len)
-    mesh = models.mesh_from_config(from_config(models.MeshConfig, config.mesh, "config.mesh"))
-    policy, losses = sft.train(built.model_cfg, built.policy, tokens, loss_mask, sft_config, mesh)
+    tokens, loss_mask = sft.encode(built.tokenizer, examples, config.sft.max_len)
+    mesh = models.mesh_of(config.mesh)
+    policy, losses = sft.train(built.model_cfg, built.policy, tokens, loss_mask, config.sft, mesh)
     print(f"seed {config.seed}: SFT loss {losses[0]:.3f} -> {losses[-1]:.3f} "
           f"({time.perf_counter() - start:.0f}s)")
 
@@ -126,10 +122,10 @@ def markdown(per_seed: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
+def run(config: RunConfig) -> dict[str, Any]:
     """Every seed of `config.demo.seeds`; results.json holds each seed's metrics and their means."""
     start = time.perf_counter()
-    demo = from_config(RewriteDemoConfig, config.demo, "config.demo")
+    demo = config.demo
     per_seed = {str(seed): run_seed(world_config(seed_config(config, seed)), demo) for seed in demo.seeds}
     means = {policy: {m: float(np.mean([r[policy][m] for r in per_seed.values()])) for m in METRICS}
              for policy in POLICIES}

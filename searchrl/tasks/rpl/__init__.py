@@ -13,7 +13,7 @@ never by Python's eval, exec or compile, over the SDK (`sdk`). Also here: the en
 from typing import Any
 
 from searchrl.task import TASKS, Task
-from searchrl.tasks.rpl import analysis, env
+from searchrl.tasks.rpl import analysis, config, env
 
 
 def run_demo(config: Any) -> Any:
@@ -30,5 +30,5 @@ def train_hooks(program_env: env.ProgramEnv) -> list[Any]:
     return distill.train_hooks(program_env)
 
 
-TASKS.register("rpl")(Task(env.Config, env.make, demo=run_demo, report=analysis.REPORT,
-                           train_hooks=train_hooks))
+TASKS.register("rpl")(Task(env.Config, env.make, demo=run_demo, demo_config=config.RPLDemoConfig,
+                           report=analysis.REPORT, train_hooks=train_hooks))

@@ -21,7 +21,6 @@ per seed, each arm's evaluation report (`seed<seed>/<arm>/eval_<arm>/`) and trai
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import os
@@ -34,11 +33,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from searchrl import experiment, models  # noqa: E402
-from searchrl.configlib import from_config  # noqa: E402
 from searchrl.data import datasets  # noqa: E402
 from searchrl.demo import synthetic  # noqa: E402
 from searchrl.demo.config import seed_config, world_config  # noqa: E402
@@ -48,8 +45,8 @@ from searchrl.metric_writer import read_metrics  # noqa: E402
 from searchrl.retrieval.bm25 import BM25Retriever  # noqa: E402
 from searchrl.retrieval.types import Hit  # noqa: E402
 from searchrl.rl import sft  # noqa: E402
-from searchrl.rl.config import SFTConfig  # noqa: E402
 from searchrl.rl.trainer import Trainer  # noqa: E402
+from searchrl.run_config import RunConfig  # noqa: E402
 from searchrl.tasks.rpl import analysis, distill, globalqa  # noqa: E402
 from searchrl.tasks.rpl.config import RPLDemoConfig  # noqa: E402
 from searchrl.tasks.rpl.env import (PROGRAM, SEARCH, ProgramEnv, format_documents,  # noqa: E402
@@ -95,7 +92,7 @@ def citations(observations: Sequence[Observation], gold: Collection[str]) -> lis
     return list(cited.values())
 
 
-def build_world(config: ml_collections.ConfigDict, demo: RPLDemoConfig) -> list[dict[str, Any]]:
+def build_world(config: RunConfig, demo: RPLDemoConfig) -> list[dict[str, Any]]:
     """The world's corpus and its GlobalQA tasks of `demo.types` under workdir, the BM25 index and the
     tokenizer (from scratch); returns the training tasks of every type (the prefix stage's)."""
     seeds = [f"seed{seed}" for seed in demo.seeds]
@@ -169,17 +166,16 @@ def scripted_trajectories(examples: Sequence[Mapping[str, Any]], env: ProgramEnv
     return out
 
 
-def arm_config(config: ml_collections.ConfigDict, arm: str, demo: RPLDemoConfig) -> ml_collections.ConfigDict:
+def arm_config(config: RunConfig, arm: str, demo: RPLDemoConfig) -> RunConfig:
     """An arm's config: its workdir and prompt, and for `search` the search space with `demo.search_turns`."""
-    config = copy.deepcopy(config)
-    config.workdir = os.path.join(config.workdir, arm)
+    env = config.env
     if arm == "search":
-        config.env.update(dict(action_space="search", max_turns=demo.search_turns))
-    config.env.prompt_template = PROMPTS[config.env.action_space == "search"]
-    return config
+        env = dataclasses.replace(env, action_space="search", max_turns=demo.search_turns)
+    env = dataclasses.replace(env, prompt_template=PROMPTS[env.action_space == "search"])
+    return dataclasses.replace(config, workdir=os.path.join(config.workdir, arm), env=env)
 
 
-def cold_start(configs: Sequence[ml_collections.ConfigDict], prefix_tasks: Sequence[Mapping[str, Any]],
+def cold_start(configs: Sequence[RunConfig], prefix_tasks: Sequence[Mapping[str, Any]],
                demo: RPLDemoConfig) -> tuple[list[experiment.Experiment], dict]:
     """Each config's experiment, and one policy trained with SFT on the scripted turns of them all (the
     prompt says which kind of turn to write), so every arm starts from the same weights: first on the first
@@ -189,8 +185,8 @@ def cold_start(configs: Sequence[ml_collections.ConfigDict], prefix_tasks: Seque
                demo.prefix_sft),
               ("trajectories", [s for b in built
                                 for s in scripted_trajectories(b.train_examples, b.env, b.tokenizer, demo)],
-               from_config(SFTConfig, configs[0].sft, "config.sft")))
-    mesh = models.mesh_from_config(from_config(models.MeshConfig, configs[0].mesh, "config.mesh"))
+               configs[0].sft))
+    mesh = models.mesh_of(configs[0].mesh)
     policy = built[0].policy
     for stage, segments, sft_config in stages:
         tokens, loss_mask = sft.encode(built[0].tokenizer, segments, sft_config.max_len)
@@ -200,7 +196,7 @@ def cold_start(configs: Sequence[ml_collections.ConfigDict], prefix_tasks: Seque
     return built, policy
 
 
-def held_out(config: ml_collections.ConfigDict, built: experiment.Experiment, params: dict,
+def held_out(config: RunConfig, built: experiment.Experiment, params: dict,
              test: dict[str, list[dict]], name: str) -> dict[str, float]:
     """Greedy evaluation on the held-out tasks; its report goes to workdir/eval_<name>. Returns METRICS and
     the share of episodes calling each SDK function."""
@@ -229,11 +225,10 @@ class ColdStart:
     held_out: dict[str, dict[str, float]]
 
 
-def cold_started(config: ml_collections.ConfigDict, demo: RPLDemoConfig) -> ColdStart:
+def cold_started(config: RunConfig, demo: RPLDemoConfig) -> ColdStart:
     """The world, the shared cold start and its held-out evaluation in each env (workdir/<arm>/eval_*)."""
     prefix_tasks = build_world(config, demo)
-    test = datasets.load_examples(config.data.dir, DATASET, "test", config.data.format,
-                                  config.data.tfds_dir)
+    test = datasets.load_examples(config.data.dir, DATASET, "test", config.data.format, config.data.tfds_dir)
     test = {name: records[: demo.eval_questions] for name, records in test.items()}
     configs = [arm_config(config, arm, demo) for arm in ("search", "program")]
     (search, program), policy = cold_start(configs, prefix_tasks, demo)
@@ -242,7 +237,7 @@ def cold_started(config: ml_collections.ConfigDict, demo: RPLDemoConfig) -> Cold
     return ColdStart(search, program, policy, test, held)
 
 
-def run_seed(config: ml_collections.ConfigDict, demo: RPLDemoConfig, start: ColdStart) -> dict[str, Any]:
+def run_seed(config: RunConfig, demo: RPLDemoConfig, start: ColdStart) -> dict[str, Any]:
     """One RL seed from the cold start: each arm's RL (workdir/seed<seed>/<arm>), held-out metrics."""
     began = time.perf_counter()
     search, built, policy, test = start.search, start.program, start.policy, start.test
@@ -346,11 +341,11 @@ def plot(per_seed: Mapping[str, Mapping[str, Any]], path: str) -> None:
     plt.close(fig)
 
 
-def run(config: ml_collections.ConfigDict) -> dict[str, Any]:
+def run(config: RunConfig) -> dict[str, Any]:
     """The cold start, then RL for every seed of `config.demo.seeds` from it; results.json holds each seed's
     metrics, their means and the claims."""
     start = time.perf_counter()
-    demo = from_config(RPLDemoConfig, config.demo, "config.demo")
+    demo = config.demo
     config = world_config(config)
     cold = cold_started(config, demo)
     print(f"cold start done ({time.perf_counter() - start:.0f}s)")

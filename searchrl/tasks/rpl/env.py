@@ -27,7 +27,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from searchrl.configlib import from_config
 from searchrl.episode import Action, Observation, Trajectory, Turn, outcome_reward
 from searchrl.retrieval import RetrievalConfig, index_kind, load_retriever, make_retriever
 from searchrl.retrieval.types import Hit
@@ -286,13 +285,12 @@ def context_tokens(trajectory: Trajectory) -> np.ndarray:
     return (after_prompt & (trajectory.loss_mask == 0)).sum(axis=1)
 
 
-def make(config: Config, retrieval: Mapping[str, Any]) -> ProgramEnv:
+def make(config: Config, retrieval: RetrievalConfig) -> ProgramEnv:
     """The env over config.retrieval's index (the sparse retriever, or the dense one when it is a dense
     index) and config.env.dense_index_dir, exposing the action space's functions."""
     if config.action_space not in ACTION_SPACES:
         raise ValueError(f"config.env.action_space {config.action_space!r} is not one of "
                          f"{sorted(ACTION_SPACES)}")
-    retrieval = from_config(RetrievalConfig, retrieval, "config.retrieval")
     first = make_retriever(retrieval)
     first_is_dense = retrieval.kind == "local" and index_kind(retrieval.index_dir) == "dense"
     sparse, dense = (None, first) if first_is_dense else (first, None)
