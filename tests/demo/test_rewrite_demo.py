@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from configs import deepretrieval
+from searchrl import run_config
 from searchrl.data import datasets
 from searchrl.retrieval import metrics
 from searchrl.retrieval.bm25 import BM25Retriever
@@ -58,7 +59,7 @@ def test_demo_pipeline_writes_its_results(tmp_path):
     config.train.update(dict(steps=2, batch_size=8, checkpoint_every=0))
     config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
 
-    rewrite.run(config)
+    rewrite.run(run_config.parse(config))
 
     results = json.load(open(os.path.join(config.workdir, "results.json")))
     seed = results["held_out"]["3"]
