@@ -81,9 +81,10 @@ def test_unsearchable_queries_and_remote_refusals_are_sdk_errors_for_every_backe
                                    Action(rpl.SEARCH, "Arno " * 7), Action(rpl.SEARCH, "Arno")])
     assert observations[0] == observations[1]
     errors = [o.info["error"] for o in observations[0]]
-    assert errors[0] == "program error: sdk error: sparse_retrieval: The search query is empty. (line 1, column 6)"
+    assert errors[0] == ("program error: sdk error: sparse_retrieval: The search query is empty. "
+                         "(line 1, column 6)")
     assert "4097 characters, more than 4096" in errors[1]
-    assert errors[2].startswith("program error: sdk error: dense_retrieval: The search query is not valid text")
+    assert errors[2].startswith("program error: sdk error: dense_retrieval: The search query is not valid")
     assert re.match(r'program error: sdk error: .*HTTP 400: "queries"\[0\] has 35 characters, more than 30',
                     refused.info["error"])
     assert [o.info["doc_ids"] for o in searched[:3]] == [(), (), ()]

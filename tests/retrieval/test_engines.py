@@ -11,8 +11,8 @@ import pytest
 
 from searchrl.retrieval import make_retriever
 from searchrl.retrieval.types import Hit
-from searchrl.tasks.deepretrieval.engines import (MAX_RETRY_AFTER_S, PUBMED_MAX_RESULTS, ClinicalTrials, Malformed,
-                                                  PubMed, RateLimiter, SearchCache, SearchEngine,
+from searchrl.tasks.deepretrieval.engines import (MAX_RETRY_AFTER_S, PUBMED_MAX_RESULTS, ClinicalTrials,
+                                                  Malformed, PubMed, RateLimiter, SearchCache, SearchEngine,
                                                   SearchEngineError, SearchEngineUnavailable, make_engine,
                                                   parse_esearch, parse_studies, retry_after_s)
 from tests.fakes.engines import Fault, FakeEngineServer, esearch_error_body, studies_body
@@ -454,7 +454,8 @@ def test_pubmed_dates_are_request_parameters_not_query_text(fake, tmp_path):
 ])
 def test_cache_skips_lines_of_the_wrong_shape(tmp_path, line):
     path = tmp_path / "cache.jsonl"
-    path.write_bytes(line + json.dumps({"engine": "pubmed", "query": "b", "k": 1, "ids": ["7"]}).encode() + b"\n")
+    good = json.dumps({"engine": "pubmed", "query": "b", "k": 1, "ids": ["7"]}).encode() + b"\n"
+    path.write_bytes(line + good)
     with pytest.warns(UserWarning, match=r"skipped 1 torn or undecodable line\(s\): \[1\]"):
         cache = SearchCache(path)
     assert cache.get("pubmed", "a", 1) is None and cache.get("pubmed", "b", 1) == ["7"]

@@ -195,7 +195,8 @@ class PubMed:
                 raise ValueError(f"pubmed: {name} must be YYYY, YYYY/MM or YYYY/MM/DD, got {date!r:.40}")
         dated = copy.copy(self)
         dated.date_range = (mindate, maxdate)
-        dated.cache_name = f'{self.cache_name}{"&" if "?" in self.cache_name else "?"}pdat={mindate}:{maxdate}'
+        separator = "&" if "?" in self.cache_name else "?"
+        dated.cache_name = f"{self.cache_name}{separator}pdat={mindate}:{maxdate}"
         return dated
 
     def params(self, query: str, cursor: Cursor, want: int) -> dict[str, str]:

@@ -209,7 +209,7 @@ class ProgramEnv:
     def search(self, queries: Sequence[str], first_numbers: Sequence[int | None] | None = None
                ) -> list[Observation]:
         """The `search` space's turns: each query's top `search_top_k` passages, in one batched call; a query
-        that cannot be searched (blank, too long, not text, refused) is told why, as the search env tells it."""
+        that cannot be searched (blank, too long, not text, refused) is told why, as the search env does."""
         if self.sdk.sparse is None:
             raise ValueError("the search action space needs a sparse retriever (config.retrieval)")
         outcomes = search_or_explain(self.sdk.sparse, [q.strip() for q in queries], self.config.search_top_k)

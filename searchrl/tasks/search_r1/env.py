@@ -118,10 +118,11 @@ class SearchEnv:
         """Retrieves for every search action in one batched call; invalid actions get Search-R1's message.
 
         A search that cannot be made is the policy's observation, the same for every retriever: a query that
-        is empty, blank, over `max_query_chars` or not encodable text (a lone surrogate) is not searched and the observation names the problem. When
-        the batched call raises `RetrievalError`, each query is searched alone and one whose search fails is
-        told why. The run stops instead (the error is raised) when the retriever is down: it raised
-        `RetrievalUnavailable` (its retries used up), or no query could be searched even alone.
+        is empty, blank, over `max_query_chars` or not valid text (a lone surrogate) is not searched and the
+        observation names the problem. When the batched call raises `RetrievalError`, each query is searched
+        alone and one whose search fails is told why. The run stops instead (the error is raised) when the
+        retriever is down: it raised `RetrievalUnavailable` (its retries used up), or no query could be
+        searched even alone.
         """
         outcomes = iter(search_or_explain(self.retriever, [a.content for a in actions if a.kind == SEARCH],
                                           self.config.topk, self.config.max_query_chars))
