@@ -54,23 +54,46 @@ def read_metrics(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+CORRUPT = ".corrupt"  # suffix of the file the damaged lines of a metrics file are set aside in
+
+
+def parse_row(line: bytes) -> dict | None:
+    """One metrics line as a row (a JSON object with an integer "step"), else None: not UTF-8, not JSON
+    (torn by a crash), or edited by hand into something else."""
+    try:
+        row = json.loads(line)
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, integers too long, nested too deep
+        return None
+    step = row.get("step") if isinstance(row, dict) else None
+    return row if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 def drop_rows_after(path: str, step: int) -> None:
-    """Rewrites the JSONL file `path` without its rows past `step` (and without a line torn by a crash), by
-    an atomic replace: a crash leaves the old file or the new one."""
-    kept, torn = [], 0
-    with open(path, encoding="utf-8") as f:
-        for line in filter(str.strip, f):
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                torn += 1
+    """Rewrites the JSONL file `path` without its rows past `step`, by an atomic replace: a crash leaves the
+    old file or the new one. A damaged line (`parse_row`: a line torn by a crash, non-UTF-8 bytes, a row
+    without "step") is not lost and does not stop the run: it is set aside, appended to `<path>.corrupt`,
+    as unusable checkpoints are, and logged with its line number."""
+    kept, damaged, numbers = [], [], []
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
                 continue
-            if row["step"] <= step:
-                kept.append(line.rstrip("\n") + "\n")
-    if torn:
-        log.warning("%s: dropped %d torn line(s)", path, torn)
+            row = parse_row(line)
+            if row is None:
+                damaged.append(line if line.endswith(b"\n") else line + b"\n")
+                numbers.append(number)
+            elif row["step"] <= step:
+                kept.append(line.rstrip(b"\r\n") + b"\n")
+    if damaged:
+        with open(path + CORRUPT, "ab") as f:
+            f.writelines(damaged)
+            f.flush()
+            os.fsync(f.fileno())
+        where = ", ".join(map(str, numbers[:10])) + (", ..." if len(numbers) > 10 else "")
+        log.warning("%s: set aside %d damaged line(s) (lines %s) in %s", path, len(damaged), where,
+                    path + CORRUPT)
     tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with open(tmp, "wb") as f:
         f.writelines(kept)
         f.flush()
         os.fsync(f.fileno())

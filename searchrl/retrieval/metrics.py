@@ -67,9 +67,9 @@ def evaluate(run: Mapping[str, Sequence[str]], qrels: Qrels, metrics: Sequence[s
 
 
 def _lines(path: str | os.PathLike) -> Iterator[tuple[str, str]]:
-    """("file:line", text) for each non-blank line of a text file; a line that is not UTF-8 raises
-    `ValueError("file:line: not UTF-8 ...")`."""
-    with open(path, encoding="utf-8", errors="surrogateescape") as f:
+    """("file:line", text) for each non-blank line of a text file, without a UTF-8 byte-order mark at its
+    start; a line that is not UTF-8 raises `ValueError("file:line: not UTF-8 ...")`."""
+    with open(path, encoding="utf-8-sig", errors="surrogateescape") as f:
         for lineno, line in enumerate(f, start=1):
             try:
                 line.encode("utf-8")
@@ -83,10 +83,14 @@ Judgement = tuple[str, str, str, int]  # ("file:line", query id, doc id, relevan
 
 
 def _relevance(where: str, rel: str) -> int:
-    try:
-        return int(rel)
-    except ValueError:
-        raise ValueError(f"{where}: relevance must be an integer, got {rel[:50]!r}") from None
+    """A judgement's relevance: plain ASCII decimal digits, with a leading "-" allowed (int() also takes
+    "1_0", "+1", " 1" and non-ASCII digits such as "٣", which no qrels file means). Negative grades are kept
+    as TREC qrels use them (e.g. -2 for junk pages in the ClueWeb Web-track judgements): the metrics count
+    every grade <= 0 as not relevant."""
+    digits = rel[1:] if rel.startswith("-") else rel
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 18):
+        raise ValueError(f"{where}: relevance must be an integer, got {rel[:50]!r}")
+    return int(rel)
 
 
 def beir_judgements(path: str | os.PathLike) -> Iterator[Judgement]:

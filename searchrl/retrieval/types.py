@@ -28,6 +28,23 @@ class Retriever(Protocol):
         ...
 
 
+MAX_QUERY_CHARS = 4096  # the longest query searched (the `/retrieve` server's default limit)
+
+
+def query_problem(query: str, max_chars: int = MAX_QUERY_CHARS) -> str | None:
+    """Why a query cannot be sent to a search backend, or None: blank, over `max_chars` characters, or not
+    encodable as UTF-8 (a lone surrogate, which tokenizers, HTTP bodies and URLs all refuse)."""
+    if not query.strip():
+        return "The search query is empty."
+    if len(query) > max_chars:
+        return f"The search query has {len(query)} characters, more than {max_chars}: use a shorter one."
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"The search query is not valid text (character {e.start + 1} is a lone surrogate)."
+    return None
+
+
 class RetrievalError(RuntimeError):
     """A remote search that failed for good: the server refused the request (a 4xx) or answered nonsense."""
 
@@ -59,3 +76,17 @@ def _search_alone(retriever: Retriever, query: str, k: int) -> list[Hit] | Retri
         raise
     except RetrievalError as e:
         return e
+
+
+def search_or_explain(retriever: Retriever, queries: Sequence[str], k: int,
+                      max_chars: int = MAX_QUERY_CHARS) -> list[list[Hit] | str]:
+    """Each query's hits, or why it has none, as a bad tool call is told: a query with a `query_problem` is
+    not sent, and one the backend refuses says so (`search_each`, which raises when the backend is down)."""
+    problems = [query_problem(q, max_chars) for q in queries]
+    valid = [q for q, problem in zip(queries, problems) if problem is None]
+    outcomes = iter(search_each(retriever, valid, k) if valid else [])
+    return [_explained(next(outcomes)) if problem is None else problem for problem in problems]
+
+
+def _explained(outcome: list[Hit] | RetrievalError) -> list[Hit] | str:
+    return f"The search failed: {outcome}"[:500] if isinstance(outcome, RetrievalError) else outcome

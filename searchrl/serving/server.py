@@ -90,6 +90,8 @@ def parse_request(body: Any, limits: Limits) -> tuple[list[str], int, bool]:
         if len(query) > limits.max_query_chars:
             raise RequestError(f'"queries"[{i}] has {len(query)} characters, '
                                f'more than {limits.max_query_chars}')
+        if not _encodable(query):
+            raise RequestError(f'"queries"[{i}] is not valid text (a \\u escape of a lone surrogate)')
     topk = body.get("topk")
     if topk is None:
         topk = limits.default_topk
@@ -102,6 +104,16 @@ def parse_request(body: Any, limits: Limits) -> tuple[list[str], int, bool]:
     if not isinstance(return_scores, bool):
         raise RequestError(f'"return_scores" must be a boolean, got {return_scores!r}')
     return queries, topk, return_scores
+
+
+def _encodable(text: str) -> bool:
+    """Whether `text` is UTF-8 encodable: JSON's \\u escapes can decode to lone surrogates, which
+    tokenizers refuse."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def format_results(results: Sequence[Sequence[Hit]], return_scores: bool) -> dict[str, Any]:
@@ -125,8 +137,9 @@ class _Pending:
 class Batcher:
     """One background thread serving all pending requests with one `retriever.search` call: it takes what is
     queued, waits up to `max_wait_s` for more while the batch is under `max_batch` queries, then searches with
-    the largest k asked and gives each request its own top-k. A request that would take the batch over
-    `max_hits` hits (queries x largest k) is held back for the next batch. The three bounds are `limits`'."""
+    the largest k asked and gives each request its own top-k; when that search fails, each request is searched
+    alone, so only a failing one gets the error. A request that would take the batch over `max_hits` hits
+    (queries x largest k) is held back for the next batch. The three bounds are `limits`'."""
 
     def __init__(self, retriever: Retriever, limits: Limits):
         self.retriever = retriever
@@ -184,7 +197,11 @@ class Batcher:
             if len(results) != len(queries):
                 raise RuntimeError(f"retriever returned {len(results)} result lists for "
                                    f"{len(queries)} queries")
-        except Exception as e:  # every request of the batch gets the error; the server stays up
+        except Exception as e:  # the server stays up; one request's failure must not fail the others'
+            if len(batch) > 1:
+                for p in batch:
+                    self._run([p])
+                return
             for p in batch:
                 p.error = e
                 p.done.set()

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from searchrl.data import read_beir_queries, read_beir_split, read_flashrag_jsonl
+from searchrl.metric_writer import drop_rows_after, parse_row
 from searchrl.retrieval.corpus import CorpusScan, CorpusStore, join_contents
 from searchrl.retrieval.metrics import read_beir_qrels, read_qrels, read_trec_qrels
 from searchrl.retrieval.search import read_queries
@@ -65,7 +66,7 @@ CONTENTS = st.one_of(TEXT, st.lists(st.text(max_size=6), max_size=4).map("\n".jo
                      st.tuples(TEXT, TEXT).map(lambda t: f'"{t[0]}"\n{t[1]}'))
 ANSWERS = st.lists(TEXT, min_size=1, max_size=3)
 SCORES = st.integers(-2, 3).map(str)
-BAD_SCORES = st.sampled_from(["9" * 4400, "high", "1.5", ""])
+BAD_SCORES = st.sampled_from(["9" * 4400, "high", "1.5", "", "1_0", "\u0663", "+1", "--1", "\u00b2"])
 
 
 def tsv(separator, ids=st.text(max_size=6)):
@@ -79,7 +80,8 @@ def tsv(separator, ids=st.text(max_size=6)):
     clean = st.lists(judgements(SCORES), max_size=6)
     dirty = st.lists(st.one_of(judgements(st.one_of(SCORES, BAD_SCORES)), junk, st.sampled_from(HAZARDS),
                                st.binary(max_size=20)), max_size=6)
-    header = st.sampled_from([[], [b"query-id\tcorpus-id\tscore"]])
+    header = st.sampled_from([[], [b"query-id\tcorpus-id\tscore"],
+                              [b"\xef\xbb\xbfquery-id\tcorpus-id\tscore"]])  # with a UTF-8 byte-order mark
     return st.tuples(header, st.one_of(clean, dirty)).map(lambda t: b"\n".join(t[0] + t[1]))
 
 
@@ -155,7 +157,26 @@ def test_qrels(root, beir, trec):
         for reader in (read_beir_qrels, read_trec_qrels, read_qrels):
             qrels = read(lambda: reader(path), path)
             if qrels is not None:
-                assert all(isinstance(rel, int) for docs in qrels.values() for rel in docs.values())
+                assert all(isinstance(rel, int) and abs(rel) < 10**18
+                           for docs in qrels.values() for rel in docs.values())
+                assert "score" not in {doc for docs in qrels.values() for doc in docs}  # a header, BOM or not
+
+
+@SOME
+@given(data=files(rows({"step": st.integers(0, 6)}, {"x": st.floats(allow_nan=False), "note": TEXT})))
+def test_metrics_jsonl_resume(root, data):
+    """Whatever a metrics file holds, a resume keeps its rows up to the step and sets the rest of its lines
+    aside, losing none."""
+    path = root / "metrics.jsonl"
+    path.write_bytes(data)
+    (root / "metrics.jsonl.corrupt").unlink(missing_ok=True)
+    drop_rows_after(str(path), 3)
+    kept = [parse_row(line) for line in path.read_bytes().split(b"\n")[:-1]]
+    assert all(row is not None and row["step"] <= 3 for row in kept)
+    aside = root / "metrics.jsonl.corrupt"
+    aside_lines = aside.read_bytes().split(b"\n")[:-1] if aside.exists() else []
+    assert all(parse_row(line) is None for line in aside_lines)
+    assert len(kept) + len(aside_lines) <= len([line for line in data.split(b"\n") if line.strip()])
 
 
 QID_POOL = ["q1", "q2", "q3", 4]

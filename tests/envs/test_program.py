@@ -3,6 +3,7 @@ QA and GlobalQA scoring, the per-episode metrics, and a few PPO steps on each ta
 from __future__ import annotations
 
 import json
+import re
 
 import jax
 import numpy as np
@@ -10,10 +11,13 @@ import pytest
 
 from searchrl import models, run_config, task
 from searchrl.episode import Action, Trajectory, Turn
-from searchrl.retrieval import RetrievalConfig
+from searchrl.retrieval import RetrievalConfig, load_retriever
 from searchrl.retrieval.bm25 import BM25Retriever
+from searchrl.retrieval.remote import RemoteRetriever
+from searchrl.serving.server import Limits as ServerLimits, RetrievalServer
 from searchrl.rl.trainer import Trainer
 from searchrl.tasks.rpl import env as rpl
+from searchrl.tasks.rpl.sdk import RetrievalSDK
 from searchrl.text import tags
 from searchrl.text.tokenizer import PROTOCOL_TAGS, train_bpe_tokenizer
 
@@ -64,6 +68,34 @@ def test_errors_and_unavailable_functions_become_observations(index):
     assert "program error:" in broken.text and broken.info["doc_ids"] == ()
     with pytest.raises(ValueError, match="action_space 'all'"):
         program_env(index, action_space="all")
+
+
+def test_unsearchable_queries_and_remote_refusals_are_sdk_errors_for_every_backend(index):
+    """Blank, over-long and lone-surrogate queries, and a query the remote server refuses, are the program's
+    `sdk error`, the same from a local index and over `/retrieve`, never an exception out of observe."""
+    bm25 = load_retriever(str(index))
+    with RetrievalServer(bm25, "127.0.0.1", 0, limits=ServerLimits(max_query_chars=30)).start() as server:
+        remote = RemoteRetriever(server.url, retries=0)
+        envs = [rpl.ProgramEnv(rpl.Config(), RetrievalSDK(sparse=r, dense=r)) for r in (bm25, remote)]
+        programs = ["show(sparse_retrieval(' ', 3))", f"show(sparse_retrieval('{'x' * 4097}', 3))",
+                    "show(dense_retrieval('alpha \\ud800', 3))"]
+        observations = [env.observe([Action(rpl.PROGRAM, p) for p in programs]) for env in envs]
+        refused = envs[1].observe([Action(rpl.PROGRAM, f"show(sparse_retrieval('{'Arno ' * 7}', 3))")])[0]
+        search = rpl.ProgramEnv(rpl.Config(action_space="search"), RetrievalSDK(sparse=remote))
+        searched = search.observe([Action(rpl.SEARCH, " "), Action(rpl.SEARCH, "alpha \ud800"),
+                                   Action(rpl.SEARCH, "Arno " * 7), Action(rpl.SEARCH, "Arno")])
+    assert observations[0] == observations[1]
+    errors = [o.info["error"] for o in observations[0]]
+    assert errors[0] == ("program error: sdk error: sparse_retrieval: The search query is empty. "
+                         "(line 1, column 6)")
+    assert "4097 characters, more than 4096" in errors[1]
+    assert errors[2].startswith("program error: sdk error: dense_retrieval: The search query is not valid")
+    assert re.match(r'program error: sdk error: .*HTTP 400: "queries"\[0\] has 35 characters, more than 30',
+                    refused.info["error"])
+    assert [o.info["doc_ids"] for o in searched[:3]] == [(), (), ()]
+    assert searched[0].info["error"] == "The search query is empty."
+    assert "not valid text" in searched[1].info["error"] and "HTTP 400" in searched[2].info["error"]
+    assert searched[3].info["doc_ids"] and searched[3].info["error"] is None
 
 
 @pytest.mark.parametrize("text, turn, expected", [

@@ -14,8 +14,10 @@ from searchrl.episode import Action, Trajectory, Turn
 from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable
 from searchrl.tasks.deepretrieval import env as qr
 from searchrl.tasks.deepretrieval import rewards as dr
+from searchrl.tasks.deepretrieval.engines import PubMed, SearchEngine
 from searchrl.tasks.deepretrieval.env import prompts
 from searchrl.text import chat
+from tests.fakes.engines import FakeEngineServer
 
 
 class CountingRetriever:
@@ -142,8 +144,50 @@ def test_literature_rewards_are_recall_tiers_and_respect_the_date_cut_off():
     example = {"id": "r", "question": "P: adults", "qrels": {f"p{i}": 1 for i in range(1, 5)}, "max_date": ""}
     assert env.rewards(trajectory([answer(env, "statins")]), [example]) == [[5.0]]  # recall 0.5 -> 4, + 1
     dated = {**example, "max_date": "2019/05/01"}
-    env.rewards(trajectory([answer(env, "statins")]), [dated])
-    assert retriever.calls[-1][0] == ['(statins) AND ("1970/01/01"[pdat] : "2019/05/01"[pdat])']
+    with pytest.raises(ValueError, match=r"max_date '2019/05/01', but the retriever \(CountingRetriever\) "
+                                         "cannot filter by publication date"):
+        env.rewards(trajectory([answer(env, "statins")]), [dated])
+
+
+def test_the_literature_date_cut_off_is_request_parameters_not_query_text():
+    """A quote in the rewrite once closed the date term glued onto it; the dates are now ESearch's own
+    mindate / maxdate, and the query is sent as written."""
+    with FakeEngineServer({"11": "aspirin trial", "12": "aspirin"}) as fake:
+        engine = SearchEngine(PubMed(), url=fake.url, rate_per_s=1e9)
+        env = qr.QueryRewriteEnv(qr.Config(task="literature", compare_raw=False), engine)
+        example = {"id": "r", "question": "P: adults", "qrels": {"11": 1}, "max_date": "2019/05/01"}
+        rows = env.results([answer(env, 'aspirin"'), answer(env, "aspirin")],
+                           [example, {**example, "max_date": ""}])
+        params = sorted((r.params["term"], r.params.get("mindate"), r.params.get("maxdate"),
+                         r.params.get("datetype")) for r in fake.requests)
+    assert params == [("aspirin", None, None, None), ('aspirin"', "1970/01/01", "2019/05/01", "pdat")]
+    assert [row.metrics["recall@3000"] for row in rows] == [1.0, 1.0]
+
+
+class TokenizingRetriever(CountingRetriever):
+    """Fails the whole call on a lone surrogate, as a tokenizer does (not a RetrievalError)."""
+
+    def search(self, queries, k):
+        if any(not q.isascii() for q in queries):
+            raise TypeError("TextEncodeInput must be Union[TextInputSequence, Tuple[InputSequence, ...]]")
+        return super().search(queries, k)
+
+
+def test_unencodable_blank_and_overlong_rewrites_are_failed_searches_never_errors():
+    env = qr.QueryRewriteEnv(qr.Config(task="classic", max_query_chars=20),
+                             TokenizingRetriever({"good": [Hit("a", 1.0)]}))
+    examples = [{"id": str(i), "question": "q", "qrels": {"a": 1}} for i in range(3)]
+    responses = [answer(env, "good"), answer(env, "aspirin \ud800"), answer(env, "x" * 21)]
+    assert '{"query": "aspirin \\ud800"}' in responses[1]  # a JSON escape that decodes to a lone surrogate
+    assert env.rewards(trajectory(responses), examples) == [[pytest.approx(1.1)], [0.0], [0.0]]
+    assert env.retriever.calls == [(["good"], 3000)]
+    with FakeEngineServer({"11": "aspirin"}) as fake:
+        literature = qr.QueryRewriteEnv(qr.Config(task="literature", compare_raw=False),
+                                        SearchEngine(PubMed(), url=fake.url, rate_per_s=1e9))
+        example = {"id": "r", "question": "P: adults", "qrels": {"11": 1}, "max_date": "2019/05/01"}
+        rows = literature.results([answer(literature, "aspirin \ud800")], [example])
+        assert fake.request_count == 0
+    assert rows[0].metrics == {"recall@3000": 0.0}
 
 
 @pytest.fixture
@@ -205,6 +249,9 @@ def test_a_refused_query_retrieves_nothing_and_a_down_retriever_stops_the_run():
     examples = [{"id": str(i), "question": "q", "qrels": {"a": 1}} for i in range(2)]
     rewards = env.rewards(trajectory([answer(env, "good"), answer(env, "((bad")]), examples)
     assert rewards == [[pytest.approx(1.1)], [0.0]]  # NDCG 1 + format 0.1; nothing retrieved
+    every = env.rewards(trajectory([answer(env, "((bad"), answer(env, "((worse"), answer(env, "((bad")]),
+                        examples[:1] * 3)
+    assert every == [[0.0]] * 3  # every distinct rewrite refused (a mode-collapsed policy): no error
     down = qr.QueryRewriteEnv(qr.Config(task="classic"), RefusingRetriever({}, down=True))
     with pytest.raises(RetrievalUnavailable):
         down.rewards(trajectory([answer(down, "good")]), examples[:1])

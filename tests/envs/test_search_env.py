@@ -60,8 +60,9 @@ def test_empty_blank_and_overlong_queries_are_answered_without_searching():
     retriever = CountingRetriever()
     env = SearchEnv(retriever, Config(topk=1, max_query_chars=10))
     obs = env.observe([Action("search", ""), Action("search", " \n\t"), Action("search", "x" * 11),
-                       Action("search", "ok"), Action("invalid", "x")])
+                       Action("search", "ok"), Action("invalid", "x"), Action("search", "a \ud800")])
     assert retriever.calls == [["ok"]]
+    assert obs[5].info["error"] == "The search query is not valid text (character 3 is a lone surrogate)."
     empty = "The search query is empty."
     long = "The search query has 11 characters, more than 10: use a shorter one."
     assert [o.text for o in obs[:3]] == [information(empty), information(empty), information(long)]

@@ -35,12 +35,14 @@ _OPERATORS = {"and", "or", "not"}
 @dataclasses.dataclass(frozen=True)
 class Fault:
     """One scripted answer instead of the normal one. `body` None: the API's usual error body for `status`
-    (or, with status 200, the normal answer, after `delay_s`)."""
+    (or, with status 200, the normal answer, after `delay_s`). `trickle_s`: the body is sent a byte at a
+    time, this long apart."""
 
     status: int = 500
     body: bytes | None = None
     retry_after: str | None = None
     delay_s: float = 0.0
+    trickle_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,19 +55,15 @@ class Request:
     time: float
 
 
-_DATE_RANGE = re.compile(r'"[^"]*"\[(?:pdat|dp)\]\s*:\s*"[^"]*"\[(?:pdat|dp)\]', re.IGNORECASE)
-
-
 def words(text: str) -> list[str]:
     """Lowercase alphanumeric words."""
     return re.findall(r"[a-z0-9]+", text.lower())
 
 
 def rank(corpus: Mapping[str, str], query: str) -> list[str]:
-    """Ids of the documents containing every query word, most occurrences first, ties in corpus order.
-    PubMed date ranges (`"1970/01/01"[pdat] : "2020/12/31"[pdat]`) are accepted and match every document:
-    the fake corpus has no dates."""
-    terms = [w for w in words(_DATE_RANGE.sub(" ", query)) if w not in _OPERATORS]
+    """Ids of the documents containing every query word, most occurrences first, ties in corpus order. (A
+    date range, ESearch's mindate / maxdate, matches every document: the fake corpus has no dates.)"""
+    terms = [w for w in words(query) if w not in _OPERATORS]
     if not terms:
         return []
     scored = []
@@ -119,7 +117,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if fault is not None and (fault.status != HTTPStatus.OK or fault.body is not None):
             return self._send(fault.status, fault.body or self._fault_body(fault.status),
-                              fault.retry_after)
+                              fault.retry_after, trickle_s=fault.trickle_s)
         if url.path.endswith("/esearch.fcgi"):
             return self._esearch(params)
         if url.path.endswith("/studies"):
@@ -158,7 +156,7 @@ class _Handler(BaseHTTPRequestHandler):
         return f"<html><body><h1>{status} {HTTPStatus(status).phrase}</h1></body></html>".encode()
 
     def _send(self, status: int, data: bytes, retry_after: str | None = None,
-              content_type: str = "application/json") -> None:
+              content_type: str = "application/json", trickle_s: float = 0.0) -> None:
         try:
             self.send_response(status)
             self.send_header("Content-Type", content_type)
@@ -166,7 +164,13 @@ class _Handler(BaseHTTPRequestHandler):
             if retry_after is not None:
                 self.send_header("Retry-After", retry_after)
             self.end_headers()
-            self.wfile.write(data)
+            if not trickle_s:
+                return self.wfile.write(data)
+            for i in range(len(data)):
+                self.wfile.write(data[i:i + 1])
+                self.wfile.flush()
+                if self.server.closing.wait(trickle_s):
+                    break
         except OSError:  # the client gave up (a timeout test)
             self.close_connection = True
 

@@ -11,10 +11,11 @@ import pytest
 
 from searchrl.retrieval import RetrievalConfig, make_retriever
 from searchrl.retrieval.types import Hit
-from searchrl.tasks.deepretrieval.engines import (PUBMED_MAX_RESULTS, ClinicalTrials, Malformed, PubMed, RateLimiter,
-                                        SearchCache, SearchEngine, SearchEngineError, make_engine,
-                                        parse_esearch, parse_studies, retry_after_s)
-from tests.fakes.engines import Fault, FakeEngineServer, esearch_error_body, rank
+from searchrl.tasks.deepretrieval.engines import (MAX_RETRY_AFTER_S, PUBMED_MAX_RESULTS, ClinicalTrials,
+                                                  Malformed, PubMed, RateLimiter, SearchCache, SearchEngine,
+                                                  SearchEngineError, SearchEngineUnavailable, make_engine,
+                                                  parse_esearch, parse_studies, retry_after_s)
+from tests.fakes.engines import Fault, FakeEngineServer, esearch_error_body, studies_body
 from tests.processes import free_port
 
 CORPUS = {  # "cancer" ranks 1003 (3 times), 1001 (2), then 1002 and 1005 (1 each, corpus order)
@@ -182,7 +183,7 @@ def test_timeouts_and_refused_connections_are_retried(fake):
     clock = FakeClock()
     closed = SearchEngine(PubMed(), url=f"http://127.0.0.1:{free_port()}/", retries=1, clock=clock,
                           sleep=clock.sleep)
-    with pytest.raises(SearchEngineError, match="failed after 2 attempts; last: URLError"):
+    with pytest.raises(SearchEngineError, match="failed after 2 attempts; last: ConnectionRefusedError"):
         closed.ranked_ids("aspirin", 5)
 
 
@@ -349,7 +350,126 @@ def test_fake_server_speaks_the_real_formats(fake):
     assert get(fake.url + "esearch.fcgi?term=a") == (429, {"error": "API rate limit exceeded", "count": "11"})
 
 
-def test_fake_pubmed_accepts_the_date_range_the_env_adds():
-    corpus = {"1": "statins after stroke", "2": "statins", "3": "aspirin"}
-    query = '(statins stroke) AND ("1970/01/01"[pdat] : "2019/05/01"[pdat])'
-    assert rank(corpus, query) == ["1"]
+def studies(*ids, token=None):
+    """A scripted /studies page."""
+    return Fault(200, body=json.dumps(studies_body(list(ids), token)).encode())
+
+
+@pytest.mark.parametrize("body", [
+    b"[" * 100_000,  # nested too deep: RecursionError in the decoder
+    b'{"esearchresult": {"count": "\xc2\xb2", "idlist": []}}',  # a superscript two: not an ASCII digit
+    b'{"esearchresult": {"count": ' + b"9" * 5000 + b', "idlist": []}}',  # past int()'s 4,300 digits
+    b'{"esearchresult": {"count": "' + b"9" * 5000 + b'", "idlist": []}}',
+    b'{"esearchresult": {"count": "1_0", "idlist": ["1"]}}',
+    b'{"esearchresult": {"count": "2", "idlist": ["1", "\xd9\xa3"]}}',  # an Arabic-Indic digit
+    b'{"esearchresult": {"count": "1", "idlist": ["' + b"1" * 100 + b'"]}}',  # not an id
+])
+def test_hostile_bodies_are_retried_engine_errors(fake, body):
+    fake.inject(*[Fault(200, body=body)] * 2)
+    with pytest.raises(SearchEngineUnavailable, match="failed after 2 attempts; last: malformed body"):
+        engine(PubMed(), fake, retries=1).ranked_ids("aspirin", 5)
+
+
+def test_hostile_study_pages_are_retried_engine_errors(fake):
+    for study in ([{"protocolSection": {"identificationModule": {"nctId": ["NCT1"]}}}],
+                  [{"protocolSection": {"identificationModule": {"nctId": "NCT 1\n"}}}]):
+        fake.inject(Fault(200, body=json.dumps({"studies": study}).encode()))
+        assert engine(ClinicalTrials(), fake).ranked_ids("aspirin", 5) == ["NCT00000001", "NCT00000003"]
+    fake.inject(Fault(200, body=json.dumps({"studies": [], "nextPageToken": "\u00e9" * 3}).encode()))
+    assert engine(ClinicalTrials(), fake).ranked_ids("aspirin", 5) == ["NCT00000001", "NCT00000003"]
+
+
+@pytest.mark.parametrize("value, wait", [("\u00b2", 0.5), ("99999999999", 60.0), ("9" * 5000, 60.0),
+                                         ("Fri, 31 Dec 9999 23:59:59 GMT", 60.0), ("-3", 0.5)])
+def test_retry_after_is_validated_and_capped(fake, value, wait):
+    assert MAX_RETRY_AFTER_S == 60.0
+    fake.inject(Fault(429, retry_after=value))
+    clock = FakeClock()
+    assert engine(PubMed(), fake, clock).ranked_ids("aspirin", 5) == ["1002", "1004"]
+    assert clock.backoffs() == [wait]  # an invalid value: the backoff
+
+
+def test_a_trickled_body_is_cut_off_at_the_deadline(fake):
+    fake.inject(Fault(200, body=b'{"esearchresult": {"count": "0", "idlist": []}}', trickle_s=0.05))
+    start = time.monotonic()
+    assert engine(PubMed(), fake, timeout_s=0.3).ranked_ids("aspirin", 5) == ["1002", "1004"]
+    assert time.monotonic() - start < 2.0  # the trickle alone takes 2.4 s
+    assert fake.request_count == 2
+
+
+def test_a_body_over_the_cap_is_not_read_and_is_retried(fake):
+    search = engine(PubMed(), fake, retries=1)
+    search.max_body_bytes = 1000
+    huge = json.dumps({"esearchresult": {"count": "1", "idlist": ["1" * 50_000]}}).encode()
+    fake.inject(Fault(200, body=huge))
+    assert search.ranked_ids("aspirin", 5) == ["1002", "1004"]
+    fake.inject(*[Fault(200, body=huge)] * 2)
+    with pytest.raises(SearchEngineUnavailable, match="last: a body of 50049 bytes, more than 1000"):
+        search.ranked_ids("lung", 5)
+
+
+def test_ctgov_paging_stops_on_a_repeated_token_or_the_page_budget(fake):
+    fake.inject(studies("NCT1", token="same"), studies("NCT2", token="same"))
+    assert engine(ClinicalTrials(), fake).ranked_ids("aspirin", 100) == ["NCT1", "NCT2"]
+    assert fake.request_count == 2
+    fake.inject(studies("NCT9", token="a"), studies("NCT9", token="b"))
+    assert engine(ClinicalTrials(), fake).ranked_ids("cancer", 100) == ["NCT9"]  # nothing new: stop
+    assert fake.request_count == 4
+    fake.inject(*[studies(f"NCT{i}", token=f"t{i}") for i in range(10, 20)])
+    found = engine(ClinicalTrials(page_size=10), fake).ranked_ids("lung", 10)  # 2 * ceil(10 / 10) + 1 pages
+    assert found == ["NCT10", "NCT11", "NCT12"] and fake.request_count == 7
+
+
+def test_a_lone_surrogate_query_is_refused_without_a_request(fake):
+    with pytest.raises(SearchEngineError, match=r"query 'aspirin \\ud800' is not valid text"):
+        engine(PubMed(), fake).ranked_ids("aspirin \ud800", 5)
+    assert fake.request_count == 0
+
+
+def test_pubmed_dates_are_request_parameters_not_query_text(fake, tmp_path):
+    search = engine(PubMed(), fake, cache=str(tmp_path / "cache.jsonl"))
+    dated = search.published_between("1970/01/01", "2019/05/01")
+    assert dated.ranked_ids('aspirin"', 5) == ["1002", "1004"]
+    assert fake.requests[-1].params == {
+        "db": "pubmed", "term": 'aspirin"', "retmode": "json", "retstart": "0", "retmax": "5",
+        "datetype": "pdat", "mindate": "1970/01/01", "maxdate": "2019/05/01"}
+    assert search.ranked_ids('aspirin"', 5) == ["1002", "1004"] and fake.request_count == 2  # own entries
+    assert "datetype" not in fake.requests[-1].params
+    assert dated.limiter is search.limiter and dated.cache is search.cache
+    assert dated.api.cache_name == "pubmed?pdat=1970/01/01:2019/05/01"
+    assert PubMed(sort="relevance").published_between("2000", "2001/02").cache_name == \
+        "pubmed?sort=relevance&pdat=2000:2001/02"
+    with pytest.raises(ValueError, match="maxdate must be YYYY, YYYY/MM or YYYY/MM/DD, got '2019-05-01'"):
+        PubMed().published_between("1970/01/01", "2019-05-01")
+    with pytest.raises(ValueError, match="ctgov has no publication-date filter"):
+        engine(ClinicalTrials(), fake).published_between("1970/01/01", "2019/05/01")
+
+
+@pytest.mark.parametrize("line", [
+    b"[" * 100_000 + b"\n",
+    b'{"engine": "pubmed", "query": "a", "k": 3, "ids": [1, null, {"a": 1}]}\n',
+    b'{"engine": "pubmed", "query": "a", "k": true, "ids": ["1"]}\n',
+    b'{"engine": "pubmed", "query": "a", "k": ' + b"9" * 5000 + b', "ids": ["1"]}\n',
+    b"\xff\xfe\n",
+])
+def test_cache_skips_lines_of_the_wrong_shape(tmp_path, line):
+    path = tmp_path / "cache.jsonl"
+    good = json.dumps({"engine": "pubmed", "query": "b", "k": 1, "ids": ["7"]}).encode() + b"\n"
+    path.write_bytes(line + good)
+    with pytest.warns(UserWarning, match=r"skipped 1 torn or undecodable line\(s\): \[1\]"):
+        cache = SearchCache(path)
+    assert cache.get("pubmed", "a", 1) is None and cache.get("pubmed", "b", 1) == ["7"]
+    cache.close()
+
+
+def test_a_cache_file_rewritten_under_it_is_a_miss(tmp_path):
+    path = tmp_path / "cache.jsonl"
+    cache = SearchCache(path)
+    cache.put("pubmed", "a", 2, ["1", "2"])
+    cache.put("pubmed", "b", 2, ["3", "4"])
+    path.write_bytes(b"garbage\n" * 20)  # another process rewrote the file in place
+    assert cache.get("pubmed", "a", 2) is None and cache.get("pubmed", "b", 1) is None
+    good = json.dumps({"engine": "pubmed", "query": "b", "k": 2, "ids": ["3", "4"]}).encode() + b"\n"
+    path.write_bytes(good + good)  # the same offsets now hold another entry's line
+    assert cache.get("pubmed", "a", 2) is None
+    cache.close()

@@ -91,10 +91,27 @@ def test_qrels_readers(tmp_path):
         read_qrels(bad)
 
 
+def test_qrels_byte_order_mark_and_negative_grades(tmp_path):
+    """A BOM once made the header a judgement ("relevance must be an integer, got 'score'"); negative
+    grades are TREC's (e.g. -2: junk) and count as not relevant."""
+    beir = tmp_path / "test.tsv"
+    beir.write_bytes(b"\xef\xbb\xbfquery-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\t-2\n")
+    assert read_beir_qrels(beir) == read_qrels(beir) == {"q1": {"d1": 1, "d2": -2}}
+    trec = tmp_path / "qrels.txt"
+    trec.write_bytes(b"\xef\xbb\xbfq1 0 d1 1\nq1 0 d2 -2\n")
+    assert read_trec_qrels(trec) == read_qrels(trec) == {"q1": {"d1": 1, "d2": -2}}
+    assert ndcg_at_k(["d2", "d1"], {"d1": 1, "d2": -2}, 2) == pytest.approx(1 / math.log2(3))
+    assert recall_at_k(["d2"], {"d1": 1, "d2": -2}, 1) == 0.0
+
+
 @pytest.mark.parametrize("content, reason", [
     (b"q1\td1\t1\nq2\td\xff2\t1\n", r":2: not UTF-8 \(at character 5\)"),
     (b"q1 0 d1 1\r\nq1 0 d2 " + b"7" * 5000 + b"\r\n", r":2: relevance must be an integer, got '7777"),
     (b"query-id\tcorpus-id\tscore\n\n\nq1\td1\n", r":4: expected query-id<TAB>corpus-id<TAB>score"),
+    (b"query-id\tcorpus-id\tscore\nq1\td1\t1_0\n", r":2: relevance must be an integer, got '1_0'"),
+    ("q1\td1\t\u0663\n".encode(), r":1: relevance must be an integer, got '\u0663'"),  # Arabic-Indic 3
+    (b"q1 0 d1 +1\n", r":1: relevance must be an integer, got '\+1'"),
+    (b"q1 0 d1 --1\n", r":1: relevance must be an integer, got '--1'"),
 ])
 def test_qrels_hazards_name_file_and_line(tmp_path, content, reason):
     bad = tmp_path / "bad.qrels"

@@ -12,7 +12,7 @@ import pytest
 
 from searchrl.retrieval import RetrievalConfig, make_retriever
 from searchrl.retrieval.remote import RemoteRetriever, parse_response
-from searchrl.retrieval.types import Hit, RetrievalError
+from searchrl.retrieval.types import Hit, RetrievalError, search_each
 from searchrl.serving.server import Batcher, Limits, RequestError, RetrievalServer, parse_request
 
 
@@ -81,6 +81,7 @@ def test_retrieve_with_and_without_scores(server):
     ({"queries": ["ok", 7]}, 400, r'"queries"\[1\] must be a string'),
     ({"queries": ["ok", "  "]}, 400, r'"queries"\[1\] is empty'),
     ({"queries": ["x" * 51]}, 400, "51 characters, more than 50"),
+    ({"queries": ["ok", "alpha \ud800"]}, 400, r'"queries"\[1\] is not valid text'),  # a lone surrogate
     ({"queries": ["q"] * 9}, 413, "9 entries, more than 8"),
     ({"queries": ["q"], "topk": 0}, 400, r'"topk" must be an integer in \[1, 20\]'),
     ({"queries": ["q"], "topk": 21}, 400, '"topk" must be'),
@@ -274,6 +275,49 @@ def test_client_against_server(server, fake):
     assert [len(queries) for queries, _ in fake.calls] == [3, 3, 1]  # split into batches of 3
     with pytest.raises(RetrievalError, match=r"HTTP 400: \"topk\" must be an integer in \[1, 20\], got 99$"):
         client.search(["q"], 99)
+
+
+class TokenizingRetriever(FakeRetriever):
+    """Fails the whole search call on a lone surrogate, as a tokenizer does."""
+
+    def search(self, queries, k):
+        for q in queries:
+            q.encode("utf-8")
+        return super().search(queries, k)
+
+
+def test_a_lone_surrogate_query_fails_only_itself():
+    fake = TokenizingRetriever()
+    with RetrievalServer(fake, "127.0.0.1", 0).start() as server:
+        outcomes = search_each(RemoteRetriever(server.url, retries=0), ["alpha", "alpha \ud800", "beta"], 1)
+    assert [o[0].id for o in (outcomes[0], outcomes[2])] == ["alpha-0", "beta-0"]
+    assert isinstance(outcomes[1], RetrievalError) and "not valid text" in str(outcomes[1])
+
+
+def test_a_failing_request_does_not_fail_the_others_of_its_batch():
+    class Picky(FakeRetriever):
+        def search(self, queries, k):
+            if "boom" in queries:
+                raise RuntimeError("cannot search boom")
+            return super().search(queries, k)
+
+    fake = Picky()
+    batcher = Batcher(fake, Limits(max_wait_ms=200))
+    results = {}
+
+    def ask(query):
+        try:
+            results[query] = batcher.search([query], 1)
+        except RuntimeError as e:
+            results[query] = e
+    threads = [threading.Thread(target=ask, args=(q,)) for q in ("a", "boom", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    batcher.close()
+    assert results["a"][0][0].id == "a-0" and results["b"][0][0].id == "b-0"
+    assert str(results["boom"]) == "cannot search boom"
 
 
 class FlakyHandler(BaseHTTPRequestHandler):

@@ -4,6 +4,7 @@ envs' action parsers take linear time on 1 MB adversarial texts.
 Texts are either arbitrary (surrogates included: a JSON escape can make one) or made of the protocol's
 fragments, so that tags, end tokens, fences and JSON meet often.
 """
+import json
 import math
 import sqlite3
 import time
@@ -13,7 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from searchrl.episode import Action
+from searchrl.retrieval.types import Hit, RetrievalError
+from searchrl.serving import server
 from searchrl.tasks.autosearch import rewards as au
+from searchrl.tasks.deepretrieval import engines
 from searchrl.tasks.deepretrieval import env as qr
 from searchrl.tasks.deepretrieval import rewards as dr
 from searchrl.tasks.rpl import env as program
@@ -170,3 +174,75 @@ def test_env_actions_take_linear_time(text):
         env.parse_action(text, 0)
     PROGRAM.parse_action(text, 0)
     assert time.perf_counter() - start < 1.0
+
+
+class EncodingRetriever:
+    """A backend that, like a tokenizer, a URL or an HTTP body, fails the whole call on text it cannot
+    encode, and refuses a query holding "((" as a search engine refuses a bad Boolean query."""
+
+    def search(self, queries, k):
+        for q in queries:
+            q.encode("utf-8")
+            if "((" in q:
+                raise RetrievalError("cannot parse the query")
+        return [[Hit(f"{q[:3]}-{i}", 1.0 / (i + 1)) for i in range(k)] for q in queries]
+
+
+SEARCHING = search_env.SearchEnv(EncodingRetriever(), search_env.Config(topk=2))
+SEARCH_SPACE = program.ProgramEnv(program.Config(action_space="search"),
+                                  RetrievalSDK(sparse=EncodingRetriever()))
+PROGRAMS = program.ProgramEnv(program.Config(),
+                              RetrievalSDK(sparse=EncodingRetriever(), dense=EncodingRetriever()))
+REWRITING = qr.QueryRewriteEnv(qr.Config(task="classic", reasoning=False, depth=3, compare_raw=False),
+                               EncodingRetriever())
+query_texts = st.one_of(texts, st.text(st.sampled_from(["\ud800", "\udfff", " ", "a", "(", "\x00"]),
+                                       max_size=8))
+
+
+@FUZZ
+@given(st.lists(query_texts, min_size=1, max_size=3))
+def test_any_model_text_sent_to_a_backend_is_an_observation_or_a_reward(queries):
+    """Lone surrogates, blanks and refused queries, alone or with good neighbours, never raise."""
+    searches = [Action("search", q) for q in queries + ["good"]]
+    for env in (SEARCHING, SEARCH_SPACE):
+        observations = env.observe(searches)
+        assert observations[-1].info["doc_ids"] and all(isinstance(o.text, str) for o in observations)
+    for q in queries:
+        for function in ("sparse_retrieval", "dense_retrieval"):
+            [observation] = PROGRAMS.observe([Action("program", f"show({function}({q!r}, 2))")])
+            assert isinstance(observation.text, str)
+    responses = [f"{json.dumps({'query': q})}\n</answer>" for q in queries + ["ok"]]  # after "<answer>\n"
+    examples = [{"id": str(i), "question": "q", "qrels": {"ok-0": 1}} for i in range(len(responses))]
+    rows = REWRITING.results(responses, examples)
+    assert rows[-1].metrics["recall@10"] == 1.0
+
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), query_texts,
+              st.sampled_from(["1", "\u00b2", "1_0", "\u0663", "9" * 30, "NCT0001", "tok"])),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["esearchresult", "count", "idlist", "ERROR", "error", "studies", "protocolSection",
+                         "identificationModule", "nctId", "nextPageToken", "queries", "topk"]), inner,
+        max_size=4), max_leaves=12)
+
+
+@FUZZ
+@given(json_values, query_texts)
+def test_engine_responses_cache_lines_and_server_requests(body, header):
+    """What a search engine or a client sends is parsed into ids or a documented error, never a crash."""
+    for parse in (lambda: engines.parse_esearch(body, 0), lambda: engines.parse_studies(body)):
+        try:
+            ids, _ = parse()
+        except (engines.Malformed, engines.Refused):
+            continue
+        assert all(engines.is_id(i) for i in ids)
+    wait = engines.retry_after_s(header)
+    assert wait is None or 0.0 <= wait <= engines.MAX_RETRY_AFTER_S
+    line = json.dumps({"engine": "pubmed", "query": header, "k": 3, "ids": body}).encode() + b"\n"
+    record = engines._decode(line)
+    assert record is None or all(engines.is_id(i) for i in record["ids"])
+    try:
+        queries, _, _ = server.parse_request(body, server.Limits())
+    except server.RequestError:
+        return
+    assert all(q.strip() and q.encode("utf-8") for q in queries)

@@ -264,6 +264,20 @@ def test_metric_writer_drops_rows_past_the_resumed_step(tmp_path):
         {"step": 1, "x": 1}, {"step": 2, "x": 2}, {"step": 2, "eval/x": 0.5}, {"step": 3, "x": 30}]
 
 
+@pytest.mark.parametrize("damage", [b"\xff\xfe\x00garbage\n", b'{"x": 3}\n', b'{"step": "3"}\n', b"[1, 2]\n",
+                                    b'{"step": true}\n', b"[" * 100_000 + b"\n"])
+def test_a_damaged_metrics_file_is_set_aside_not_a_failed_resume(tmp_path, caplog, damage):
+    """Non-UTF-8 bytes after the last row, or a row edited by hand, once stopped the resume."""
+    path = tmp_path / "metrics.jsonl"
+    rows = b'{"step": 2, "x": 2}\n{"step": 3, "x": 3}\n'
+    path.write_bytes(b'{"step": 1, "x": 1}\n' + damage + rows + damage)
+    with caplog.at_level(logging.WARNING, logger="searchrl.metric_writer"):
+        MetricWriter(str(tmp_path), enabled=True, resume_step=2).close()
+    assert read_metrics(path) == [{"step": 1, "x": 1}, {"step": 2, "x": 2}]
+    assert (tmp_path / "metrics.jsonl.corrupt").read_bytes() == damage * 2  # kept, not lost
+    assert f"{path}: set aside 2 damaged line(s) (lines 2, 5) in {path}.corrupt" in caplog.text
+
+
 def test_resume_past_a_corrupt_checkpoint_logs_each_step_once(tmp_path, tokenizer, caplog):
     config = make_config(tmp_path)
     config.train.checkpoint_every = 2

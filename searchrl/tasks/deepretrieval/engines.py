@@ -5,25 +5,35 @@ A `SearchEngine` pages through one API until it has k ids, spacing every request
 `RateLimiter`, retrying transient failures with exponential backoff, and remembering each (engine, query, k)
 in a `SearchCache` so a training run never asks twice. Hits carry the engine's ids in its order, score
 1 / rank (rank 1 first), and no title or text (ESearch and NCTId-only study pages return ids alone).
-Stdlib only (urllib).
+
+No server can hold or crash a client, as with the `/retrieve` client (`searchrl.retrieval.remote`): each
+attempt is over within `timeout_s` however slowly the body trickles, a Retry-After is honoured only when it
+is a valid value and then for at most MAX_RETRY_AFTER_S, a body over MAX_BODY_BYTES is not read, a body of
+the wrong shape (deep nesting, non-ASCII digits, huge integers, ids that are not ids) is a retried engine
+error, and paging stops at a repeated page token or after a page budget. Stdlib only (http.client).
 """
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import email.utils
+import functools
 import http.client
 import json
+import math
 import os
+import re
+import reprlib
+import ssl
 import sys
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 import warnings
 from typing import Any, Callable, Protocol, Sequence
 
 from searchrl.retrieval import RETRIEVERS, RetrievalConfig
+from searchrl.retrieval.remote import DeadlineSocket
 from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable
 
 Cursor = int | str | None  # the next page: ESearch's retstart or CT.gov's pageToken; None: the first page
@@ -34,7 +44,12 @@ CTGOV_RATE = 50 / 60  # ClinicalTrials.gov: about 50 requests per minute per IP
 PUBMED_MAX_RESULTS = 9_999  # ESearch refuses retstart > 9998: only a query's first 9,999 PubMed records
 PUBMED_PAGE_SIZE = 10_000  # the most ids one ESearch response holds
 CTGOV_PAGE_SIZE = 1_000  # the largest page API v2 serves (a larger pageSize is coerced down)
-_HEADERS = {"User-Agent": "searchrl", "Accept": "application/json"}
+MAX_RETRY_AFTER_S = 60.0  # the longest Retry-After honoured
+MAX_BODY_BYTES = 8 << 20  # the largest response body read (a full ESearch page is about 150 KB)
+MAX_ID_CHARS = 64  # the longest id taken from a response
+MAX_TOKEN_CHARS = 4096  # the longest CT.gov page token followed
+_HEADERS = {"User-Agent": "searchrl", "Accept": "application/json", "Connection": "close"}
+_DATE = re.compile(r"[0-9]{4}(/[0-9]{2}(/[0-9]{2})?)?")  # E-utilities: YYYY, YYYY/MM or YYYY/MM/DD
 
 
 class SearchEngineError(RetrievalError):
@@ -66,39 +81,67 @@ def short(query: str, limit: int = 80) -> str:
     return repr(query if len(query) <= limit else query[:limit] + "...")
 
 
+def brief(value: Any) -> str:
+    """A bounded repr of a decoded body for error messages: deep or huge values are abbreviated."""
+    return reprlib.repr(value)[:200]
+
+
+def _text(value: Any) -> str:
+    """An error field's text: a string as it is (shortened), anything else as `brief` shows it."""
+    return value[:300] if isinstance(value, str) else brief(value)
+
+
+def is_id(value: Any) -> bool:
+    """Whether a response value is an id: a string of 1 to MAX_ID_CHARS printable ASCII characters, no
+    spaces."""
+    return (isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS and value.isascii()
+            and value.isprintable() and " " not in value)
+
+
+def _count(value: Any) -> int | None:
+    """ESearch's "count": a string of at most 18 ASCII digits (int() takes "²" and "1_0", and refuses 4,300
+    digits), else None."""
+    text = value if isinstance(value, str) else ""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
 def parse_esearch(body: Any, retstart: int) -> tuple[list[str], Cursor]:
     """An ESearch JSON body -> (this page's PMIDs, the next page's retstart or None when no more)."""
     if isinstance(body, dict) and "error" in body:
-        raise Refused(str(body["error"]))
+        raise Refused(_text(body["error"]))
     result = body.get("esearchresult") if isinstance(body, dict) else None
     if not isinstance(result, dict):
-        raise Malformed(f'expected {{"esearchresult": {{...}}}}, got {body!r:.200}')
+        raise Malformed(f'expected {{"esearchresult": {{...}}}}, got {brief(body)}')
     if "ERROR" in result:
-        raise Refused(str(result["ERROR"]))
-    ids, count = result.get("idlist"), str(result.get("count", ""))
-    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids) or not count.isdigit():
-        raise Malformed(f'expected "count" and an "idlist" of strings, got {result!r:.200}')
+        raise Refused(_text(result["ERROR"]))
+    ids, count = result.get("idlist"), _count(result.get("count"))
+    if not isinstance(ids, list) or count is None:
+        raise Malformed(f'expected a digit-string "count" and an "idlist", got {brief(result)}')
+    if not all(is_id(i) and i.isdigit() for i in ids):
+        raise Malformed(f'"idlist" must hold PMIDs (digit strings), got {brief(ids)}')
     end = retstart + len(ids)
-    return ids, end if ids and end < min(int(count), PUBMED_MAX_RESULTS) else None
+    return ids, end if ids and end < min(count, PUBMED_MAX_RESULTS) else None
 
 
 def parse_studies(body: Any) -> tuple[list[str], Cursor]:
     """A ClinicalTrials.gov /studies JSON body -> (this page's NCT ids, the next page's token or None)."""
     studies = body.get("studies") if isinstance(body, dict) else None
     if not isinstance(studies, list):
-        raise Malformed(f'expected {{"studies": [...]}}, got {body!r:.200}')
+        raise Malformed(f'expected {{"studies": [...]}}, got {brief(body)}')
     ids = []
     for study in studies:
         try:
             nct_id = study["protocolSection"]["identificationModule"]["nctId"]
         except (KeyError, TypeError):
             nct_id = None
-        if not isinstance(nct_id, str):
-            raise Malformed(f"a study without protocolSection.identificationModule.nctId: {study!r:.200}")
+        if not is_id(nct_id):
+            raise Malformed(f"a study without an id at protocolSection.identificationModule.nctId: "
+                            f"{brief(study)}")
         ids.append(nct_id)
     token = body.get("nextPageToken")
-    if token is not None and not isinstance(token, str):
-        raise Malformed(f'"nextPageToken" must be a string, got {token!r:.100}')
+    if token is not None and not (isinstance(token, str) and len(token) <= MAX_TOKEN_CHARS
+                                  and token.isascii() and token.isprintable()):
+        raise Malformed(f'"nextPageToken" must be a printable ASCII string, got {brief(token)}')
     return ids, token or None
 
 
@@ -110,6 +153,7 @@ class LiteratureAPI(Protocol):
     default_url: str
     default_rate_per_s: float
     max_results: int  # the most ids one query can get
+    page_size: int  # the most ids one page is asked for
     path: str  # appended to the base URL
 
     def params(self, query: str, cursor: Cursor, want: int) -> dict[str, str]:
@@ -124,13 +168,15 @@ class LiteratureAPI(Protocol):
 class PubMed:
     """NCBI E-utilities ESearch on db=pubmed. `api_key` (default: $NCBI_API_KEY) raises the rate limit to
     10/s; `sort` ("" = ESearch's default order, as DeepRetrieval uses; or relevance, pub_date, ...);
-    `tool`/`email` identify the caller to NCBI. A date filter belongs in the term, e.g.
-    `... AND ("1970/01/01"[dp] : "2020/12/31"[dp])`."""
+    `tool`/`email` identify the caller to NCBI. `published_between` gives the API restricted to a
+    publication-date range, sent as ESearch's own parameters (`datetype=pdat`, `mindate`, `maxdate`) so that
+    no query text can switch it off."""
 
     name = "pubmed"
     default_url = PUBMED_URL
     max_results = PUBMED_MAX_RESULTS
     path = "esearch.fcgi"
+    date_range: tuple[str, str] | None = None  # (mindate, maxdate)
 
     def __init__(self, api_key: str | None = None, sort: str = "", tool: str = "", email: str = "",
                  page_size: int = PUBMED_PAGE_SIZE):
@@ -141,11 +187,25 @@ class PubMed:
         self.cache_name = f"pubmed?sort={sort}" if sort else "pubmed"
         self.default_rate_per_s = PUBMED_RATE_WITH_KEY if self.api_key else PUBMED_RATE
 
+    def published_between(self, mindate: str, maxdate: str) -> PubMed:
+        """This API restricted to records published from `mindate` to `maxdate` (YYYY[/MM[/DD]]), with its
+        own cache entries."""
+        for name, date in (("mindate", mindate), ("maxdate", maxdate)):
+            if not (date.isascii() and _DATE.fullmatch(date)):
+                raise ValueError(f"pubmed: {name} must be YYYY, YYYY/MM or YYYY/MM/DD, got {date!r:.40}")
+        dated = copy.copy(self)
+        dated.date_range = (mindate, maxdate)
+        separator = "&" if "?" in self.cache_name else "?"
+        dated.cache_name = f"{self.cache_name}{separator}pdat={mindate}:{maxdate}"
+        return dated
+
     def params(self, query: str, cursor: Cursor, want: int) -> dict[str, str]:
         retstart = int(cursor or 0)
         retmax = min(want, self.page_size, PUBMED_MAX_RESULTS - retstart)
         params = {"db": "pubmed", "term": query, "retmode": "json", "retstart": str(retstart),
                   "retmax": str(retmax)}
+        if self.date_range is not None:
+            params |= {"datetype": "pdat", "mindate": self.date_range[0], "maxdate": self.date_range[1]}
         optional = {"sort": self.sort, "tool": self.tool, "email": self.email, "api_key": self.api_key}
         return params | {name: value for name, value in optional.items() if value}
 
@@ -203,7 +263,9 @@ class SearchCache:
     object a line; a result for a larger k serves a smaller k (its prefix).
 
     Crash-safe: a line is written with one append and fsync'd, so a crash can tear only the last line, which
-    the next load skips with a warning (as it does any undecodable line). Memory holds only the index, each
+    the next load skips with a warning (as it does any undecodable line, or one of the wrong shape). It is
+    only a cache: an entry whose line no longer reads back as that entry (the file was rewritten under it) is
+    a miss. Memory holds only the index, each
     entry's offset in the file; ids are read back on a hit. Thread-safe. One writing process per file: give
     each process of a multi-process run its own path.
     """
@@ -247,8 +309,14 @@ class SearchCache:
             entry = self._index.get((engine, query))
         if entry is None or entry[0] < k:
             return None
-        _, offset, length = entry
-        return json.loads(os.pread(self._reader, length, offset))["ids"][:k]
+        known_k, offset, length = entry
+        try:
+            record = _decode(os.pread(self._reader, length, offset))
+        except OSError:
+            return None
+        if record is None or (record["engine"], record["query"], record["k"]) != (engine, query, known_k):
+            return None
+        return record["ids"][:k]
 
     def put(self, engine: str, query: str, k: int, ids: Sequence[str]) -> None:
         """Appends a result, unless one for at least this k is already cached."""
@@ -271,16 +339,20 @@ class SearchCache:
 
 
 def _decode(line: bytes) -> dict[str, Any] | None:
-    """A complete, well-formed cache line, else None."""
+    """A complete, well-formed cache line ({"engine": str, "query": str, "k": int >= 1, "ids": [id, ...]}),
+    else None."""
     if not line.endswith(b"\n"):
         return None
     try:
         record = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, integers too long, nested too deep
         return None
-    valid = (isinstance(record, dict) and isinstance(record.get("engine"), str)
-             and isinstance(record.get("query"), str) and isinstance(record.get("k"), int)
-             and isinstance(record.get("ids"), list))
+    if not isinstance(record, dict):
+        return None
+    k, ids = record.get("k"), record.get("ids")
+    valid = (isinstance(record.get("engine"), str) and isinstance(record.get("query"), str)
+             and isinstance(k, int) and not isinstance(k, bool) and k >= 1
+             and isinstance(ids, list) and all(is_id(i) for i in ids))
     return record if valid else None
 
 
@@ -290,39 +362,112 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _error_message(error: urllib.error.HTTPError) -> str:
+def _error_message(data: bytes) -> str:
     """The server's {"error": ...} message, else the start of its raw body."""
+    text = data[:4096].decode(errors="replace")
     try:
-        text = error.read().decode(errors="replace")
-    except (OSError, http.client.HTTPException):
-        return ""
-    try:
-        return str(json.loads(text)["error"])
-    except (json.JSONDecodeError, KeyError, TypeError):
+        return str(json.loads(text)["error"])[:300]
+    except (ValueError, RecursionError, KeyError, TypeError):
         return text[:300]
 
 
 def retry_after_s(value: str | None, now: float | None = None) -> float | None:
-    """A Retry-After header (delay seconds, or an HTTP date) in seconds from now; None when absent or bad."""
+    """A Retry-After header (ASCII delay seconds, or an HTTP date) in seconds from now, at most
+    MAX_RETRY_AFTER_S; None when absent or not a valid value."""
     if value is None:
         return None
-    if value.strip().isdigit():
-        return float(value)
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        return min(float(value), MAX_RETRY_AFTER_S)  # float(): no digit limit, a huge value is inf
     try:
         when = email.utils.parsedate_to_datetime(value).timestamp()
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    return max(0.0, when - (time.time() if now is None else now))
+    return min(max(0.0, when - (time.time() if now is None else now)), MAX_RETRY_AFTER_S)
+
+
+class _DeadlineTLSSocket(ssl.SSLSocket):
+    """A TLS socket whose every receive and send times out when `deadline` (a `time.monotonic()` instant)
+    passes, as `DeadlineSocket` for plain HTTP."""
+
+    deadline: float | None = None
+
+    def _arm(self) -> None:
+        if self.deadline is None:
+            return self.settimeout(None)
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed")
+        self.settimeout(left)
+
+    def recv_into(self, *args: Any) -> int:
+        self._arm()
+        return super().recv_into(*args)
+
+    def sendall(self, *args: Any) -> None:
+        self._arm()
+        super().sendall(*args)
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    context.sslsocket_class = _DeadlineTLSSocket
+    return context
+
+
+class _Connection(http.client.HTTPConnection):
+    """A plain HTTP connection whose whole exchange must be over by `deadline`."""
+
+    def __init__(self, host: str, port: int | None, deadline: float):
+        super().__init__(host, port, timeout=max(deadline - time.monotonic(), 1e-3))
+        self.deadline = deadline
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock = DeadlineSocket.adopt(self.sock)
+        self.sock.deadline = self.deadline
+
+
+class _TLSConnection(http.client.HTTPSConnection):
+    """An HTTPS connection whose whole exchange must be over by `deadline`."""
+
+    def __init__(self, host: str, port: int | None, deadline: float):
+        super().__init__(host, port, timeout=max(deadline - time.monotonic(), 1e-3), context=_tls_context())
+        self.deadline = deadline
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock.deadline = self.deadline
+
+
+def read_body(response: http.client.HTTPResponse, max_bytes: int) -> bytes:
+    """The response's body; `BodyTooLarge` when it is over `max_bytes` (said by Content-Length or found while
+    reading), so that a huge body is never read whole."""
+    length = response.getheader("Content-Length", "")
+    if length.isascii() and length.isdigit() and (len(length) > 18 or int(length) > max_bytes):
+        raise BodyTooLarge(f"a body of {length:.20} bytes, more than {max_bytes}")
+    data = response.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise BodyTooLarge(f"a body of more than {max_bytes} bytes")
+    return data
+
+
+class BodyTooLarge(Exception):
+    """A response body over the engine's `max_body_bytes` (retried: a broken proxy may send one)."""
 
 
 class SearchEngine:
     """A Retriever over a literature search API: for each query, up to k ids in the engine's rank order.
 
-    Every request waits on one `RateLimiter` (rate_per_s; 0: the API's default). A 429, a 5xx, a timeout, a
-    dropped connection or a malformed body is retried `retries` times, after backoff_s * 2**(attempt - 1)
-    seconds, or after the server's Retry-After when it sends one; any other 4xx, or an answer that refuses
-    the query (E-utilities' ERROR), raises SearchEngineError at once. A blank query gets no hits and no
-    request. The queries of a batch run on up to `workers` threads (duplicates once), so latency overlaps
+    Every request waits on one `RateLimiter` (rate_per_s; 0: the API's default) and must be over within
+    `timeout_s`. A 429, a 5xx, a timeout, a dropped connection, a body over `max_body_bytes` or a malformed
+    body is retried `retries` times, after backoff_s * 2**(attempt - 1) seconds, or after the server's
+    Retry-After (at most MAX_RETRY_AFTER_S) when it sends a valid one; any other status, or an answer that
+    refuses the query (E-utilities' ERROR), raises SearchEngineError at once, as does a query that is not
+    valid text (a lone surrogate). A blank query gets no hits and no request. Paging stops at k ids, at the
+    last page, at a page that adds no new id or repeats a page token, or after 2 * ceil(k / page_size) + 1
+    pages. The queries of a batch run on up to `workers` threads (duplicates once), so latency overlaps
     while the limiter keeps the rate. `cache` (a SearchCache or a path; None: none) answers repeats without a
     request; a result shorter than its k holds all the engine has, so it answers every k.
     """
@@ -333,6 +478,12 @@ class SearchEngine:
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
         self.api = api
         self.url = (url or api.default_url).rstrip("/") + "/"
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{api.name}: the url must be http(s)://HOST[:PORT]/PATH, got {self.url!r}")
+        self._connection = _TLSConnection if parts.scheme == "https" else _Connection
+        self._host, self._port, self._base_path = parts.hostname, parts.port, parts.path
+        self.max_body_bytes = MAX_BODY_BYTES
         self.limiter = RateLimiter(rate_per_s or api.default_rate_per_s, clock, sleep)
         self.timeout_s, self.retries, self.backoff_s, self.workers = timeout_s, retries, backoff_s, workers
         self.cache = SearchCache(cache) if isinstance(cache, (str, os.PathLike)) else cache
@@ -360,6 +511,11 @@ class SearchEngine:
             raise ValueError(f"{self.api.name}: k must be at least 1, got {k}")
         if not query.strip():
             return []
+        try:
+            query.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise SearchEngineError(f"{self.api.name}: query {short(query)} is not valid text (character "
+                                    f"{e.start + 1} is a lone surrogate)") from None
         k = min(k, self.api.max_results)
         if self.cache is not None:
             cached = self.cache.get(self.api.cache_name, query, k)
@@ -370,26 +526,40 @@ class SearchEngine:
             self.cache.put(self.api.cache_name, query, k if len(ids) == k else self.api.max_results, ids)
         return ids
 
+    def published_between(self, mindate: str, maxdate: str) -> SearchEngine:
+        """This engine restricted to records published from `mindate` to `maxdate`, sharing its rate limiter
+        and cache; ValueError when its API has no publication-date filter."""
+        restrict = getattr(self.api, "published_between", None)
+        if restrict is None:
+            raise ValueError(f"{self.api.name} has no publication-date filter")
+        dated = copy.copy(self)
+        dated.api = restrict(mindate, maxdate)
+        return dated
+
     def close(self) -> None:
         """Closes the cache (also when it was passed in, shared)."""
         if self.cache is not None:
             self.cache.close()
 
     def _fetch(self, query: str, k: int) -> list[str]:
-        """Pages until k distinct ids or the last page; ids repeated across pages count once."""
+        """Pages until k distinct ids or the last page (see the class docstring for the other stops); ids
+        repeated across pages count once."""
         ids: dict[str, None] = {}
         cursor: Cursor = None
-        while len(ids) < k:
+        followed: set[Cursor] = set()
+        for _ in range(2 * math.ceil(k / self.api.page_size) + 1):
             page, cursor = self._page(query, cursor, k - len(ids))
+            before = len(ids)
             ids.update(dict.fromkeys(page))
-            if cursor is None or not page:
+            if len(ids) >= k or cursor is None or len(ids) == before or cursor in followed:
                 break
+            followed.add(cursor)
         return list(ids)[:k]
 
     def _page(self, query: str, cursor: Cursor, want: int) -> tuple[list[str], Cursor]:
         """One page, rate-limited and retried."""
-        url = self.url + self.api.path + "?" + urllib.parse.urlencode(self.api.params(query, cursor, want))
-        request = urllib.request.Request(url, headers=_HEADERS)
+        target = (self._base_path + self.api.path + "?"
+                  + urllib.parse.urlencode(self.api.params(query, cursor, want)))
         where = f"{self.api.name}: query {short(query)}"
         last = _Transient("no attempt")
         for attempt in range(self.retries + 1):
@@ -397,29 +567,36 @@ class SearchEngine:
                 self.sleep(self.backoff_s * 2 ** (attempt - 1) if last.wait_s is None else last.wait_s)
             self.limiter.wait()
             try:
-                return self._attempt(request, cursor, where)
+                return self._attempt(target, cursor, where)
             except _Transient as e:
                 last = e
         raise SearchEngineUnavailable(f"{where}: failed after {self.retries + 1} attempts; last: {last}")
 
-    def _attempt(self, request: urllib.request.Request, cursor: Cursor,
-                 where: str) -> tuple[list[str], Cursor]:
-        """One request: the parsed page, _Transient for what is worth retrying, else SearchEngineError."""
+    def _attempt(self, target: str, cursor: Cursor, where: str) -> tuple[list[str], Cursor]:
+        """One GET of `target`, over within `timeout_s`: the parsed page, _Transient for what is worth
+        retrying, else SearchEngineError."""
+        connection = self._connection(self._host, self._port, time.monotonic() + self.timeout_s)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                data = response.read()
-        except urllib.error.HTTPError as e:
-            message = _error_message(e)
-            if e.code != 429 and e.code < 500:
-                raise SearchEngineError(f"{where}: HTTP {e.code}: {message}") from None
-            wait_s = retry_after_s(e.headers.get("Retry-After"))
-            raise _Transient(f"HTTP {e.code}: {message}", wait_s) from None
+            connection.request("GET", target, headers=_HEADERS)
+            response = connection.getresponse()
+            data = read_body(response, self.max_body_bytes)
         except (OSError, http.client.HTTPException) as e:  # timeouts, refused/reset connections, short reads
             raise _Transient(f"{type(e).__name__}: {e}") from None
+        except BodyTooLarge as e:
+            raise _Transient(str(e)) from None
+        finally:
+            connection.close()
+        if response.status == 429 or response.status >= 500:
+            wait_s = retry_after_s(response.getheader("Retry-After"))
+            raise _Transient(f"HTTP {response.status}: {_error_message(data)}", wait_s)
+        if response.status != 200:
+            raise SearchEngineError(f"{where}: HTTP {response.status}: {_error_message(data)}")
         try:
-            return self.api.parse(json.loads(data), cursor)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise _Transient(f"malformed body ({e}): {data[:200]!r}") from None
+            body = json.loads(data)
+        except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, integers too long, nested too deep
+            raise _Transient(f"malformed body ({str(e)[:200]}): {data[:200]!r}") from None
+        try:
+            return self.api.parse(body, cursor)
         except Malformed as e:
             raise _Transient(f"malformed body: {e}") from None
         except Refused as e:

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from typing import Any, Mapping, Sequence
 
 from searchrl.episode import Action, Observation, Trajectory, outcome_reward
 from searchrl.retrieval import make_retriever
 from searchrl.retrieval import metrics as ir
-from searchrl.retrieval.types import Hit, RetrievalError, Retriever, search_each
+from searchrl.retrieval.types import (MAX_QUERY_CHARS, Hit, RetrievalError, RetrievalUnavailable, Retriever,
+                                      search_or_explain)
 from searchrl.tasks.deepretrieval import prompts
 from searchrl.tasks.deepretrieval import rewards as dr
 from searchrl.text import chat, tags
@@ -37,6 +39,8 @@ REWRITE, INVALID = "rewrite", "invalid"  # the action kinds: a parsed query (or 
 _TIERED = ("literature", "evidence")  # the tasks with tiered rewards; the others are gated
 _HIT_KS = (1, 5, 20)  # evidence: hit@k of the first passage that holds an answer
 _RECALL_KS = (10, 100)  # classic: recall@k next to ndcg@ndcg_k_eval
+DATE_FLOOR = "1970/01/01"  # a literature search's earliest publication date (the public code's mindate)
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +57,7 @@ class Config:
     assistant_prefix: str = ""
     depth: int = 3000  # docs retrieved per query: the cut-off of the reward's recall, rank tiers and NDCG
     compare_raw: bool = True  # metrics also score the user's own query (raw_*)
+    max_query_chars: int = MAX_QUERY_CHARS  # a longer rewrite is not searched: it retrieves nothing
     reward: dr.RewardConfig = dr.RewardConfig()
 
 
@@ -140,21 +145,49 @@ class QueryRewriteEnv:
     def observe(self, actions: Sequence[Action]) -> list[Observation]:
         raise RuntimeError("query_rewrite episodes are one turn long: every action ends its episode")
 
-    def search_query(self, query: str, example: Mapping[str, Any]) -> str:
-        """What is sent to the retriever: the query, restricted for a literature example with a "max_date" to
-        what was published before it (as the public code's PubMed search adds mindate=1970/01/01 and
-        maxdate; written here as a PubMed date-range term)."""
-        if self.config.task == "literature" and example.get("max_date"):
-            return f'({query}) AND ("1970/01/01"[pdat] : "{example["max_date"]}"[pdat])'
-        return query
+    def max_date(self, example: Mapping[str, Any]) -> str:
+        """The publication-date cut-off a search for `example` keeps to ("" for none): a literature example's
+        "max_date"."""
+        return (example.get("max_date") or "") if self.config.task == "literature" else ""
 
-    def _search(self, queries: Sequence[str]) -> dict[str, list[Hit]]:
-        """Every distinct query retrieved in one batched call. A query the retriever refuses (e.g. a Boolean
-        query the search engine cannot parse) retrieves nothing; a retriever that is down raises
-        (`retrieval.types.search_each`)."""
-        unique = list(dict.fromkeys(queries))
-        outcomes = search_each(self.retriever, unique, self.config.depth) if unique else []
-        return {query: [] if isinstance(hits, RetrievalError) else hits for query, hits in zip(unique, outcomes)}
+    def _retriever_for(self, max_date: str) -> Retriever:
+        """The retriever restricted to what was published from DATE_FLOOR to `max_date` (as the public code's
+        PubMed search passes mindate and maxdate): request parameters, never query text, so no query can
+        switch the filter off."""
+        if not max_date:
+            return self.retriever
+        restrict = getattr(self.retriever, "published_between", None)
+        if restrict is None:
+            raise ValueError(f"a literature example has max_date {max_date!r}, but the retriever "
+                             f"({type(self.retriever).__name__}) cannot filter by publication date: use "
+                             "config.retrieval.kind='pubmed', or examples without a max_date")
+        return restrict(DATE_FLOOR, max_date)
+
+    def _search(self, searches: Sequence[tuple[str, str]]) -> dict[tuple[str, str], list[Hit]]:
+        """Every distinct (query, max_date) retrieved, one batched call per date cut-off. A query that
+        cannot be searched (blank, over `max_query_chars`, not valid text) or that the retriever refuses
+        (e.g. a Boolean query the search engine cannot parse) retrieves nothing, even when every query of
+        the batch is refused; a retriever that is down (`RetrievalUnavailable`) raises."""
+        by_date: dict[str, list[str]] = {}
+        for query, max_date in dict.fromkeys(searches):
+            by_date.setdefault(max_date, []).append(query)
+        found = {}
+        for max_date, queries in by_date.items():
+            for query, hits in zip(queries, self._retrieve(self._retriever_for(max_date), queries)):
+                found[query, max_date] = hits
+        return found
+
+    def _retrieve(self, retriever: Retriever, queries: list[str]) -> list[list[Hit]]:
+        """Each query's hits; [] for one that cannot be searched or is refused (see `_search`)."""
+        try:
+            outcomes = search_or_explain(retriever, queries, self.config.depth, self.config.max_query_chars)
+        except RetrievalUnavailable:
+            raise
+        except RetrievalError as e:  # every query refused, even alone: a mode-collapsed policy's batch
+            log.warning("every one of %d distinct queries was refused; each retrieves nothing: %s",
+                        len(queries), str(e)[:300])
+            return [[] for _ in queries]
+        return [[] if isinstance(outcome, str) else outcome for outcome in outcomes]
 
     def _score(self, value: str, example: Mapping[str, Any], hits: Sequence[Hit] | None
                ) -> tuple[float, dict[str, float]]:
@@ -186,15 +219,15 @@ class QueryRewriteEnv:
     def results(self, responses: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> list[RowResult]:
         """Each row's parsed answer and scores; the retrieval for the whole batch is one call."""
         parsed = [self.parse(r) for r in responses]
-        queries = [None if p.value is None else self.search_query(p.value, ex)
-                   for p, ex in zip(parsed, examples)]
-        hits = self._search([q for q in queries if q is not None]) if self.retriever else {}
+        searches = [None if p.value is None else (p.value, self.max_date(ex))
+                    for p, ex in zip(parsed, examples)]
+        hits = self._search([s for s in searches if s is not None]) if self.retriever else {}
         out = []
-        for answer, query, example in zip(parsed, queries, examples):
+        for answer, search, example in zip(parsed, searches, examples):
             if answer.value is None:
                 out.append(RowResult(answer, None, self._missing_metrics(example)))
                 continue
-            metric, metrics = self._score(answer.value, example, hits.get(query))
+            metric, metrics = self._score(answer.value, example, hits.get(search))
             out.append(RowResult(answer, metric, metrics))
         return out
 
@@ -219,10 +252,10 @@ class QueryRewriteEnv:
         """The eval metrics of the users' own queries (memoised: a question's raw query never changes)."""
         keys = [(ex["question"], str(ex.get("id", ""))) for ex in examples]
         todo = {key: ex for key, ex in zip(keys, examples) if key not in self._raw}
-        queries = {key: self.search_query(key[0], ex) for key, ex in todo.items()}
-        hits = self._search(list(queries.values()))
+        searches = {key: (key[0], self.max_date(ex)) for key, ex in todo.items()}
+        hits = self._search(list(searches.values()))
         for key, example in todo.items():
-            self._raw[key] = self._score(key[0], example, hits[queries[key]])[1]
+            self._raw[key] = self._score(key[0], example, hits[searches[key]])[1]
         return [self._raw[key] for key in keys]
 
     def metrics(self, trajectory: Trajectory, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ import numpy as np
 
 from searchrl.episode import Action, Observation, Trajectory, Turn, outcome_reward
 from searchrl.retrieval import RetrievalConfig, index_kind, load_retriever, make_retriever
-from searchrl.retrieval.types import Hit
+from searchrl.retrieval.types import Hit, search_or_explain
 from searchrl.tasks.rpl.config import MutationConfig
 from searchrl.tasks.rpl.limits import Limits
 from searchrl.tasks.rpl.sandbox import execute
@@ -207,13 +207,15 @@ class ProgramEnv:
 
     def search(self, queries: Sequence[str], first_numbers: Sequence[int | None] | None = None
                ) -> list[Observation]:
-        """The `search` space's turns: each query's top `search_top_k` passages, in one batched call."""
+        """The `search` space's turns: each query's top `search_top_k` passages, in one batched call; a query
+        that cannot be searched (blank, too long, not text, refused) is told why, as the search env does."""
         if self.sdk.sparse is None:
             raise ValueError("the search action space needs a sparse retriever (config.retrieval)")
-        results = self.sdk.sparse.search([q.strip() for q in queries], self.config.search_top_k)
-        numbers = first_numbers or [None] * len(results)
-        return [_observation(hits, 1, ("sparse_retrieval",), "", first)
-                for hits, first in zip(results, numbers)]
+        outcomes = search_or_explain(self.sdk.sparse, [q.strip() for q in queries], self.config.search_top_k)
+        numbers = first_numbers or [None] * len(outcomes)
+        return [_observation([], 0, (), outcome, first) if isinstance(outcome, str)
+                else _observation(outcome, 1, ("sparse_retrieval",), "", first)
+                for outcome, first in zip(outcomes, numbers)]
 
     def observe(self, actions: Sequence[Action]) -> list[Observation]:
         searches = [a for a in actions if a.kind == SEARCH]

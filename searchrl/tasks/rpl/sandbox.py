@@ -3,8 +3,9 @@
 The values a program holds are described in `values`. Sets cannot be looped over (their order is not
 defined): loop over `sorted(s)`. A generator expression is evaluated at once, to a list.
 
-Whatever the program does, `execute` returns a `ProgramResult`: a broken rule or limit, a type error or a
-bad SDK argument becomes `.error`. Only a failing retrieval backend (e.g. a server that is down) raises.
+Whatever the program does, `execute` returns a `ProgramResult`: a broken rule or limit, a type error, a
+bad SDK argument or a query the backend refuses (`RetrievalError`) becomes `.error`. Only a retrieval backend
+that is down (`RetrievalUnavailable`: its retries used up) raises.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import operator
 import time
 from typing import Any, Callable
 
-from searchrl.retrieval.types import Hit
+from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable
 from searchrl.tasks.rpl.language import Program, ProgramError, parse
 from searchrl.tasks.rpl.limits import Limits
 from searchrl.tasks.rpl.sdk import SDK_FUNCTIONS, BackendNotConfigured, RetrievalSDK
@@ -390,8 +391,10 @@ class _Interpreter(Meter):
         result.retrieval_calls += name in BACKEND_CALLS
         try:
             hits = self.sdk_functions[name](*args, **kwargs)
-        except (TypeError, ValueError, BackendNotConfigured) as e:
-            raise self.error("sdk error", str(e), node) from None
+        except RetrievalUnavailable:  # the backend is down: the run stops, as the search env's does
+            raise
+        except (TypeError, ValueError, BackendNotConfigured, RetrievalError) as e:  # a remote refusal too
+            raise self.error("sdk error", str(e)[:500], node) from None
         if name in RETRIEVALS:
             result.docs_retrieved += len(hits)
         return self.new_sequence(node, ProgramList, hits, len(hits), 1)

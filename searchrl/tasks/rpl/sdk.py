@@ -5,7 +5,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from searchrl.retrieval.types import Hit, Retriever
+from searchrl.retrieval.types import Hit, Retriever, query_problem
 
 if TYPE_CHECKING:  # the dense stack (JAX, FAISS) loads only when a dense encoder is used
     from searchrl.retrieval.encoder import DenseEncoder
@@ -104,6 +104,8 @@ class RetrievalSDK:
             raise BackendNotConfigured(f"{name}: no {kind} retriever is configured")
         if not isinstance(q, str):
             raise TypeError(f"{name}: query must be a string, got {type(q).__name__}")
+        if problem := query_problem(q):  # refused alike by every backend, local or remote
+            raise ValueError(f"{name}: {problem}")
         _check_top_k(top_k, name)
         return backend.search([q], top_k)[0]
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 from searchrl.episode import Action, Observation, SideBranch, Trajectory, Turn, outcome_reward
 from searchrl.registry import Registry
 from searchrl.retrieval import RetrievalConfig, make_retriever
-from searchrl.retrieval.types import Hit, RetrievalError, Retriever, search_each
+from searchrl.retrieval.types import Hit, Retriever, search_or_explain
 from searchrl.tasks.search_r1 import rewards
 from searchrl.text import protocol, qa, tags
 from searchrl.text.protocol import INVALID, final_answer, tool_or_answer
@@ -67,15 +67,6 @@ def format_passages(hits: Sequence[Hit]) -> str:
     return "".join(lines)
 
 
-def query_problem(query: str, max_chars: int) -> str | None:
-    """Why a query is not searched, or None."""
-    if not query.strip():
-        return "The search query is empty."
-    if len(query) > max_chars:
-        return f"The search query has {len(query)} characters, more than {max_chars}: use a shorter one."
-    return None
-
-
 def search_observation(outcome: Sequence[Hit] | str) -> Observation:
     """A search's hits, or why it has none, in an `<information>` block; info: the doc ids and the error."""
     if isinstance(outcome, str):
@@ -127,26 +118,16 @@ class SearchEnv:
         """Retrieves for every search action in one batched call; invalid actions get Search-R1's message.
 
         A search that cannot be made is the policy's observation, the same for every retriever: a query that
-        is empty, blank or over `max_query_chars` is not searched and the observation names the problem. When
-        the batched call raises `RetrievalError`, each query is searched alone and one whose search fails is
-        told why. The run stops instead (the error is raised) when the retriever is down: it raised
-        `RetrievalUnavailable` (its retries used up), or no query could be searched even alone.
+        is empty, blank, over `max_query_chars` or not valid text (a lone surrogate) is not searched and the
+        observation names the problem. When the batched call raises `RetrievalError`, each query is searched
+        alone and one whose search fails is told why. The run stops instead (the error is raised) when the
+        retriever is down: it raised `RetrievalUnavailable` (its retries used up), or no query could be
+        searched even alone.
         """
-        outcomes = iter(self._search([a.content for a in actions if a.kind == SEARCH]))
+        outcomes = iter(search_or_explain(self.retriever, [a.content for a in actions if a.kind == SEARCH],
+                                          self.config.topk, self.config.max_query_chars))
         return [search_observation(next(outcomes)) if a.kind == SEARCH else Observation(INVALID_ACTION)
                 for a in actions]
-
-    def _search(self, queries: list[str]) -> list[list[Hit] | str]:
-        """Each query's hits, or why it has none."""
-        problems = [query_problem(q, self.config.max_query_chars) for q in queries]
-        valid = [q for q, problem in zip(queries, problems) if problem is None]
-        results = iter(self._retrieve(valid) if valid else [])
-        return [next(results) if problem is None else problem for problem in problems]
-
-    def _retrieve(self, queries: list[str]) -> list[list[Hit] | str]:
-        """Each query's hits, or why its search failed (see `observe` for when it raises)."""
-        return [f"The search failed: {outcome}"[:500] if isinstance(outcome, RetrievalError) else outcome
-                for outcome in search_each(self.retriever, queries, self.config.topk)]
 
     def rewards(self, trajectory: Trajectory, examples: Sequence[Mapping[str, Any]]) -> list[list[float]]:
         """Each row's per-turn rewards, from the reward `config.env.reward` names."""
