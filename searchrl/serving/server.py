@@ -1,47 +1,63 @@
-"""A Search-R1-compatible retrieval server (stdlib only) batching concurrent requests into one search call.
+"""A Search-R1-compatible retrieval server (an ASGI app on uvicorn's h11 protocol) batching concurrent
+requests into one search call.
 
   POST /retrieve {"queries": [str, ...], "topk": int, "return_scores": bool}
     -> {"result": [[{"document": {"id", "contents"}, "score": float}, ...], ...]}   (return_scores true)
     -> {"result": [[{"id", "contents"}, ...], ...]}                                  (return_scores false)
   GET /health -> {"status": "ok", "requests": int, "search_calls": int}
 
-Bad requests get a 4xx with {"error": "..."} (an unknown path 404, another method 405 with Allow) and the
-connection is closed after it; a failing search gets a 500; the server keeps serving.
+Bad requests get a 4xx with {"error": "..."} (an unknown path 404, another method 405 with Allow; what h11
+refuses, such as conflicting Content-Length headers, a 400) and the connection is closed after it; a failing
+search gets a 500; the server keeps serving.
 
-Bounds (`Limits`, defaults in brackets), so that no client can hold the server's threads, memory or CPU:
+Bounds (`Limits`, defaults in brackets), so that no client can hold the server's connections, memory or CPU:
   - a request carries at most `max_queries` [1024] queries of at most `max_query_chars` [4096] characters,
     topk at most `max_topk` [1000] and queries x topk at most `max_hits` [100,000] hits, else 4xx;
-  - its body is at most `max_body_bytes` [8 MiB], else 413; its response at most `max_response_bytes`
-    [64 MiB], else 413 (ask for fewer hits);
-  - a request must arrive in full within `timeout_s` [30 s] of the server waiting for it (an idle keep-alive
-    connection too), and its response must be sent within `timeout_s`: else the connection is closed;
-  - at most `max_connections` [128] connections are served at once; more get 503 with Retry-After: 1;
+  - its body is at most `max_body_bytes` [8 MiB], else 413; it must carry Content-Length (411) and not also
+    Transfer-Encoding (400); its response at most `max_response_bytes` [64 MiB], else 413 (ask for fewer
+    hits). When the retriever knows its largest document (`max_document_bytes`), that is checked before the
+    search, from queries x topk x the largest document, so that no memory goes into a response that is
+    refused; else after the response is built;
+  - an idle connection (no request under way) is closed after `idle_timeout_s` [5 s]; a request must arrive
+    in full within `timeout_s` [30 s] of the server waiting for it; a client that stops reading its response
+    for `timeout_s` is cut off;
+  - at most `max_connections` [4096] connections are held at once, and `max_client_connections` [64] from one
+    client address; more get 503 with Retry-After: 1. Idle connections cost a few KiB each, not a thread;
   - after a refusal the server discards what the client still sends, for at most `linger_s` [2 s], so that
     closing does not reset the connection before the client has read the refusal;
   - the batcher searches about `max_batch` [256] queries at once, gathered for at most `max_wait_ms` [2 ms],
     and never more than `max_hits` hits (queries x the batch's largest topk): a request that would exceed
-    them waits for the next batch.
+    them waits for the next batch. Responses are encoded one at a time.
 """
 from __future__ import annotations
 
+import asyncio
+import collections
+import concurrent.futures
 import dataclasses
 import json
+import math
 import queue
 import socket
 import sys
 import threading
 import time
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
-from searchrl.retrieval.remote import DeadlineSocket
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
 from searchrl.retrieval.types import Hit, Retriever
 
 ROUTES = {"/retrieve": "POST", "/health": "GET"}
 _BUSY_BODY = b'{"error": "too many connections; retry later"}'
 BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
         b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY))
+MAX_HEADERS = 100  # header lines one request may carry (431 beyond)
+MAX_HEADER_BYTES = 64 << 10  # request line and headers together (h11's limit; 431 beyond)
+HIT_BYTES = 128  # a hit's JSON besides its document: {"document": , "score": -1.2345678901234567e-308}, ", "
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +72,9 @@ class Limits:
     max_body_bytes: int = 8 << 20
     max_response_bytes: int = 64 << 20
     timeout_s: float = 30.0
-    max_connections: int = 128
+    idle_timeout_s: float = 5.0
+    max_connections: int = 4096
+    max_client_connections: int = 64
     linger_s: float = 2.0
     max_batch: int = 256  # queries gathered into one search call
     max_wait_ms: float = 2.0  # how long a batch waits for more requests
@@ -65,13 +83,16 @@ class Limits:
 class RequestError(ValueError):
     """A request the server refuses, with its HTTP status."""
 
-    def __init__(self, message: str, status: int = HTTPStatus.BAD_REQUEST):
+    def __init__(self, message: str, status: int = HTTPStatus.BAD_REQUEST, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
+        self.headers = headers or {}
 
 
-def parse_request(body: Any, limits: Limits) -> tuple[list[str], int, bool]:
-    """A decoded /retrieve body -> (queries, topk, return_scores); RequestError names the offending field."""
+def parse_request(body: Any, limits: Limits, document_bytes: int | None = None) -> tuple[list[str], int, bool]:
+    """A decoded /retrieve body -> (queries, topk, return_scores); RequestError names the offending field.
+    With `document_bytes` (the JSON of the largest document), a response that may exceed
+    `max_response_bytes` is refused here, before any search or memory goes into it."""
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
     queries = body.get("queries")
@@ -103,7 +124,19 @@ def parse_request(body: Any, limits: Limits) -> tuple[list[str], int, bool]:
     return_scores = body.get("return_scores", False)
     if not isinstance(return_scores, bool):
         raise RequestError(f'"return_scores" must be a boolean, got {return_scores!r}')
+    if document_bytes is not None:
+        bound = response_bound(len(queries), topk, document_bytes)
+        if bound > limits.max_response_bytes:
+            raise RequestError(f'{len(queries)} queries x "topk" {topk} may need a response of {bound} bytes '
+                               f"(documents of up to {document_bytes}), more than {limits.max_response_bytes}: "
+                               f'ask for fewer queries or a smaller "topk"', HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
     return queries, topk, return_scores
+
+
+def response_bound(n_queries: int, topk: int, document_bytes: int) -> int:
+    """The most bytes a response of `n_queries` x `topk` hits takes when no document's JSON exceeds
+    `document_bytes`."""
+    return 16 + n_queries * (4 + topk * (HIT_BYTES + document_bytes))
 
 
 def _encodable(text: str) -> bool:
@@ -129,9 +162,8 @@ def format_results(results: Sequence[Sequence[Hit]], return_scores: bool) -> dic
 class _Pending:
     queries: list[str]
     k: int
-    done: threading.Event = dataclasses.field(default_factory=threading.Event)
-    result: list[list[Hit]] | None = None
-    error: BaseException | None = None
+    future: concurrent.futures.Future[list[list[Hit]]] = dataclasses.field(
+        default_factory=concurrent.futures.Future)
 
 
 class Batcher:
@@ -152,15 +184,15 @@ class Batcher:
         self._thread = threading.Thread(target=self._loop, name="retrieval-batcher", daemon=True)
         self._thread.start()
 
-    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
-        """Blocks until the batch holding these queries has been searched."""
+    def submit(self, queries: list[str], k: int) -> concurrent.futures.Future[list[list[Hit]]]:
+        """The hits of these queries, once the batch holding them has been searched."""
         pending = _Pending(queries, k)
         self._queue.put(pending)
-        pending.done.wait()
-        if pending.error is not None:
-            raise pending.error
-        assert pending.result is not None
-        return pending.result
+        return pending.future
+
+    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        """Blocks until the batch holding these queries has been searched."""
+        return self.submit(queries, k).result()
 
     def close(self) -> None:
         self._queue.put(None)
@@ -168,7 +200,9 @@ class Batcher:
 
     def _loop(self) -> None:
         while (first := self._held.pop() if self._held else self._queue.get()) is not None:
-            self._run(self._gather(first))
+            batch = [p for p in self._gather(first) if p.future.set_running_or_notify_cancel()]
+            if batch:
+                self._run(batch)
 
     def _gather(self, first: _Pending) -> list[_Pending]:
         """`first` and what arrives within `max_wait_s` while the batch has room; holds back the item that
@@ -202,196 +236,297 @@ class Batcher:
                 for p in batch:
                     self._run([p])
                 return
-            for p in batch:
-                p.error = e
-                p.done.set()
+            batch[0].future.set_exception(e)
             return
         start = 0
         for p in batch:
-            p.result = [hits[:p.k] for hits in results[start:start + len(p.queries)]]
+            p.future.set_result([hits[:p.k] for hits in results[start:start + len(p.queries)]])
             start += len(p.queries)
-            p.done.set()
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: RetrievalServer
-    request: DeadlineSocket
-    protocol_version = "HTTP/1.1"
+class _Gate:
+    """Counts open connections, in all and per client address, against `limits`' caps."""
 
-    def handle_one_request(self) -> None:
-        """One request, which must arrive in full within `timeout_s`."""
-        self.request.deadline = time.monotonic() + self.server.limits.timeout_s
-        super().handle_one_request()
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.open: collections.Counter[str] = collections.Counter()
 
-    def __getattr__(self, name: str) -> Callable[[], None]:
-        """`do_<METHOD>` for every method: routing answers 404 / 405."""
-        if name.startswith("do_"):
-            return self._route
-        raise AttributeError(name)
+    def admit(self, client: str) -> bool:
+        if (self.open.total() >= self.limits.max_connections
+                or self.open[client] >= self.limits.max_client_connections):
+            return False
+        self.open[client] += 1
+        return True
 
-    def _route(self) -> None:
-        method = ROUTES.get(self.path)
-        if method is None:
-            self._send(HTTPStatus.NOT_FOUND, {"error": f"no route {self.command} {self.path}"}, close=True)
-        elif method != self.command:
-            self._send(HTTPStatus.METHOD_NOT_ALLOWED, {"error": f"{self.path} takes {method}, not "
-                                                                f"{self.command}"}, close=True, Allow=method)
-        elif method == "GET":
-            self._send(HTTPStatus.OK, {"status": "ok", "requests": self.server.requests,
-                                       "search_calls": self.server.batcher.search_calls})
+    def release(self, client: str) -> None:
+        self.open[client] -= 1
+        if not self.open[client]:
+            del self.open[client]
+
+
+class _Protocol(H11Protocol):
+    """uvicorn's h11 protocol with the server's connection bounds (module docstring): connection caps,
+    idle and request deadlines, a deadline on a stalled reader, JSON refusals, lingering after a 503."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        app: _App = self.config.app
+        self.limits, self.gate = app.limits, app.gate
+        self._admitted = False
+        self._started = False  # a byte of the awaited request has arrived
+        self._timers: list[asyncio.TimerHandle] = []
+        self._stalled: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._admitted = self.gate.admit(self._address())
+        if self._admitted:
+            self._await_request()
         else:
-            self._retrieve()
+            self._refuse()
 
-    def _retrieve(self) -> None:
-        limits = self.server.limits
+    def connection_lost(self, exc: Exception | None) -> None:
+        for timer in [*self._timers, self._stalled]:
+            if timer is not None:
+                timer.cancel()
+        if self._admitted:
+            self.gate.release(self._address())
+            self._admitted = False
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._admitted:  # else refused: what it sends is discarded while lingering
+            self._started = True
+            super().data_received(data)
+
+    def on_response_complete(self) -> None:
+        self._await_request()
+        super().on_response_complete()
+
+    def pause_writing(self) -> None:
+        """The client stopped reading: it is cut off unless it reads again within `timeout_s`."""
+        super().pause_writing()
+        self._stalled = self.loop.call_later(self.limits.timeout_s, self.transport.abort)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
+
+    def send_400_response(self, msg: str) -> None:
+        """What h11 refuses (called while handling its RemoteProtocolError) as a JSON error, with h11's
+        status (431 for headers over MAX_HEADER_BYTES, 501 for an unknown Transfer-Encoding)."""
+        error = sys.exc_info()[1]
+        status = getattr(error, "error_status_hint", HTTPStatus.BAD_REQUEST)
+        data = json.dumps({"error": f"invalid HTTP request: {error or msg}"}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(data)),
+                   (b"connection", b"close")]
+        for event in (h11.Response(status_code=status, headers=headers, reason=HTTPStatus(status).phrase),
+                      h11.Data(data=data), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
+
+    def _address(self) -> str:
+        return self.client[0] if self.client else ""
+
+    def _await_request(self) -> None:
+        """Arms the next request's deadlines: no byte of it within `idle_timeout_s`, or not all of it
+        within `timeout_s`, and the connection is closed."""
+        for timer in self._timers:
+            timer.cancel()
+        self._started = False
+        self._timers = [self.loop.call_later(self.limits.idle_timeout_s, self._expire, True),
+                        self.loop.call_later(self.limits.timeout_s, self._expire, False)]
+
+    def _expire(self, idle: bool) -> None:
+        cycle = self.cycle
+        received = cycle is not None and not cycle.response_complete and not cycle.more_body
+        if not received and not (idle and self._started):
+            self.transport.close()
+
+    def _refuse(self) -> None:
+        """A 503; then what the client sends is discarded until it closes or `linger_s` passes."""
+        self.transport.write(BUSY)
+        self.transport.write_eof()
+        self._timers = [self.loop.call_later(self.limits.linger_s, self.transport.close)]
+
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class _Body:
+    """A request's body, read once: in full (`read`) or discarded (`discard`)."""
+
+    def __init__(self, receive: Receive):
+        self.receive = receive
+        self.done = False
+
+    async def read(self) -> bytes:
+        chunks = []
+        while not self.done:
+            chunks.append(await self._next())
+        return b"".join(chunks)
+
+    async def discard(self, seconds: float) -> None:
+        """Drops the rest of the body, for at most `seconds`, so that closing after a refusal does not reset
+        the connection before the client has read it."""
+        async def drain() -> None:
+            while not self.done:
+                await self._next()
         try:
-            queries, topk, return_scores = parse_request(self._read_json(), limits)
+            await asyncio.wait_for(drain(), seconds)
+        except TimeoutError:
+            pass
+
+    async def _next(self) -> bytes:
+        message = await self.receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientGone
+        self.done = not message.get("more_body", False)
+        return message.get("body", b"")
+
+
+class _ClientGone(Exception):
+    """The client closed the connection before its request arrived in full."""
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    values = [value for key, value in scope["headers"] if key == name]
+    return values[0].decode("latin-1") if values else None
+
+
+def encode(results: Sequence[Sequence[Hit]], return_scores: bool) -> bytes:
+    """The response body of `results`; non-finite scores raise (they are not JSON)."""
+    return json.dumps(format_results(results, return_scores), allow_nan=False).encode()
+
+
+class _App:
+    """The ASGI app: routes, validates, searches through `batcher`, encodes on one thread at a time."""
+
+    def __init__(self, batcher: Batcher, limits: Limits, document_bytes: int | None):
+        self.batcher = batcher
+        self.limits = limits
+        self.document_bytes = document_bytes
+        self.gate = _Gate(limits)
+        self.requests = 0
+        self.encoder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="retrieval-encoder")
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        body = _Body(receive)
+        try:
+            status, data = await self._respond(scope, body)
         except RequestError as e:
-            return self._send(e.status, {"error": str(e)}, close=True)
-        self.server.count_request()
-        try:
-            results = self.server.batcher.search(queries, topk)
-            data = json.dumps(format_results(results, return_scores), allow_nan=False).encode()
-        except Exception as e:
-            return self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"search failed: {e}"})
-        if len(data) > limits.max_response_bytes:
-            return self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {
-                "error": f"the response is {len(data)} bytes, more than {limits.max_response_bytes}: "
-                         f'ask for fewer queries or a smaller "topk"'})
-        self._send_bytes(HTTPStatus.OK, data)
+            await body.discard(self.limits.linger_s)
+            return await _send(send, e.status, json.dumps({"error": str(e)}).encode(), close=True, **e.headers)
+        except _ClientGone:
+            return
+        await _send(send, status, data)
 
-    def _read_json(self) -> Any:
-        length = self.headers.get("Content-Length")
+    async def _respond(self, scope: dict[str, Any], body: _Body) -> tuple[int, bytes]:
+        if len(scope["headers"]) > MAX_HEADERS:
+            raise RequestError("Too many headers", HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
+        method, path = scope["method"], scope["path"]
+        route = ROUTES.get(path)
+        if route is None:
+            raise RequestError(f"no route {method} {path}", HTTPStatus.NOT_FOUND)
+        if route != method:
+            raise RequestError(f"{path} takes {route}, not {method}", HTTPStatus.METHOD_NOT_ALLOWED,
+                               {"Allow": route})
+        if route == "GET":
+            return HTTPStatus.OK, json.dumps({"status": "ok", "requests": self.requests,
+                                              "search_calls": self.batcher.search_calls}).encode()
+        queries, topk, return_scores = parse_request(await self._read_json(scope, body), self.limits,
+                                                     self.document_bytes)
+        self.requests += 1
+        try:
+            results = await asyncio.wrap_future(self.batcher.submit(queries, topk))
+            data = await asyncio.get_running_loop().run_in_executor(self.encoder, encode, results,
+                                                                     return_scores)
+        except Exception as e:
+            return HTTPStatus.INTERNAL_SERVER_ERROR, json.dumps({"error": f"search failed: {e}"}).encode()
+        if len(data) > self.limits.max_response_bytes:
+            return HTTPStatus.REQUEST_ENTITY_TOO_LARGE, json.dumps({
+                "error": f"the response is {len(data)} bytes, more than {self.limits.max_response_bytes}: "
+                         f'ask for fewer queries or a smaller "topk"'}).encode()
+        return HTTPStatus.OK, data
+
+    async def _read_json(self, scope: dict[str, Any], body: _Body) -> Any:
+        """The body's JSON. h11 has checked Content-Length (digits, one value); a request that also carries
+        Transfer-Encoding is refused, as its length would be ambiguous to a proxy in front."""
+        length = _header(scope, b"content-length")
         if length is None:
             raise RequestError("a Content-Length header is required", HTTPStatus.LENGTH_REQUIRED)
-        if not (length.isascii() and length.isdigit()):
-            raise RequestError(f"Content-Length must be decimal digits, got {length!r:.40}")
-        if len(length) > 18 or int(length) > self.server.limits.max_body_bytes:  # int() refuses 4,300 digits
-            raise RequestError(f"body of {length:.20} bytes exceeds {self.server.limits.max_body_bytes}",
+        if _header(scope, b"transfer-encoding") is not None:
+            raise RequestError("a request may carry Content-Length or Transfer-Encoding, not both")
+        if int(length) > self.limits.max_body_bytes:
+            raise RequestError(f"body of {length} bytes exceeds {self.limits.max_body_bytes}",
                                HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
         try:
-            return json.loads(self.rfile.read(int(length)))
+            return json.loads(await body.read())
         except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, huge numbers, nested too deep
             raise RequestError(f"invalid JSON: {e}") from None
 
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """http.server's own refusals (a malformed request line, too many headers, ...) as JSON too."""
-        self._send(code, {"error": message or HTTPStatus(code).phrase}, close=True)
 
-    def _send(self, status: int, body: dict[str, Any], close: bool = False, **headers: str) -> None:
-        self._send_bytes(status, json.dumps(body).encode(), close, **headers)
-
-    def _send_bytes(self, status: int, data: bytes, close: bool = False, **headers: str) -> None:
-        """Sends a JSON response within `timeout_s`; `close` closes the connection after it (lingering)."""
-        self.request.deadline = time.monotonic() + self.server.limits.timeout_s
-        self.send_response(status)
-        for name, value in {"Content-Type": "application/json", "Content-Length": str(len(data)),
-                            **headers}.items():
-            self.send_header(name, value)
-        if close:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(data)
-        if close:
-            self._linger()
-
-    def _linger(self) -> None:
-        """Discards what the client still sends, until it closes or `linger_s` passes."""
-        self.request.deadline = time.monotonic() + self.server.limits.linger_s
-        try:
-            self.request.shutdown(socket.SHUT_WR)
-            while self.rfile.read1(1 << 16):
-                pass
-        except OSError:  # timed out, or the client reset the connection
-            pass
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        if self.server.verbose:
-            super().log_message(format, *args)
+async def _send(send: Send, status: int, data: bytes, close: bool = False, **headers: str) -> None:
+    """A JSON response; `close` closes the connection after it."""
+    fields = {"content-type": "application/json", "content-length": str(len(data)), **headers}
+    if close:
+        fields["connection"] = "close"
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(name.lower().encode(), value.encode()) for name, value in fields.items()]})
+    await send({"type": "http.response.body", "body": data})
 
 
-class RetrievalServer(ThreadingHTTPServer):
+class RetrievalServer:
     """`RetrievalServer(retriever, "127.0.0.1", 0).start()` serves in a background thread (0: any free port);
-    `.url` is where."""
-
-    daemon_threads = True
-    request_queue_size = 128
+    `.url` is where; `serve_forever()` serves in the calling thread (SIGINT / SIGTERM stop it gracefully).
+    The retriever's `max_document_bytes`, when it has one, bounds responses before searching."""
 
     def __init__(self, retriever: Retriever, host: str, port: int, limits: Limits = Limits(),
                  verbose: bool = False):
-        super().__init__((host, port), _Handler)
-        self.batcher = Batcher(retriever, limits)
         self.limits = limits
-        self.verbose = verbose
-        self.requests = 0
-        self._requests_lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(limits.max_connections)
+        self.batcher = Batcher(retriever, limits)
+        self.app = _App(self.batcher, limits, getattr(retriever, "max_document_bytes", None))
+        self.socket = socket.create_server((host, port), backlog=1024)  # bound now, so `.url` is known
+        config = uvicorn.Config(self.app, http=_Protocol, ws="none", lifespan="off", log_config=None,
+                                access_log=verbose, proxy_headers=False, server_header=False,
+                                h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                                timeout_keep_alive=math.ceil(limits.idle_timeout_s),
+                                timeout_graceful_shutdown=math.ceil(limits.linger_s))
+        self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 
-    def count_request(self) -> None:
-        with self._requests_lock:
-            self.requests += 1
+    @property
+    def requests(self) -> int:
+        return self.app.requests
 
-    def get_request(self) -> tuple[DeadlineSocket, Any]:
-        sock, address = super().get_request()
-        return DeadlineSocket.adopt(sock), address
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        """Serves the connection on a thread of its own if fewer than `max_connections` are; else a 503."""
-        if not self._slots.acquire(blocking=False):
-            return self._refuse(request)
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def _refuse(self, request: DeadlineSocket) -> None:
-        """A 503 without blocking the accepting thread: what the client sent already is read and dropped so
-        that closing does not reset the connection."""
-        request.setblocking(False)
-        try:
-            request.send(BUSY)
-            request.shutdown(socket.SHUT_WR)
-            for _ in range(16):  # at most 1 MiB, without waiting
-                if not request.recv(1 << 16):
-                    break
-        except OSError:  # nothing more to read now (or the client is gone)
-            pass
-        self.shutdown_request(request)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client gone mid-response is logged in one line (verbose only), anything else in full."""
-        error = sys.exc_info()[1]
-        if not isinstance(error, OSError):
-            return super().handle_error(request, client_address)
-        if self.verbose:
-            print(f"{client_address}: {type(error).__name__}: {error}", file=sys.stderr)
+    @property
+    def server_address(self) -> tuple[str, int]:
+        return self.socket.getsockname()[:2]
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
+        host, port = self.server_address
         return f"http://{host}:{port}"
 
+    def serve_forever(self) -> None:
+        self._server.run(sockets=[self.socket])
+
     def start(self) -> RetrievalServer:
-        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="retrieval-server", daemon=True)
+        self._thread = threading.Thread(target=self.serve_forever, name="retrieval-server", daemon=True)
         self._thread.start()
         return self
 
     def close(self) -> None:
-        """Stops serving (if started in the background), closes the socket and the batcher."""
+        """Stops serving (if started in the background), closes the socket, the batcher and the encoder."""
         if self._thread is not None:
-            self.shutdown()
+            self._server.should_exit = True
             self._thread.join()
-        self.server_close()
+        self.socket.close()
         self.batcher.close()
+        self.app.encoder.shutdown()
 
     def __enter__(self) -> RetrievalServer:
         return self

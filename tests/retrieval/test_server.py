@@ -138,10 +138,11 @@ def exchange(server, data: bytes) -> tuple[http.client.HTTPResponse, dict]:
 @pytest.mark.parametrize("data, status, message", [
     (post(b'{"queries": ["q"], "topk": ' + b"1" * 5000), 400, "invalid JSON: Exceeds the limit"),
     (post(b"[" * 100_000), 400, "invalid JSON: maximum recursion depth"),
-    (post(b"{}", length=b"\xb2"), 400, "Content-Length must be decimal digits"),  # latin-1 superscript two
-    (post(b"{}", length=b"\xd9\xa2"), 400, "Content-Length must be decimal digits"),  # UTF-8 Arabic-Indic two
+    (post(b"{}", length=b"\xb2"), 400, "bad Content-Length"),  # latin-1 superscript two
+    (post(b"{}", length=b"\xd9\xa2"), 400, "bad Content-Length"),  # UTF-8 Arabic-Indic two
     (post(b"x" * 9_000_000), 413, "body of 9000000 bytes exceeds 200000"),
-    (post(b"{}", length=b"9" * 5000), 413, "body of 9{20} bytes exceeds 200000"),
+    (post(b"{}", length=b"9" * 20), 413, "body of 9{20} bytes exceeds 200000"),
+    (post(b"{}", length=b"9" * 5000), 400, "bad Content-Length"),  # over h11's 20 digits
     (b"FOO /retrieve HTTP/1.1\r\nHost: t\r\n\r\n", 405, "/retrieve takes POST, not FOO"),
     (b"DELETE /health HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\nabc", 405, "/health takes GET"),
     (b"GET /retrieve HTTP/1.1\r\nHost: t\r\n\r\n", 405, "/retrieve takes POST, not GET"),
