@@ -6,6 +6,7 @@ import select
 import socket
 import threading
 import time
+import tracemalloc
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -408,3 +409,110 @@ def test_make_retriever_remote_and_errors(server):
     known = r"config.retrieval.kind='cloud' is not a known retriever kind; known: \[.*'local', .*'remote'\]"
     with pytest.raises(ValueError, match=known):
         make_retriever(RetrievalConfig(kind="cloud"))
+
+
+def connect_from(server, source: str) -> socket.socket:
+    """A connection to `server` from the loopback address `source` (any 127.x.y.z is this host)."""
+    return socket.create_connection(server.server_address, timeout=10, source_address=(source, 0))
+
+
+def still_open(sock: socket.socket) -> bool:
+    """Whether `sock` is open with nothing to read (select() cannot watch descriptors over 1023)."""
+    sock.setblocking(False)
+    try:
+        sock.recv(1)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.setblocking(True)
+    return False
+
+
+def test_a_thousand_idle_connections_do_not_deny_service(fake):
+    """Issue 39 cause 9: 128 idle connections used to fail every other client."""
+    limits = Limits(max_client_connections=50, idle_timeout_s=30)
+    with RetrievalServer(fake, "127.0.0.1", 0, limits=limits).start() as server:
+        idle = [connect_from(server, f"127.0.1.{1 + i // 50}") for i in range(1000)]
+        client = RemoteRetriever(server.url, timeout=2.0, retries=0)
+        start = time.monotonic()
+        for i in range(20):
+            assert client.search([f"q{i}"], 1)[0][0].id == f"q{i}-0"
+        assert time.monotonic() - start < 5
+        assert all(still_open(sock) for sock in idle), "idle connections are held, not dropped"
+        for sock in idle:
+            sock.close()
+
+
+def test_connections_per_client_are_capped_and_idle_ones_closed(fake):
+    limits = Limits(max_client_connections=3, idle_timeout_s=0.5, linger_s=0.2)
+    with RetrievalServer(fake, "127.0.0.1", 0, limits=limits).start() as server:
+        held = [connect_from(server, "127.0.2.1") for _ in range(3)]
+        with connect_from(server, "127.0.2.1") as extra:
+            extra.sendall(post(b'{"queries": ["q"]}'))
+            response = http.client.HTTPResponse(extra)
+            response.begin()
+            assert (response.status, response.getheader("Retry-After"), json.loads(response.read())) == \
+                (503, "1", {"error": "too many connections; retry later"})
+        assert request(server, "POST", "/retrieve", {"queries": ["q"]})[0] == 200  # another client is served
+        start = time.monotonic()
+        assert all(closed_within(sock, 2.0) for sock in held)
+        assert 0.4 < time.monotonic() - start < 1.5, "idle connections are closed after idle_timeout_s"
+        for sock in held:
+            sock.close()
+        with connect_from(server, "127.0.2.1") as again:  # their slots are free again
+            again.sendall(post(b'{"queries": ["q"]}'))
+            response = http.client.HTTPResponse(again)
+            response.begin()
+            assert response.status == 200
+
+
+class SizedRetriever(FakeRetriever):
+    """A FakeRetriever that knows its largest document's JSON size."""
+
+    max_document_bytes = 1000
+
+
+def test_a_response_too_large_for_memory_is_refused_before_searching():
+    """Issue 39 cause 10: 1,000 queries x top-k 100 got its 413 only after the response was built."""
+    fake = SizedRetriever()
+    with RetrievalServer(fake, "127.0.0.1", 0).start() as server:
+        body = {"queries": [f"query {i}" for i in range(1000)], "topk": 100, "return_scores": True}
+        tracemalloc.start()
+        status, payload = request(server, "POST", "/retrieve", body)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert status == 413 and re.fullmatch(
+            r'1000 queries x "topk" 100 may need a response of \d+ bytes \(documents of up to 1000\), more than '
+            r'67108864: ask for fewer queries or a smaller "topk"', payload["error"])
+        assert fake.calls == [] and server.batcher.search_calls == 0
+        assert peak < 8 << 20, f"{peak} bytes allocated to refuse it"
+        assert request(server, "POST", "/retrieve", {"queries": ["q"] * 100, "topk": 100})[0] == 200
+    with pytest.raises(RequestError, match="may need a response of"):
+        parse_request({"queries": ["q"] * 500, "topk": 200}, Limits(), document_bytes=1000)
+    assert parse_request({"queries": ["q"] * 500, "topk": 3}, Limits(), document_bytes=1000)[1] == 3
+
+
+@pytest.mark.parametrize("headers", [
+    b"Content-Length: 18\r\nContent-Length: 60\r\n",
+    b"Content-Length: 18, 60\r\n",
+    b"Transfer-Encoding: chunked\r\nContent-Length: 18\r\n",
+    b"Content-Length: 18\r\nTransfer-Encoding: chunked\r\n",
+])
+def test_ambiguous_request_lengths_are_refused_and_nothing_is_smuggled(server, fake, headers):
+    """Issue 39 cause 11: the first of two lengths won and the leftover bytes were served as a request."""
+    smuggled = post(b'{"queries": ["smuggled"]}')
+    body = b'{"queries": ["q"]}'
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    data = b"POST /retrieve HTTP/1.1\r\nHost: t\r\n" + headers + b"\r\n" + \
+        (chunked if b"chunked" in headers else body) + smuggled
+    with socket.create_connection(server.server_address, timeout=10) as sock:
+        sock.sendall(data)
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        error = json.loads(response.read())["error"]
+        assert response.status == 400 and response.getheader("Connection") == "close"
+        assert re.search("conflicting Content-Length|Content-Length or Transfer-Encoding, not both", error)
+        assert closed_within(sock, 2.0), "the connection is closed after the refusal"
+    assert fake.calls == [] and server.requests == 0
