@@ -1,7 +1,8 @@
 """Serve an index over HTTP with Search-R1's /retrieve API (see searchrl.serving.server).
 
   python -m searchrl.serving.serve --index DIR [--host 127.0.0.1] --port 8000 [--max-batch 256]
-      [--max-hits 100000] [--max-connections 128] [--timeout-s 30] [--topk 3] ...
+      [--max-hits 100000] [--max-connections 4096] [--max-client-connections 64] [--idle-timeout-s 5]
+      [--timeout-s 30] [--topk 3] ...
 
 The bounds on requests, connections and time (`Limits` fields as flags, with their defaults) are described
 in searchrl.serving.server.
@@ -33,9 +34,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                        ("max_topk", flags.DEFINE_integer, 'largest "topk" a request may ask for'),
                        ("max_queries", flags.DEFINE_integer, "queries one request may carry"),
                        ("max_hits", flags.DEFINE_integer, 'largest queries x "topk" of a request'),
-                       ("max_connections", flags.DEFINE_integer, "connections served at once (more get 503)"),
+                       ("max_connections", flags.DEFINE_integer, "connections held at once (more get 503)"),
+                       ("max_client_connections", flags.DEFINE_integer,
+                        "connections held at once from one client address (more get 503)"),
+                       ("idle_timeout_s", flags.DEFINE_float,
+                        "seconds an idle connection (no request under way) is kept"),
                        ("timeout_s", flags.DEFINE_float,
-                        "seconds to receive a whole request, and to send a response"))}
+                        "seconds to receive a whole request; a client not reading its response this long is "
+                        "cut off"))}
     verbose = flags.DEFINE_boolean("verbose", False, "log every request", flag_values=values)
     cli.parse(values, argv, __doc__)
 

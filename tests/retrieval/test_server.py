@@ -14,7 +14,8 @@ import pytest
 from searchrl.retrieval import RetrievalConfig, make_retriever
 from searchrl.retrieval.remote import RemoteRetriever, parse_response
 from searchrl.retrieval.types import Hit, RetrievalError, search_each
-from searchrl.serving.server import Batcher, Limits, RequestError, RetrievalServer, parse_request
+from searchrl.retrieval.corpus import CorpusStore
+from searchrl.serving.server import Batcher, Limits, RequestError, RetrievalServer, format_results, parse_request
 
 
 class FakeRetriever:
@@ -516,3 +517,13 @@ def test_ambiguous_request_lengths_are_refused_and_nothing_is_smuggled(server, f
         assert re.search("conflicting Content-Length|Content-Length or Transfer-Encoding, not both", error)
         assert closed_within(sock, 2.0), "the connection is closed after the refusal"
     assert fake.calls == [] and server.requests == 0
+
+
+def test_a_corpus_store_bounds_its_documents_json(tmp_path):
+    rows = [{"id": "a", "contents": "T\nshort"}, {"id": "b", "title": "Ünïcödé", "text": "é" * 300 + "😀" * 50}]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    store = CorpusStore.build(corpus, tmp_path / "store", show_progress=False)
+    largest = max(len(json.dumps(format_results([[store.hit(i, 0.0)]], False)["result"][0][0]))
+                  for i in range(len(store)))
+    assert largest <= store.max_document_bytes < 4 * largest
