@@ -83,13 +83,15 @@ class Limits:
 class RequestError(ValueError):
     """A request the server refuses, with its HTTP status."""
 
-    def __init__(self, message: str, status: int = HTTPStatus.BAD_REQUEST, headers: dict[str, str] | None = None):
+    def __init__(self, message: str, status: int = HTTPStatus.BAD_REQUEST,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.headers = headers or {}
 
 
-def parse_request(body: Any, limits: Limits, document_bytes: int | None = None) -> tuple[list[str], int, bool]:
+def parse_request(body: Any, limits: Limits,
+                  document_bytes: int | None = None) -> tuple[list[str], int, bool]:
     """A decoded /retrieve body -> (queries, topk, return_scores); RequestError names the offending field.
     With `document_bytes` (the JSON of the largest document), a response that may exceed
     `max_response_bytes` is refused here, before any search or memory goes into it."""
@@ -127,9 +129,10 @@ def parse_request(body: Any, limits: Limits, document_bytes: int | None = None) 
     if document_bytes is not None:
         bound = response_bound(len(queries), topk, document_bytes)
         if bound > limits.max_response_bytes:
-            raise RequestError(f'{len(queries)} queries x "topk" {topk} may need a response of {bound} bytes '
-                               f"(documents of up to {document_bytes}), more than {limits.max_response_bytes}: "
-                               f'ask for fewer queries or a smaller "topk"', HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+            raise RequestError(f'{len(queries)} queries x "topk" {topk} may need a response of {bound} '
+                               f"bytes (documents of up to {document_bytes}), more than "
+                               f'{limits.max_response_bytes}: ask for fewer queries or a smaller "topk"',
+                               HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
     return queries, topk, return_scores
 
 
@@ -419,7 +422,8 @@ class _App:
             status, data = await self._respond(scope, body)
         except RequestError as e:
             await body.discard(self.limits.linger_s)
-            return await _send(send, e.status, json.dumps({"error": str(e)}).encode(), close=True, **e.headers)
+            error = json.dumps({"error": str(e)}).encode()
+            return await _send(send, e.status, error, close=True, **e.headers)
         except _ClientGone:
             return
         await _send(send, status, data)

@@ -15,7 +15,8 @@ from searchrl.retrieval import RetrievalConfig, make_retriever
 from searchrl.retrieval.remote import RemoteRetriever, parse_response
 from searchrl.retrieval.types import Hit, RetrievalError, search_each
 from searchrl.retrieval.corpus import CorpusStore
-from searchrl.serving.server import Batcher, Limits, RequestError, RetrievalServer, format_results, parse_request
+from searchrl.serving.server import Batcher, Limits, RequestError, RetrievalServer, format_results, \
+    parse_request
 
 
 class FakeRetriever:
@@ -485,8 +486,8 @@ def test_a_response_too_large_for_memory_is_refused_before_searching():
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         assert status == 413 and re.fullmatch(
-            r'1000 queries x "topk" 100 may need a response of \d+ bytes \(documents of up to 1000\), more than '
-            r'67108864: ask for fewer queries or a smaller "topk"', payload["error"])
+            r'1000 queries x "topk" 100 may need a response of \d+ bytes \(documents of up to 1000\), '
+            r'more than 67108864: ask for fewer queries or a smaller "topk"', payload["error"])
         assert fake.calls == [] and server.batcher.search_calls == 0
         assert peak < 8 << 20, f"{peak} bytes allocated to refuse it"
         assert request(server, "POST", "/retrieve", {"queries": ["q"] * 100, "topk": 100})[0] == 200
@@ -520,7 +521,8 @@ def test_ambiguous_request_lengths_are_refused_and_nothing_is_smuggled(server, f
 
 
 def test_a_corpus_store_bounds_its_documents_json(tmp_path):
-    rows = [{"id": "a", "contents": "T\nshort"}, {"id": "b", "title": "Ünïcödé", "text": "é" * 300 + "😀" * 50}]
+    rows = [{"id": "a", "contents": "T\nshort"},
+            {"id": "b", "title": "Ünïcödé", "text": "é" * 300 + "😀" * 50}]
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     store = CorpusStore.build(corpus, tmp_path / "store", show_progress=False)
