@@ -89,7 +89,7 @@ def _relevance(where: str, rel: str) -> int:
     every grade <= 0 as not relevant."""
     digits = rel[1:] if rel.startswith("-") else rel
     if not (digits.isascii() and digits.isdigit() and len(digits) <= 18):
-        raise ValueError(f"{where}: relevance must be an integer, got {rel[:50]!r}")
+        raise ValueError(f"{where}: relevance must be an integer of at most 18 digits, got {rel[:50]!r}")
     return int(rel)
 
 

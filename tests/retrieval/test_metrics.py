@@ -84,7 +84,7 @@ def test_qrels_readers(tmp_path):
     with pytest.raises(ValueError, match=rf"{bad}:3: expected query-id"):
         read_beir_qrels(bad)
     bad.write_text("q1\td1\thigh\n")
-    with pytest.raises(ValueError, match=rf"{bad}:1: relevance must be an integer, got 'high'"):
+    with pytest.raises(ValueError, match=rf"{bad}:1: relevance must be an integer of at most 18 digits, got 'high'"):
         read_qrels(bad)
     bad.write_text("q1 0 d1 1\nq1 d2 1\n")
     with pytest.raises(ValueError, match=rf"{bad}:2: expected 'qid 0 docid rel'"):
@@ -92,7 +92,7 @@ def test_qrels_readers(tmp_path):
 
 
 def test_qrels_byte_order_mark_and_negative_grades(tmp_path):
-    """A BOM once made the header a judgement ("relevance must be an integer, got 'score'"); negative
+    """A BOM once made the header a judgement ("relevance must be an integer of at most 18 digits, got 'score'"); negative
     grades are TREC's (e.g. -2: junk) and count as not relevant."""
     beir = tmp_path / "test.tsv"
     beir.write_bytes(b"\xef\xbb\xbfquery-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\t-2\n")
@@ -106,12 +106,12 @@ def test_qrels_byte_order_mark_and_negative_grades(tmp_path):
 
 @pytest.mark.parametrize("content, reason", [
     (b"q1\td1\t1\nq2\td\xff2\t1\n", r":2: not UTF-8 \(at character 5\)"),
-    (b"q1 0 d1 1\r\nq1 0 d2 " + b"7" * 5000 + b"\r\n", r":2: relevance must be an integer, got '7777"),
+    (b"q1 0 d1 1\r\nq1 0 d2 " + b"7" * 5000 + b"\r\n", r":2: relevance must be an integer of at most 18 digits, got '7777"),
     (b"query-id\tcorpus-id\tscore\n\n\nq1\td1\n", r":4: expected query-id<TAB>corpus-id<TAB>score"),
-    (b"query-id\tcorpus-id\tscore\nq1\td1\t1_0\n", r":2: relevance must be an integer, got '1_0'"),
-    ("q1\td1\t\u0663\n".encode(), r":1: relevance must be an integer, got '\u0663'"),  # Arabic-Indic 3
-    (b"q1 0 d1 +1\n", r":1: relevance must be an integer, got '\+1'"),
-    (b"q1 0 d1 --1\n", r":1: relevance must be an integer, got '--1'"),
+    (b"query-id\tcorpus-id\tscore\nq1\td1\t1_0\n", r":2: relevance must be an integer of at most 18 digits, got '1_0'"),
+    ("q1\td1\t\u0663\n".encode(), r":1: relevance must be an integer of at most 18 digits, got '\u0663'"),  # Arabic-Indic 3
+    (b"q1 0 d1 +1\n", r":1: relevance must be an integer of at most 18 digits, got '\+1'"),
+    (b"q1 0 d1 --1\n", r":1: relevance must be an integer of at most 18 digits, got '--1'"),
 ])
 def test_qrels_hazards_name_file_and_line(tmp_path, content, reason):
     bad = tmp_path / "bad.qrels"
