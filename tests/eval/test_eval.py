@@ -262,7 +262,8 @@ def test_evaluate_policy_budgets_and_depth(world):
     env_config = autosearch_env.Config(max_turns=2, prompt_template=config.env.prompt_template,
                                        reward="search_r1", intermediate_answer_tokens=4)
     env = AlwaysSearchEnv(BM25Retriever(root / "index"), env_config)
-    data = datasets.load_examples(config.data.dir, config.data.eval, "test")
+    data = datasets.load_examples(config.data.dir, config.data.eval, "test", config.data.format,
+                                  config.data.tfds_dir)
     results = harness.evaluate_policy(cfg, params, tokenizer, env, data, rollout_config(config), batch_size=4,
                                       budgets=[2, 0, 1], spec=autosearch_analysis.REPORT)
     sizes = {name: len(qs) for name, qs in QUESTIONS.items()}
@@ -327,7 +328,8 @@ def reference(world):
     config.env.max_turns = 1
     config.env.intermediate_answers = True
     env = task.build(config.env, config.retrieval)
-    data = datasets.load_examples(config.data.dir, "world", "test")
+    data = datasets.load_examples(config.data.dir, "world", "test", config.data.format,
+                                  config.data.tfds_dir)
     direct = harness.evaluate_policy(cfg, params, tokenizer, env, {"world": data["world"][:3]},
                                      rollout_config(config), batch_size=4, side_branch=False)
     return cfg, params, config, direct["predictions"]

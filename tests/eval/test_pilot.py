@@ -128,7 +128,8 @@ def test_forced_depth_makes_exactly_k_searches(world):
     config = pilot_config(root)
     cfg, params = tiny_policy(tokenizer)
     env = task.build(config.env, config.retrieval)
-    data = datasets.load_examples(config.data.dir, "world,trivia", "test")
+    data = datasets.load_examples(config.data.dir, "world,trivia", "test", config.data.format,
+                                  config.data.tfds_dir)
     rollout = rollout_config(config)
     for depth in (0, 2):
         rows = harness.evaluate_policy(cfg, params, tokenizer, ForcedDepthEnv(env, depth), data, rollout,
