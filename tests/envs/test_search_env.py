@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from searchrl.episode import Action, Trajectory, Turn
+from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.remote import RemoteRetriever
 from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable
 from searchrl.serving.server import Limits, RetrievalServer
@@ -115,7 +116,7 @@ def test_remote_retrieval_failures_become_observations():
     local = SearchEnv(CountingRetriever(), Config(topk=1))
     limits = Limits(max_query_chars=20)
     with RetrievalServer(CountingRetriever(), "127.0.0.1", 0, limits=limits).start() as server:
-        remote = SearchEnv(RemoteRetriever(server.url, retries=0), Config(topk=1))
+        remote = SearchEnv(RemoteRetriever(RetrievalConfig(url=server.url, retries=0)), Config(topk=1))
         actions = [Action("search", ""), Action("search", "q" * 21), Action("search", "fine")]
         obs = remote.observe(actions)
     assert obs[0] == local.observe(actions[:1])[0]  # the same for every retriever
