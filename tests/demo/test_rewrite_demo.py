@@ -14,11 +14,13 @@ from searchrl.data import datasets
 from searchrl.retrieval import metrics
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.tasks.deepretrieval import demo as rewrite, world as rewrite_world
+from searchrl.tasks.deepretrieval.config import RewriteDemoConfig
 
 
 @pytest.fixture(scope="module")
 def world():
-    return rewrite_world.generate_world(0, concepts_per_kind=8)
+    return rewrite_world.generate_world(0, concepts_per_kind=8,
+                                        num_candidates=RewriteDemoConfig().num_candidates)
 
 
 def test_every_test_topic_is_a_new_combination_of_trained_concepts(world):

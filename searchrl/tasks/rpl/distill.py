@@ -132,7 +132,7 @@ def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], c
         if own < 1.0:
             counts["weak"] += 1
             path = mutation.climb(source, env.sdk, score, env.sdk.available, config.max_variants,
-                                  env.config.limits, config.max_shown, config.rounds, own)
+                                  env.config.limits, config.max_shown, rounds=config.rounds, baseline=own)
             counts["improved"] += bool(path)
             counts["edits"] += len(path)
         if path or config.keep_unimproved:
