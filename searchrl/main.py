@@ -79,7 +79,8 @@ def sft(config: ml_collections.ConfigDict) -> None:
     sft_config = from_config(SFTConfig, config.sft, "config.sft")
     tokens, loss_mask = sft_lib.encode(built.tokenizer, examples, sft_config.max_len)
     mesh = models.mesh_from_config(from_config(models.MeshConfig, config.mesh, "config.mesh"))
-    params, losses = sft_lib.train(built.model_cfg, built.policy, tokens, loss_mask, sft_config, mesh)
+    params, losses = sft_lib.train(built.model_cfg, built.policy, tokens, loss_mask, sft_config, mesh,
+                                   models.rules_named(config.mesh.train_rules))
     out = os.path.join(config.workdir, "sft")
     models.save_hf(built.model_cfg, params, out)  # every process takes part; process 0 writes
     if jax.process_index() == 0:

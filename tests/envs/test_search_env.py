@@ -334,7 +334,8 @@ def greedy_text(cfg, params, tokenizer, text: str, max_tokens: int, stop: str) -
 
     ids, out = tokenizer.encode(text, add_special_tokens=False), []
     while len(out) < max_tokens:
-        token = int(jnp.argmax(models.apply(cfg, params, jnp.asarray([ids + out]))[0, -1]))
+        token = int(jnp.argmax(models.apply(cfg, params, jnp.asarray([ids + out]),
+                                            rules=models.TRAIN_RULES)[0, -1]))
         if token == tokenizer.eos_token_id:
             break
         out.append(token)
@@ -362,7 +363,8 @@ def test_an_episode_in_the_public_mode_answers_from_the_separate_prompt(chat_tok
 
     def run(mode: str):
         env = AlwaysSearches(CountingRetriever(), dataclasses.replace(config, intermediate_answer_mode=mode))
-        return env, RolloutEngine(cfg, chat_tokenizer, env, rollout).run(params, examples, jax.random.key(0))
+        engine = RolloutEngine(cfg, chat_tokenizer, env, rollout, rules=models.SAMPLE_RULES)
+        return env, engine.run(params, examples, jax.random.key(0))
 
     env, traj = run(autosearch_env.PUBLIC_PROMPT)
     _, continued = run(autosearch_env.CONTINUATION)

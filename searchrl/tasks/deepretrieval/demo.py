@@ -94,13 +94,15 @@ def run_seed(config: ml_collections.ConfigDict, demo: RewriteDemoConfig) -> dict
     sft_config = from_config(SFTConfig, config.sft, "config.sft")
     tokens, loss_mask = sft.encode(built.tokenizer, examples, sft_config.max_len)
     mesh = models.mesh_from_config(from_config(models.MeshConfig, config.mesh, "config.mesh"))
-    policy, losses = sft.train(built.model_cfg, built.policy, tokens, loss_mask, sft_config, mesh)
+    policy, losses = sft.train(built.model_cfg, built.policy, tokens, loss_mask, sft_config, mesh,
+                               models.rules_named(config.mesh.train_rules))
     print(f"seed {config.seed}: SFT loss {losses[0]:.3f} -> {losses[-1]:.3f} "
           f"({time.perf_counter() - start:.0f}s)")
 
     def evaluate(params, name):
         results = harness.evaluate_policy(built.model_cfg, params, built.tokenizer, built.env, test,
-                                          built.rollout, config.train.batch_size, spec=analysis.REPORT)
+                                          built.rollout, config.train.batch_size, spec=analysis.REPORT,
+                                          rules=models.rules_named(config.mesh.sample_rules))
         report.write_report(results, os.path.join(config.workdir, f"eval_{name}"), analysis.REPORT)
         return held_out_metrics(results)
 

@@ -169,7 +169,7 @@ def distill(trainer: Trainer, segments: Sequence[Sequence[tuple[str, bool]]], co
     optimizer states, critic and reference are kept. Returns the SFT losses."""
     tokens, loss_mask = sft.encode(trainer.engine.tokenizer, segments, config.sft.max_len)
     policy, losses = sft.train(trainer.model_cfg, trainer.policy, tokens, loss_mask, config.sft,
-                               trainer.mesh)
+                               trainer.mesh, trainer.ppo.spec.rules)
     trainer.replace_policy(policy)
     return losses
 
