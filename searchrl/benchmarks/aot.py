@@ -159,7 +159,7 @@ def rollout_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> di
         return tuple(_rows_sharded(shape, kind, mesh, rules) for shape, kind in shapes)
 
     spec = generate.DecodeSpec(rollout.chunk_steps, rollout.max_turn_tokens, rollout.max_len,
-                               rollout.sampling, rules)
+                               rollout.sampling, rules=rules)
     replicated = NamedSharding(mesh, PartitionSpec())
     stops = jax.ShapeDtypeStruct(STOP_TABLE, jnp.int32, sharding=replicated)
     eos = jax.ShapeDtypeStruct(EOS_IDS, jnp.int32, sharding=replicated)

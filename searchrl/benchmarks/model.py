@@ -24,7 +24,9 @@ import transformers
 from searchrl import cli
 from searchrl.benchmarks.hardware import device_name
 from searchrl.benchmarks.interleave import compare, describe
-from searchrl.models import ModelConfig, get_preset, init_params, to_hf_config, token_logprobs
+from searchrl.models import (MeshConfig, ModelConfig, get_preset, init_params, rules_named, to_hf_config,
+                             token_logprobs)
+from searchrl.rl.config import RLConfig
 
 
 def torch_device() -> str:
@@ -39,14 +41,17 @@ def torch_synchronize(device: str) -> None:
 
 
 def searchrl_step(cfg: ModelConfig, tokens: np.ndarray, dtype: str) -> Callable[[], None]:
-    """A jitted value-and-grad of the mean next-token NLL."""
+    """A jitted value-and-grad of the mean next-token NLL, as a default run's training step computes it."""
     params = init_params(cfg, jax.random.key(0), jnp.dtype(dtype))
     B, T = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     mask = jnp.ones((B, T), bool)
+    rl = RLConfig()
 
     def loss(params, tokens):
-        return -token_logprobs(cfg, params, tokens, positions, mask)[:, 1:].mean()
+        return -token_logprobs(cfg, params, tokens, positions, mask, temperature=1.0,
+                               rules=rules_named(MeshConfig().train_rules), remat=rl.remat,
+                               logits_chunk=rl.logits_chunk)[:, 1:].mean()
 
     grad = jax.jit(jax.value_and_grad(loss))
     tokens = jnp.asarray(tokens)

@@ -64,6 +64,7 @@ def timed(fn: Callable[[], Any]) -> float:
 
 def bench_server(index_dir: Path, queries: list[str], clients: int) -> dict[str, float]:
     """Throughput and latency of one-query requests from `clients` concurrent threads to a server process."""
+    from searchrl.retrieval import RetrievalConfig
     from searchrl.retrieval.remote import RemoteRetriever
     proc = subprocess.Popen([sys.executable, "-m", "searchrl.serving.serve", "--index", str(index_dir),
                              "--port", "0"], stdout=subprocess.PIPE, text=True)
@@ -71,7 +72,8 @@ def bench_server(index_dir: Path, queries: list[str], clients: int) -> dict[str,
         banner = proc.stdout.readline()
         if " on " not in banner:
             raise RuntimeError(f"server did not start: {banner!r}")
-        client = RemoteRetriever(banner.split(" on ")[1].strip(), timeout=60, retries=0)
+        client = RemoteRetriever(RetrievalConfig(kind="remote", url=banner.split(" on ")[1].strip(),
+                                                 timeout_s=60, retries=0))
         client.search(queries[:1], K)  # warm-up
         latencies: list[float] = []
         next_query = iter(range(len(queries)))

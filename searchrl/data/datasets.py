@@ -107,8 +107,7 @@ def _load_split(directory: str, name: str, split: str, format: str, tfds_dir: st
     return tfds_records.prepared(build_dir, read, FORMATS.get(format).records, where, {"dataset": name})
 
 
-def load_examples(directory: str, names: str, split: str, format: str = "qa",
-                  tfds_dir: str = "") -> dict[str, Records]:
+def load_examples(directory: str, names: str, split: str, format: str, tfds_dir: str) -> dict[str, Records]:
     """Each named dataset's records (comma-separated names), tagged with their dataset name and read on
     demand from their TFDS copy under tfds_dir ("": directory/.tfds), prepared from the files when they have
     none. `format` is the files' layout and the records' fields: a name in FORMATS (a task's formats register

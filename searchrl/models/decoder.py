@@ -25,7 +25,7 @@ from searchrl.models.config import ModelConfig
 from searchrl.models.kv_cache import KVCache, write_layer, write_rows
 from searchrl.models.layout import (HEADS, HEADS_IN, HEADS_OUT, TRANSPOSED, ParamSpec, Table, normal, ones,
                                    zeros)
-from searchrl.models.sharding import TRAIN_RULES, ShardingRules, constrain
+from searchrl.models.sharding import ShardingRules, constrain
 
 _MASKED = -1e30  # score of a key that may not be attended (finite: fully masked rows stay NaN-free).
 _ACT = ("batch", "length", "embed")
@@ -118,8 +118,8 @@ class Decoder(nn.Module):
     and recomputes the whole layer (gradient checkpointing)."""
 
     cfg: ModelConfig
+    rules: ShardingRules  # the activations' layout under a mesh (a `MeshConfig`'s train or sample rules)
     value: bool = False
-    rules: ShardingRules = TRAIN_RULES
     remat: bool = False
     unrolled: bool = False
     param_dtype: Any = jnp.float32
@@ -169,8 +169,7 @@ class Decoder(nn.Module):
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Float32 logits [..., V] from final hidden states [..., D] (the tied embedding or lm_head)."""
-        head = self.embed.T if self.cfg.tie_word_embeddings else self.lm_head
-        return _dense(hidden, head, jnp.float32)
+        return _head_logits(self.cfg, self.embed, self.lm_head, hidden)
 
     def head(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
         """The head on the hidden states: value estimates [B, T] fp32 for the value model, else the logits.
@@ -189,7 +188,7 @@ def init_params(cfg: ModelConfig, key: jax.Array, dtype=jnp.float32, *, value: b
     return layout.init(param_table(cfg, value=value), key, dtype)
 
 
-def param_shardings(cfg: ModelConfig, mesh: Mesh, rules: ShardingRules = TRAIN_RULES, *,
+def param_shardings(cfg: ModelConfig, mesh: Mesh, rules: ShardingRules, *,
                     value: bool = False) -> dict:
     """Pytree of NamedSharding mirroring the params, for jit in_shardings/out_shardings and `load_hf`."""
     return layout.shardings(param_table(cfg, value=value), mesh, rules)
@@ -293,10 +292,10 @@ def _mlp(cfg: ModelConfig, lp: dict, x: jax.Array, rules: ShardingRules) -> jax.
 
 
 def backbone(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
-             cache: KVCache | None = None, *, rules: ShardingRules | None = None, remat: bool = False,
+             cache: KVCache | None = None, *, rules: ShardingRules, remat: bool,
              unrolled: bool = False) -> tuple[jax.Array, KVCache | None]:
     """Final-normed hidden states [B, T, D] of the policy and the extended cache (see `forward`)."""
-    return Decoder(cfg, rules=rules or TRAIN_RULES, remat=remat, unrolled=unrolled).apply(
+    return Decoder(cfg, rules=rules, remat=remat, unrolled=unrolled).apply(
         {"params": params}, tokens, positions, mask, cache)
 
 
@@ -315,15 +314,16 @@ def unstack_layers(params: dict) -> dict:
 
 
 def forward(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
-            cache: KVCache | None = None, *, rules: ShardingRules | None = None, remat: bool = False,
+            cache: KVCache | None = None, *, rules: ShardingRules, remat: bool,
             unrolled: bool = False) -> tuple[jax.Array, jax.Array, KVCache | None]:
     """(logits fp32 [B, T, V], final hidden [B, T, D], cache); tokens, positions int32 and mask bool [B, T].
 
     Without a cache, query t attends to key s iff s <= t and mask[b, s]. With one, row b's new keys/values go
     to slots length[b] .. length[b]+T-1 (valid there := mask), each query attends to valid slots up to its
     own, and the returned cache has length += T. Positions (for RoPE) always come from the caller. Outputs at
-    masked positions are unspecified. `remat` recomputes each whole layer in the backward pass to save memory
-    (`Decoder`); `unrolled` takes the per-layer params of `unstack_layers`.
+    masked positions are unspecified. `rules` lay out the activations under a mesh; `remat` recomputes each
+    whole layer in the backward pass to save memory (`Decoder`; `RLConfig.remat`); `unrolled` takes the
+    per-layer params of `unstack_layers`.
     """
     hidden, cache = backbone(cfg, params, tokens, positions, mask, cache, rules=rules, remat=remat,
                              unrolled=unrolled)
@@ -331,22 +331,27 @@ def forward(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Ar
     return logits, hidden, cache
 
 
+def _head_logits(cfg: ModelConfig, embed: jax.Array, lm_head: jax.Array | None, hidden: jax.Array
+                 ) -> jax.Array:
+    """Float32 logits [..., V] from final hidden states [..., D]: the tied embedding's or lm_head's."""
+    return _dense(hidden, embed.T if cfg.tie_word_embeddings else lm_head, jnp.float32)
+
+
 def lm_logits(cfg: ModelConfig, params: dict, hidden: jax.Array) -> jax.Array:
     """Float32 logits [..., V] from final hidden states [..., D] (the tied embedding or lm_head)."""
-    return Decoder(cfg).apply({"params": params}, hidden, method=Decoder.logits)
+    return _head_logits(cfg, params["embed"], params.get("lm_head"), hidden)
 
 
-def _sharded_logits(cfg: ModelConfig, params: dict, hidden: jax.Array, rules: ShardingRules | None
-                    ) -> jax.Array:
-    """`lm_logits` [B, T, V] laid out by `rules` (default: the training rules)."""
-    return constrain(lm_logits(cfg, params, hidden), ("batch", "length", "vocab"), rules or TRAIN_RULES)
+def _sharded_logits(cfg: ModelConfig, params: dict, hidden: jax.Array, rules: ShardingRules) -> jax.Array:
+    """`lm_logits` [B, T, V] laid out by `rules`."""
+    return constrain(lm_logits(cfg, params, hidden), ("batch", "length", "vocab"), rules)
 
 
-def apply(cfg: ModelConfig, params: dict, tokens: jax.Array) -> jax.Array:
-    """Logits [B, T, V] of unpadded sequences at positions 0 .. T-1."""
+def apply(cfg: ModelConfig, params: dict, tokens: jax.Array, *, rules: ShardingRules) -> jax.Array:
+    """Logits [B, T, V] of unpadded sequences at positions 0 .. T-1 (a forward pass only: no remat)."""
     B, T = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    return forward(cfg, params, tokens, positions, jnp.ones((B, T), bool))[0]
+    return forward(cfg, params, tokens, positions, jnp.ones((B, T), bool), rules=rules, remat=False)[0]
 
 
 def _next_token_logprobs(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -371,10 +376,11 @@ def logprobs_from_logits(logits: jax.Array, tokens: jax.Array) -> tuple[jax.Arra
 
 
 def token_logprobs(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
-                   *, with_entropy: bool = False, temperature: float | jax.Array = 1.0,
-                   rules: ShardingRules | None = None, remat: bool = False, logits_chunk: int = 0):
+                   *, with_entropy: bool = False, temperature: float | jax.Array, rules: ShardingRules,
+                   remat: bool, logits_chunk: int):
     """Per-token log-probabilities [B, T] (index t+1 holds log p(tokens[:, t+1] | prefix), index 0 = 0) of
-    the model's distribution at `temperature` (logits / temperature).
+    the model's distribution at `temperature` (logits / temperature; `SamplingParams.temperature`), laid out
+    by `rules`, with `remat` and `logits_chunk` as `RLConfig` sets them.
 
     With `with_entropy`, returns (logprobs, entropy) in the same alignment. The head runs on the hidden states
     that predict a token (all but the last position), so no logits are computed that nothing reads. With
@@ -412,7 +418,7 @@ def _chunked_next_token_logprobs(head: Callable[[jax.Array, jax.Array], tuple[ja
 
 
 def values(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
-           *, rules: ShardingRules | None = None, remat: bool = False) -> jax.Array:
+           *, rules: ShardingRules, remat: bool) -> jax.Array:
     """Value estimates [B, T] fp32 from value-model params (see `value_params_from_policy`)."""
-    return Decoder(cfg, value=True, rules=rules or TRAIN_RULES, remat=remat).apply(
+    return Decoder(cfg, rules=rules, value=True, remat=remat).apply(
         {"params": params}, tokens, positions, mask, method=Decoder.head)

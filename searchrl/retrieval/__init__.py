@@ -80,8 +80,7 @@ def remote_retriever(config: RetrievalConfig) -> Retriever:
     if not config.url:
         raise ValueError('retrieval config: kind "remote" needs "url"')
     from searchrl.retrieval.remote import RemoteRetriever
-    return RemoteRetriever(config.url, timeout=config.timeout_s, retries=config.retries,
-                           batch_size=config.batch_size)
+    return RemoteRetriever(config)
 
 
 def make_retriever(config: RetrievalConfig) -> Retriever:

@@ -13,6 +13,7 @@ from typing import Sequence
 from absl import flags
 
 from searchrl import cli
+from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.metrics import evaluate, read_qrels
 from searchrl.retrieval.search import read_queries, search_all
 
@@ -26,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
                                      flag_values=values)
     k = flags.DEFINE_integer("k", 100, "depth searched and cut-off of recall", lower_bound=1,
                             flag_values=values)
-    batch_size = flags.DEFINE_integer("batch-size", 256, "queries per search call", lower_bound=1,
+    batch_size = flags.DEFINE_integer("batch-size", RetrievalConfig.batch_size, "queries per search call", lower_bound=1,
                                       flag_values=values)
     cli.parse(values, argv, __doc__)
 

@@ -18,6 +18,7 @@ import time
 import urllib.parse
 from typing import Any, Sequence
 
+from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.corpus import split_contents
 from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable
 
@@ -131,20 +132,19 @@ def _retry_after(response: http.client.HTTPResponse) -> float:
 
 
 class RemoteRetriever:
-    """Batched search over HTTP (see the module docstring for retries and errors). Batches over `batch_size`
-    are split; `timeout` bounds each attempt as a whole."""
+    """Batched search over HTTP at `config.url` (see the module docstring for retries and errors). Batches
+    over `config.batch_size` are split; `config.timeout_s` bounds each attempt as a whole."""
 
-    def __init__(self, url: str, timeout: float = 30.0, retries: int = 3, batch_size: int = 256,
-                 backoff_s: float = 0.5):
-        url = url.rstrip("/")
+    def __init__(self, config: RetrievalConfig, backoff_s: float = 0.5):
+        url = config.url.rstrip("/")
         self.url = url if url.endswith("/retrieve") else url + "/retrieve"
         parts = urllib.parse.urlsplit(self.url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"RemoteRetriever needs an http://HOST[:PORT] url, got {url!r}")
         self._host, self._port, self._path = parts.hostname, parts.port, parts.path
-        self.timeout = timeout
-        self.retries = retries
-        self.batch_size = batch_size
+        self.timeout = config.timeout_s
+        self.retries = config.retries
+        self.batch_size = config.batch_size
         self.backoff_s = backoff_s
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:

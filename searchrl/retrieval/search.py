@@ -15,6 +15,7 @@ from absl import flags
 from tqdm import tqdm
 
 from searchrl import cli
+from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.corpus import parse_json
 from searchrl.retrieval.types import Hit, Retriever
 
@@ -52,7 +53,7 @@ def read_queries(path: str | os.PathLike) -> list[tuple[str, str]]:
     return queries
 
 
-def search_all(retriever: Retriever, queries: Sequence[tuple[str, str]], k: int, batch_size: int = 256,
+def search_all(retriever: Retriever, queries: Sequence[tuple[str, str]], k: int, batch_size: int,
                show_progress: bool = True) -> dict[str, list[Hit]]:
     """Query id -> top-k hits, searching in batches of `batch_size`."""
     if k < 1 or batch_size < 1:
@@ -72,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     index = flags.DEFINE_string("index", None, "index dir (any kind)", required=True, flag_values=values)
     queries_path = flags.DEFINE_string("queries", None, "queries JSONL", required=True, flag_values=values)
     k = flags.DEFINE_integer("k", 10, "hits per query", lower_bound=1, flag_values=values)
-    batch_size = flags.DEFINE_integer("batch-size", 256, "queries per search call", lower_bound=1,
+    batch_size = flags.DEFINE_integer("batch-size", RetrievalConfig.batch_size, "queries per search call", lower_bound=1,
                                       flag_values=values)
     out_path = flags.DEFINE_string("out", None, "output JSONL (default: stdout)", flag_values=values)
     cli.parse(values, argv, __doc__)

@@ -44,10 +44,14 @@ def encode(tokenizer: Any, examples: Sequence[Segments], max_len: int) -> tuple[
     return tokens, mask
 
 
-def nll(cfg: models.ModelConfig, params: dict, tokens: jax.Array, loss_mask: jax.Array) -> jax.Array:
-    """Mean negative log-likelihood of the policy tokens (`loss_mask` > 0) given their prefixes."""
+def nll(cfg: models.ModelConfig, params: dict, tokens: jax.Array, loss_mask: jax.Array,
+        rules: models.ShardingRules) -> jax.Array:
+    """Mean negative log-likelihood of the policy tokens (`loss_mask` > 0) given their prefixes, under the
+    model's own distribution (temperature 1), its activations laid out by `rules`, no layer recomputed and
+    the logits of all positions at once."""
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    logprobs = models.token_logprobs(cfg, params, tokens, positions, _attention(tokens, loss_mask))
+    logprobs = models.token_logprobs(cfg, params, tokens, positions, _attention(tokens, loss_mask),
+                                     temperature=1.0, rules=rules, remat=False, logits_chunk=0)
     return -jnp.sum(logprobs * loss_mask) / jnp.maximum(jnp.sum(loss_mask), 1.0)
 
 
@@ -58,16 +62,16 @@ def _attention(tokens: jax.Array, loss_mask: jax.Array) -> jax.Array:
 
 
 @functools.lru_cache(maxsize=None)
-def _train_step(cfg: models.ModelConfig, optim: OptimConfig, mesh: Mesh):
+def _train_step(cfg: models.ModelConfig, optim: OptimConfig, mesh: Mesh, rules: models.ShardingRules):
     """The jitted, sharded SFT step, its optimizer and the state's shardings (params and moments as in RL
-    training)."""
+    training, laid out by the training `rules`)."""
     tx, schedule = make_optimizer(optim), learning_rate(optim)
-    shardings = state_shardings(StateSpec(model=cfg, actor=optim), mesh)
+    shardings = state_shardings(StateSpec(model=cfg, actor=optim, rules=rules), mesh)
     rows = NamedSharding(mesh, _ROWS)
     replicated = NamedSharding(mesh, PartitionSpec())
 
     def step(params, opt_state, i, tokens, loss_mask):
-        loss, grads = jax.value_and_grad(functools.partial(nll, cfg))(params, tokens, loss_mask)
+        loss, grads = jax.value_and_grad(functools.partial(nll, cfg))(params, tokens, loss_mask, rules)
         params, opt_state, grad_norm = apply_gradients(tx, params, grads, opt_state, schedule(i))
         return params, opt_state, loss, grad_norm
 
@@ -78,17 +82,17 @@ def _train_step(cfg: models.ModelConfig, optim: OptimConfig, mesh: Mesh):
 
 
 def train(cfg: models.ModelConfig, params: dict, tokens: np.ndarray, loss_mask: np.ndarray,
-          config: SFTConfig, mesh: Mesh) -> tuple[dict, list[float]]:
-    """`config.num_steps` AdamW steps on seeded random minibatches; returns the params and the loss per
-    step. Across processes, every process passes the same examples and feeds its own rows of each
-    minibatch."""
+          config: SFTConfig, mesh: Mesh, rules: models.ShardingRules) -> tuple[dict, list[float]]:
+    """`config.num_steps` AdamW steps on seeded random minibatches, sharded over `mesh` by the training
+    `rules` (`MeshConfig.train_rules`); returns the params and the loss per step. Across processes, every
+    process passes the same examples and feeds its own rows of each minibatch."""
     if len(tokens) < config.batch_size:
         raise ValueError(f"SFT needs at least batch_size={config.batch_size} examples, got {len(tokens)}.")
     rows_parallel = mesh.shape["data"] * mesh.shape["fsdp"]
     if config.batch_size % rows_parallel:
         raise ValueError(f"SFT batch_size={config.batch_size} must be a multiple of the mesh's data x fsdp size "
                          f"({rows_parallel}): config.sft.batch_size or config.mesh.")
-    step, tx, shardings = _train_step(cfg, config.optim, mesh)
+    step, tx, shardings = _train_step(cfg, config.optim, mesh, rules)
     # Placed as the step returns them, so that the first step compiles the same program as the others.
     params = jax.device_put(jax.tree.map(lambda p: p.astype(jnp.float32), params), shardings.policy)
     opt_state = jax.device_put(tx.init(params), shardings.actor_opt)

@@ -17,7 +17,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from searchrl import models
-from searchrl.models.sharding import TRAIN_RULES, ShardingRules
+from searchrl.models.sharding import ShardingRules
 from searchrl.rl.kl import KLState
 from searchrl.rl.optim import OptimConfig, make_optimizer
 
@@ -44,7 +44,7 @@ class StateSpec:
     critic: OptimConfig | None = None  # None: no value model
     reference: bool = False  # keep a frozen copy of the initial policy
     ref_dtype: str = "float32"  # the reference is only evaluated: store it in the compute dtype
-    rules: ShardingRules = TRAIN_RULES
+    rules: ShardingRules = dataclasses.field(kw_only=True)  # the params' layout: `MeshConfig.train_rules`
 
 
 def _init(spec: StateSpec, policy: dict, critic: dict | None, key_data: jax.Array, kl_coef: float

@@ -61,7 +61,7 @@ class RolloutEngine:
 
     `side_branch=False` skips the env's side branch (the trajectories are the same; the turns lack its
     output). With a `mesh`, the rollout is sharded: rows data-parallel over its data and fsdp axes, heads
-    and the MLP over its tensor axis (`rules`, by default `models.SAMPLE_RULES`), the KV cache created in
+    and the MLP over its tensor axis (`rules`: `MeshConfig.sample_rules`), the KV cache created in
     that layout, and the params moved into it once per rollout, device to device (`sampling_params`). A mesh
     over several processes is the training mesh: each process rolls out its own rows on its block of it
     (`models.process_mesh`). Host arrays reach the device only through explicit transfers. With a `dtype`
@@ -70,8 +70,8 @@ class RolloutEngine:
     """
 
     def __init__(self, cfg: models.ModelConfig, tokenizer: Any, env: Env, config: RolloutConfig,
-                 side_branch: bool = True, mesh: Mesh | None = None, dtype: str | None = None,
-                 rules: models.ShardingRules = models.SAMPLE_RULES):
+                 side_branch: bool = True, mesh: Mesh | None = None, dtype: str | None = None, *,
+                 rules: models.ShardingRules):
         self.cfg, self.tokenizer, self.env, self.config = cfg, tokenizer, env, config
         self.train_mesh, self.mesh = mesh, mesh if mesh is None else models.process_mesh(mesh)
         self.dtype, self.rules = dtype, rules
@@ -79,7 +79,7 @@ class RolloutEngine:
         self.eos_ids = self._replicated(jnp.asarray(sorted(self.eos_set), jnp.int32))
         self.stops = self._replicated(generate.stop_table([self._encode(s) for s in env.stop_strings]))
         self.spec = generate.DecodeSpec(config.chunk_steps, config.max_turn_tokens, config.max_len,
-                                        config.sampling, rules)
+                                        config.sampling, rules=rules)
         self.chunk_widths = tuple(sorted(config.obs_buckets))
         declared = env.side_branch
         if declared is not None and not declared.separate_prompt:  # one more width: observation + its prompt
@@ -93,7 +93,7 @@ class RolloutEngine:
         self.branch: SideBranch | None = declared if side_branch else None
         if self.branch is not None:
             self.branch_spec = generate.DecodeSpec(config.chunk_steps, self.branch.max_tokens, self.slots - 1,
-                                                   self.branch.sampling, rules)
+                                                   self.branch.sampling, rules=rules)
             self.branch_stops = self._replicated(
                 generate.stop_table([self._encode(s) for s in self.branch.stop_strings]))
         self.stats = RolloutStats()

@@ -45,7 +45,8 @@ class DecodeSpec:
     max_turn_tokens: int  # a turn stops after this many sampled tokens
     max_len: int  # a row stops when its trajectory reaches this many tokens
     sampling: SamplingParams = SamplingParams()
-    rules: models.ShardingRules = models.SAMPLE_RULES  # the layout under a mesh (`state_logical_axes`)
+    # the layout under a mesh (`state_logical_axes`): `MeshConfig.sample_rules`
+    rules: models.ShardingRules = dataclasses.field(kw_only=True)
 
 
 def stop_table(stop_sequences: Sequence[Sequence[int]]) -> jax.Array:
@@ -61,7 +62,7 @@ def stop_table(stop_sequences: Sequence[Sequence[int]]) -> jax.Array:
 
 def state_logical_axes() -> GenState:
     """The logical axes of each `GenState` field: rows over the mesh's data axes, the cache's heads over its
-    tensor axis under `SAMPLE_RULES`."""
+    tensor axis under the sampling rules (`MeshConfig.sample_rules`)."""
     rows, slots = ("batch",), ("batch", "length")
     return GenState(cache=models.KVCache.logical_axes(), tokens=slots, sampled=slots, logprobs=slots,
                     pending=rows, active=rows, turn_start=rows, key=rows)
@@ -96,7 +97,7 @@ def init_state(cfg: models.ModelConfig, batch: int, slots: int, key: jax.Array, 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "batch", "slots", "dtype", "rules"))
 def new_state(cfg: models.ModelConfig, batch: int, slots: int, key: jax.Array, first_row: jax.Array,
-              dtype=jnp.float32, rules: models.ShardingRules = models.SAMPLE_RULES) -> GenState:
+              dtype, rules: models.ShardingRules) -> GenState:
     """`init_state` created on device, in its layout under a mesh (`state_logical_axes`)."""
     return _placed(init_state(cfg, batch, slots, key, dtype, first_row), rules)
 
@@ -126,7 +127,7 @@ def extend(
     chunk_len: jax.Array,
     start_turn: jax.Array,
     sampling: SamplingParams,
-    rules: models.ShardingRules = models.SAMPLE_RULES,
+    rules: models.ShardingRules,
 ) -> GenState:
     """Appends `chunk[b, :chunk_len[b]]` (right-padded [B, T]) to each row, then starts a policy turn on `start_turn` rows.
 
@@ -136,7 +137,8 @@ def extend(
     start = state.cache.length
     real = jnp.arange(chunk.shape[1])[None, :] < chunk_len[:, None]
     positions = start[:, None] + jnp.arange(chunk.shape[1])[None, :]
-    hidden, cache = models.backbone(cfg, params, chunk, positions, real, state.cache, rules=rules)
+    hidden, cache = models.backbone(cfg, params, chunk, positions, real, state.cache, rules=rules,
+                                    remat=False)
     cache = cache._replace(length=start + chunk_len)
     state = state._replace(
         cache=cache,
@@ -187,7 +189,7 @@ def decode_chunk(
         written = state.cache.length
         token = jnp.take_along_axis(state.tokens, written[:, None], axis=1)
         hidden, cache = models.backbone(cfg, params, token, written[:, None], rows[:, None], state.cache,
-                                        rules=spec.rules, unrolled=True)
+                                        rules=spec.rules, remat=False, unrolled=True)
         cache = cache._replace(length=written + rows.astype(jnp.int32))
         state = state._replace(cache=cache, pending=state.pending & ~rows)
         turn_tokens = cache.length - state.turn_start

@@ -48,37 +48,7 @@ SAME_NAME_OTHER_MEANING = {
     ("searchrl.tasks.deepretrieval.env.QueryRewriteEnv.target_response", "reasoning"): "a text, not the flag",
     ("searchrl.text.chat.messages", "assistant_prefix"): "'' is no prefix: a chat helper's neutral value",
 }
-# Restatements not converted yet (issue #34, item 3): each should become required or read its config.
-NOT_YET_CONVERTED = {
-    ("searchrl.data.datasets.load_examples", "format"): "DataConfig.format",
-    ("searchrl.data.datasets.load_examples", "tfds_dir"): "DataConfig.tfds_dir",
-    ("searchrl.models.decoder.backbone", "remat"): "RLConfig.remat",
-    ("searchrl.models.decoder.forward", "remat"): "RLConfig.remat",
-    ("searchrl.models.decoder.values", "remat"): "RLConfig.remat",
-    ("searchrl.models.decoder.token_logprobs", "remat"): "RLConfig.remat",
-    ("searchrl.models.decoder.token_logprobs", "logits_chunk"): "RLConfig.logits_chunk",
-    ("searchrl.models.decoder.token_logprobs", "temperature"): "SamplingParams.temperature",
-    ("searchrl.retrieval.remote.RemoteRetriever.__init__", "retries"): "RetrievalConfig.retries",
-    ("searchrl.retrieval.remote.RemoteRetriever.__init__", "batch_size"): "RetrievalConfig.batch_size",
-    ("searchrl.retrieval.search.search_all", "batch_size"): "RetrievalConfig.batch_size",
-    ("searchrl.tasks.deepretrieval.engines.SearchEngine.__init__", "url"): "RetrievalConfig.url",
-    ("searchrl.tasks.deepretrieval.engines.SearchEngine.__init__", "rate_per_s"): "RetrievalConfig.rate_per_s",
-    ("searchrl.tasks.deepretrieval.engines.SearchEngine.__init__", "retries"): "RetrievalConfig.retries",
-    ("searchrl.tasks.deepretrieval.engines.SearchEngine.__init__", "timeout_s"): "RetrievalConfig.timeout_s",
-    ("searchrl.tasks.deepretrieval.engines.make_engine", "url"): "RetrievalConfig.url",
-    ("searchrl.tasks.deepretrieval.engines.make_engine", "rate_per_s"): "RetrievalConfig.rate_per_s",
-    ("searchrl.tasks.deepretrieval.engines.make_engine", "retries"): "RetrievalConfig.retries",
-    ("searchrl.tasks.deepretrieval.engines.make_engine", "timeout_s"): "RetrievalConfig.timeout_s",
-    ("searchrl.tasks.deepretrieval.engines.make_engine", "cache_path"): "RetrievalConfig.cache_path",
-    ("searchrl.tasks.deepretrieval.rewards.check_structure", "reasoning"): "deepretrieval Config.reasoning",
-    ("searchrl.tasks.deepretrieval.rewards.parse_json_answer", "reasoning"): "deepretrieval Config.reasoning",
-    ("searchrl.tasks.deepretrieval.rewards.parse_query_answer", "reasoning"): "deepretrieval Config.reasoning",
-    ("searchrl.tasks.deepretrieval.rewards.parse_sql_answer", "reasoning"): "deepretrieval Config.reasoning",
-    ("searchrl.tasks.deepretrieval.world.generate_world", "concepts_per_kind"): "RewriteDemoConfig's",
-    ("searchrl.tasks.deepretrieval.world.generate_world", "num_candidates"): "RewriteDemoConfig's",
-    ("searchrl.tasks.rpl.mutation.climb", "rounds"): "MutationConfig.rounds",
-}
-ALLOWED = SAME_NAME_OTHER_MEANING | NOT_YET_CONVERTED
+ALLOWED = SAME_NAME_OTHER_MEANING
 
 
 def _modules() -> list:
@@ -107,14 +77,17 @@ def config_defaults(modules: list) -> dict[str, list[tuple[str, object]]]:
     return fields
 
 
-def functions(modules: list) -> Iterator[tuple[str, Callable]]:
+def functions(modules: list, *, fields: bool = False) -> Iterator[tuple[str, Callable]]:
     """(qualified name, function) of every function and method the package defines; a dataclass's generated
-    __init__ is its fields, not a signature of its own."""
+    __init__ is its fields, not a signature of its own (with `fields`, its fields are yielded too, as the
+    dataclass's signature)."""
     for module in modules:
         for name, obj in _defined_in(module):
             if inspect.isfunction(obj):
                 yield f"{module.__name__}.{name}", obj
             elif inspect.isclass(obj):
+                if fields and dataclasses.is_dataclass(obj):
+                    yield f"{module.__name__}.{obj.__qualname__}", obj
                 for attr, member in vars(obj).items():
                     fn = getattr(member, "__func__", member)
                     generated = dataclasses.is_dataclass(obj) and attr == "__init__"
@@ -144,6 +117,13 @@ def restated(fns: Iterator[tuple[str, Callable]], fields: dict) -> list[str]:
                 holders = ", ".join(f"{cls}.{param.name}={value!r}" for cls, value in fields[param.name])
                 found.append(f"{qualname}({param.name}={param.default!r}): {holders}")
     return found
+
+
+def rule_defaults(fns: Iterator[tuple[str, Callable]], tables: dict[str, object]) -> list[str]:
+    """'function(param=name)' for each parameter whose default is one of the named sharding rule tables."""
+    return [f"{qualname}({param.name}={name})" for qualname, fn in fns
+            for param in inspect.signature(fn).parameters.values()
+            for name, table in tables.items() if param.default is table]
 
 
 def test_no_function_restates_a_config_default():
@@ -178,3 +158,35 @@ def test_the_check_catches_a_restated_default():
     assert found == ["value_loss(value_clip=0.2): searchrl.rl.config.RLConfig.value_clip=0.5",
                      "value_loss(loss_agg_mode='token-mean'): "
                      "searchrl.rl.config.RLConfig.loss_agg_mode='token-mean'"]
+
+
+def test_no_signature_defaults_to_named_sharding_rules():
+    from searchrl.models import sharding
+    offenders = rule_defaults(functions(_modules(), fields=True), sharding.RULES)
+    assert not offenders, ("parameters that default to a named rule table (make them required: the rules "
+                           "come from MeshConfig.train_rules / sample_rules):\n  " + "\n  ".join(offenders))
+
+
+def test_the_rules_check_catches_a_defaulted_table():
+    """A function and a dataclass field that default to the sampling rules; their fixed forms pass."""
+    from searchrl.models import sharding
+
+    def extend(state, rules=sharding.SAMPLE_RULES):
+        del state, rules
+
+    def extend_fixed(state, rules):
+        del state, rules
+
+    @dataclasses.dataclass(frozen=True)
+    class Spec:
+        steps: int
+        rules: sharding.ShardingRules = sharding.SAMPLE_RULES
+
+    @dataclasses.dataclass(frozen=True)
+    class SpecFixed:
+        steps: int
+        rules: sharding.ShardingRules
+
+    found = rule_defaults(iter([("extend", extend), ("extend_fixed", extend_fixed), ("Spec", Spec),
+                                ("SpecFixed", SpecFixed)]), sharding.RULES)
+    assert found == ["extend(rules=sample)", "Spec(rules=sample)"]

@@ -109,7 +109,8 @@ def test_policy_answers_are_the_greedy_continuation_of_each_prefix(trainer, monk
         for _ in range(trainer.engine.config.max_turn_tokens):
             tokens = np.asarray(ids)[None]
             positions = np.arange(len(ids))[None]
-            logits, _, _ = models.forward(cfg, params, tokens, positions, np.ones_like(tokens, bool))
+            logits, _, _ = models.forward(cfg, params, tokens, positions, np.ones_like(tokens, bool),
+                                          rules=models.TRAIN_RULES, remat=False)
             ids.append(int(np.argmax(logits[0, -1])))
             text = tokenizer.decode(ids[start:])
             if ids[-1] == cfg.eos_token_id or any(stop in text for stop in trainer.env.stop_strings):

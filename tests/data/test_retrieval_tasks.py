@@ -209,13 +209,13 @@ def test_load_examples_by_format(tmp_path):
     bird_dir(tmp_path)
     for fmt, names, split in [("literature", "pubmed, ctgov", "test"), ("beir", "scifact", "test"),
                               ("spider", "spider", "dev"), ("bird", "bird", "dev")]:
-        out = datasets.load_examples(str(tmp_path), names, split, fmt)
+        out = datasets.load_examples(str(tmp_path), names, split, fmt, "")
         assert list(out) == [n.strip() for n in names.split(",")]
         for name, records in out.items():
             assert len(records) and all(set(r) == _KEYS[fmt] and r["dataset"] == name for r in records)
-    pubmed = datasets.load_examples(str(tmp_path), "pubmed", "test", format="literature")["pubmed"]
+    pubmed = datasets.load_examples(str(tmp_path), "pubmed", "test", "literature", "")["pubmed"]
     assert pubmed[0]["question"] == convert_dict_to_str(literature_rows()[0]["pico"])
-    bird = datasets.load_examples(str(tmp_path), "bird", "dev", "bird")["bird"]
+    bird = datasets.load_examples(str(tmp_path), "bird", "dev", "bird", "")["bird"]
     direct = retrieval_tasks.read_sql_task(tmp_path / "bird", "dev", "bird")
     assert list(bird) == [{**r, "dataset": "bird"} for r in direct]
 
@@ -223,22 +223,21 @@ def test_load_examples_by_format(tmp_path):
 def test_load_examples_qa_is_the_default(tmp_path):
     write_jsonl(tmp_path / "nq" / "test.jsonl", [{"id": "1", "question": "q?", "golden_answers": ["a"]}])
     record = {"id": "1", "question": "q?", "golden_answers": ["a"], "metadata": {}, "dataset": "nq"}
-    for loaded in (datasets.load_examples(str(tmp_path), "nq", "test"),
-                   datasets.load_examples(str(tmp_path), "nq", "test", "qa")):
-        assert {name: list(records) for name, records in loaded.items()} == {"nq": [record]}
+    loaded = datasets.load_examples(str(tmp_path), "nq", "test", DataConfig().format, DataConfig().tfds_dir)
+    assert {name: list(records) for name, records in loaded.items()} == {"nq": [record]}
     assert DataConfig().format == "qa"
 
 
 def test_load_examples_errors(tmp_path):
     known = r"config.data.format='sql' is not a known data format; known: \['beir', 'bird', 'literature', 'qa'"
     with pytest.raises(ValueError, match=known):
-        datasets.load_examples(str(tmp_path), "x", "test", "sql")
+        datasets.load_examples(str(tmp_path), "x", "test", "sql", "")
     (tmp_path / "scifact" / "qrels").mkdir(parents=True)
     missing = r"No queries.jsonl and qrels/test.tsv for beir dataset 'scifact'"
     with pytest.raises(FileNotFoundError, match=missing):
-        datasets.load_examples(str(tmp_path), "scifact", "test", "beir")
+        datasets.load_examples(str(tmp_path), "scifact", "test", "beir", "")
     missing = r"No dev.json for bird dataset 'bird' under .*\(config.data.dir\)"
     with pytest.raises(FileNotFoundError, match=missing):
-        datasets.load_examples(str(tmp_path), "bird", "dev", "bird")
+        datasets.load_examples(str(tmp_path), "bird", "dev", "bird", "")
     with pytest.raises(FileNotFoundError, match=r"No train.jsonl for literature dataset 'pubmed'"):
-        datasets.load_examples(str(tmp_path), "pubmed", "train", "literature")
+        datasets.load_examples(str(tmp_path), "pubmed", "train", "literature", "")

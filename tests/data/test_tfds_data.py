@@ -81,7 +81,7 @@ def _bird(root):
 @pytest.mark.parametrize("make", [_qa, _parquet, _beir, _literature, _spider, _bird])
 def test_each_format_reads_back_what_its_reader_returns(tmp_path, make):
     fmt, name, split, direct = make(tmp_path)
-    records = datasets.load_examples(str(tmp_path), name, split, fmt)[name]
+    records = datasets.load_examples(str(tmp_path), name, split, fmt, "")[name]
     expected = _expected(direct, name)
     assert isinstance(records, Records) and len(records) == len(expected)
     assert list(records) == expected  # same dicts, same order
@@ -95,31 +95,31 @@ def test_each_format_reads_back_what_its_reader_returns(tmp_path, make):
 
 def test_a_prepared_split_is_read_without_its_reader(tmp_path, monkeypatch):
     _, _, _, direct = _qa(tmp_path)
-    datasets.load_examples(str(tmp_path), "nq", "train")
+    datasets.load_examples(str(tmp_path), "nq", "train", "qa", "")
     monkeypatch.setattr(datasets, "_read", lambda *args: pytest.fail("read the files again"))
-    assert list(datasets.load_examples(str(tmp_path), "nq", "train")["nq"]) == _expected(direct, "nq")
+    assert list(datasets.load_examples(str(tmp_path), "nq", "train", "qa", "")["nq"]) == _expected(direct, "nq")
     assert "tensorflow" not in sys.modules
 
 
 def test_a_changed_file_is_prepared_again(tmp_path):
     row = {"id": "a", "question": "q", "golden_answers": ["x"]}
     path = write_jsonl(tmp_path / "nq" / "train.jsonl", [row])
-    assert datasets.load_examples(str(tmp_path), "nq", "train")["nq"][0]["golden_answers"] == ["x"]
+    assert datasets.load_examples(str(tmp_path), "nq", "train", "qa", "")["nq"][0]["golden_answers"] == ["x"]
     stat = path.stat()
     write_jsonl(path, [{**row, "golden_answers": ["y"]}])  # the same size
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))  # and one nanosecond later
-    assert datasets.load_examples(str(tmp_path), "nq", "train")["nq"][0]["golden_answers"] == ["y"]
+    assert datasets.load_examples(str(tmp_path), "nq", "train", "qa", "")["nq"][0]["golden_answers"] == ["y"]
     assert len(list((tmp_path / ".tfds" / "qa" / "nq").iterdir())) == 2  # the stale copy is not read
 
 
 def test_changed_readers_or_a_moved_folder_prepare_again(tmp_path, monkeypatch):
     spider_dir(tmp_path / "a")
-    datasets.load_examples(str(tmp_path / "a"), "spider", "dev", "spider")
+    datasets.load_examples(str(tmp_path / "a"), "spider", "dev", "spider", "")
     shutil.copytree(tmp_path / "a", tmp_path / "b")  # file times kept, its prepared copy too
-    moved = datasets.load_examples(str(tmp_path / "b"), "spider", "dev", "spider")["spider"]
+    moved = datasets.load_examples(str(tmp_path / "b"), "spider", "dev", "spider", "")["spider"]
     assert moved[0]["db_path"] == str(tmp_path / "b" / "spider" / "database" / "concert" / "concert.sqlite")
     monkeypatch.setattr(datasets, "_code_hash", lambda module: "another reader")
-    datasets.load_examples(str(tmp_path / "b"), "spider", "dev", "spider")
+    datasets.load_examples(str(tmp_path / "b"), "spider", "dev", "spider", "")
     assert len(list((tmp_path / "b" / ".tfds" / "spider" / "spider").iterdir())) == 3
 
 
@@ -134,7 +134,7 @@ def test_a_file_changed_while_read_is_not_stored(tmp_path, monkeypatch):
 
     monkeypatch.setattr(datasets, "_read", read_then_change)
     with pytest.raises(RuntimeError, match="nq changed while it was being read"):
-        datasets.load_examples(str(tmp_path), "nq", "train")
+        datasets.load_examples(str(tmp_path), "nq", "train", "qa", "")
     assert not (tmp_path / ".tfds").exists()
 
 
@@ -145,11 +145,11 @@ def test_a_process_that_loses_the_race_reads_the_winners_copy(tmp_path, monkeypa
     def racing_read(*args):  # the first reader is overtaken: another "process" prepares the split meanwhile
         calls.append(args)
         if len(calls) == 1:
-            datasets.load_examples(str(tmp_path), "nq", "train")
+            datasets.load_examples(str(tmp_path), "nq", "train", "qa", "")
         return read(*args)
 
     monkeypatch.setattr(datasets, "_read", racing_read)
-    records = datasets.load_examples(str(tmp_path), "nq", "train")["nq"]
+    records = datasets.load_examples(str(tmp_path), "nq", "train", "qa", "")["nq"]
     assert len(calls) == 2 and list(records) == _expected(direct, "nq")
     assert len(os.listdir(tmp_path / ".tfds" / "qa" / "nq")) == 1  # one build, no temporary folder left
 
@@ -157,7 +157,7 @@ def test_a_process_that_loses_the_race_reads_the_winners_copy(tmp_path, monkeypa
 def test_two_processes_prepare_one_split_at_once(tmp_path):
     write_jsonl(tmp_path / "nq" / "train.jsonl", _qa_rows(3000))
     script = ("import sys; from searchrl.data import datasets; "
-              "records = datasets.load_examples(sys.argv[1], 'nq', 'train')['nq']; "
+              "records = datasets.load_examples(sys.argv[1], 'nq', 'train', 'qa', '')['nq']; "
               "print(len(records), records[2999]['id'])")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, env=env,
@@ -173,7 +173,7 @@ def test_a_malformed_line_fails_with_the_readers_error(tmp_path):
     rows = _qa_rows(2) + [{"id": "z", "question": "q", "golden_answers": "x"}]
     write_jsonl(tmp_path / "nq" / "train.jsonl", rows)
     with pytest.raises(DataFormatError, match=r"nq/train.jsonl:3: field 'golden_answers'"):
-        datasets.load_examples(str(tmp_path), "nq", "train")
+        datasets.load_examples(str(tmp_path), "nq", "train", "qa", "")
     assert not (tmp_path / ".tfds").exists()  # nothing stored, nothing half-built
 
 
@@ -185,20 +185,20 @@ def test_values_that_would_not_read_back_the_same_fail(tmp_path):
                    tmp_path / "nq" / "train.parquet")
     stored = r"nq \(train\): record 0 \(id 'nq_train_0'\): field 'metadata': cannot be stored"
     with pytest.raises(DataFormatError, match=stored):
-        datasets.load_examples(str(tmp_path), "nq", "train")
+        datasets.load_examples(str(tmp_path), "nq", "train", "qa", "")
     beir_dir(tmp_path)
     # A relevance past int64 is refused where it is read (qrels.tsv and its line), before anything is stored.
     (tmp_path / "scifact" / "qrels" / "test.tsv").write_text(f"query-id\tcorpus-id\tscore\nq1\td1\t{2**63}\n")
     with pytest.raises(ValueError, match=r"test.tsv:2: relevance must be an integer of at most 18 digits"):
-        datasets.load_examples(str(tmp_path), "scifact", "test", "beir")
+        datasets.load_examples(str(tmp_path), "scifact", "test", "beir", "")
 
 
 def test_tfds_dir_and_empty_splits(tmp_path):
     write_jsonl(tmp_path / "data" / "nq" / "train.jsonl", _qa_rows(4))
     (tmp_path / "data" / "hotpotqa").mkdir()
     (tmp_path / "data" / "hotpotqa" / "train.jsonl").write_text("\n\n")  # no records: nothing to store
-    sets = datasets.load_examples(str(tmp_path / "data"), "nq,hotpotqa", "train",
-                                  tfds_dir=str(tmp_path / "c"))
+    sets = datasets.load_examples(str(tmp_path / "data"), "nq,hotpotqa", "train", "qa",
+                                  str(tmp_path / "c"))
     assert len(sets["nq"]) == 4 and list(sets["hotpotqa"]) == [] and sets["hotpotqa"][:] == []
     assert not (tmp_path / "data" / ".tfds").exists() and (tmp_path / "c" / "qa" / "nq").is_dir()
     both = Records.concatenate([sets["hotpotqa"], sets["nq"], sets["nq"]])

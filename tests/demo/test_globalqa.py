@@ -129,7 +129,7 @@ def test_files_read_back_unchanged(tasks, tmp_path):
     assert paths == {split: tmp_path / "globalqa" / f"{split}.jsonl" for split in SPLITS}
     for split in SPLITS:
         assert read_flashrag_jsonl(paths[split]) == tasks[split]
-        loaded = load_examples(str(tmp_path), "globalqa", split)["globalqa"]
+        loaded = load_examples(str(tmp_path), "globalqa", split, "qa", "")["globalqa"]
         assert [{k: v for k, v in r.items() if k != "dataset"} for r in loaded] == tasks[split]
 
 

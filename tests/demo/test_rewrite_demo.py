@@ -15,11 +15,13 @@ from searchrl.data import datasets
 from searchrl.retrieval import metrics
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.tasks.deepretrieval import demo as rewrite, world as rewrite_world
+from searchrl.tasks.deepretrieval.config import RewriteDemoConfig
 
 
 @pytest.fixture(scope="module")
 def world():
-    return rewrite_world.generate_world(0, concepts_per_kind=8)
+    return rewrite_world.generate_world(0, concepts_per_kind=8,
+                                        num_candidates=RewriteDemoConfig().num_candidates)
 
 
 def test_every_test_topic_is_a_new_combination_of_trained_concepts(world):
@@ -35,7 +37,7 @@ def test_every_test_topic_is_a_new_combination_of_trained_concepts(world):
 def test_raw_queries_fail_and_the_technical_rewrite_succeeds(world, tmp_path):
     paths = rewrite_world.write_world(world, tmp_path / "rewrite_world")
     retriever = BM25Retriever.build(paths["corpus"], tmp_path / "index", show_progress=False)
-    test = datasets.load_examples(str(tmp_path), "rewrite_world", "test", "beir")["rewrite_world"]
+    test = datasets.load_examples(str(tmp_path), "rewrite_world", "test", "beir", "")["rewrite_world"]
     queries = {q["_id"]: q for q in world.queries["test"]}
     rng = random.Random(0)
 

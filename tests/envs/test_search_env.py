@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from searchrl.episode import Action, Trajectory, Turn
+from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.remote import RemoteRetriever
 from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable
 from searchrl.serving.server import Limits, RetrievalServer
@@ -116,7 +117,7 @@ def test_remote_retrieval_failures_become_observations():
     local = SearchEnv(CountingRetriever(), Config(topk=1))
     limits = Limits(max_query_chars=20)
     with RetrievalServer(CountingRetriever(), "127.0.0.1", 0, limits=limits).start() as server:
-        remote = SearchEnv(RemoteRetriever(server.url, retries=0), Config(topk=1))
+        remote = SearchEnv(RemoteRetriever(RetrievalConfig(url=server.url, retries=0)), Config(topk=1))
         actions = [Action("search", ""), Action("search", "q" * 21), Action("search", "fine")]
         obs = remote.observe(actions)
     assert obs[0] == local.observe(actions[:1])[0]  # the same for every retriever
@@ -334,7 +335,8 @@ def greedy_text(cfg, params, tokenizer, text: str, max_tokens: int, stop: str) -
 
     ids, out = tokenizer.encode(text, add_special_tokens=False), []
     while len(out) < max_tokens:
-        token = int(jnp.argmax(models.apply(cfg, params, jnp.asarray([ids + out]))[0, -1]))
+        token = int(jnp.argmax(models.apply(cfg, params, jnp.asarray([ids + out]),
+                                            rules=models.TRAIN_RULES)[0, -1]))
         if token == tokenizer.eos_token_id:
             break
         out.append(token)
@@ -362,7 +364,8 @@ def test_an_episode_in_the_public_mode_answers_from_the_separate_prompt(chat_tok
 
     def run(mode: str):
         env = AlwaysSearches(CountingRetriever(), dataclasses.replace(config, intermediate_answer_mode=mode))
-        return env, RolloutEngine(cfg, chat_tokenizer, env, rollout).run(params, examples, jax.random.key(0))
+        engine = RolloutEngine(cfg, chat_tokenizer, env, rollout, rules=models.SAMPLE_RULES)
+        return env, engine.run(params, examples, jax.random.key(0))
 
     env, traj = run(autosearch_env.PUBLIC_PROMPT)
     _, continued = run(autosearch_env.CONTINUATION)

@@ -266,9 +266,11 @@ def test_evaluate_policy_budgets_and_depth(world):
     env_config = autosearch_env.Config(max_turns=2, prompt_template=config.env.prompt_template,
                                        reward="search_r1", intermediate_answer_tokens=4)
     env = AlwaysSearchEnv(BM25Retriever(root / "index"), env_config)
-    data = datasets.load_examples(config.data.dir, config.data.eval, "test")
+    data = datasets.load_examples(config.data.dir, config.data.eval, "test", config.data.format,
+                                  config.data.tfds_dir)
     results = harness.evaluate_policy(cfg, params, tokenizer, env, data, rollout_config(config), batch_size=4,
-                                      budgets=[2, 0, 1], spec=autosearch_analysis.REPORT)
+                                      budgets=[2, 0, 1], spec=autosearch_analysis.REPORT,
+                                      rules=models.SAMPLE_RULES)
     sizes = {name: len(qs) for name, qs in QUESTIONS.items()}
     predictions = results["predictions"]
     assert [p["dataset"] for p in predictions] == ["world"] * 5 + ["trivia"] * 3  # padded rows dropped
@@ -300,7 +302,8 @@ def test_evaluate_policy_budgets_and_depth(world):
     assert results["meta"]["side_branch_prompt"] == autosearch_env.ANSWER_PROMPT
     # intermediate answers run on a side branch: without them the trajectories and answers are the same
     plain = harness.evaluate_policy(cfg, params, tokenizer, env, data, rollout_config(config), batch_size=4,
-                                    side_branch=False, warmup=False, spec=autosearch_analysis.REPORT)
+                                    side_branch=False, warmup=False, spec=autosearch_analysis.REPORT,
+                                    rules=models.SAMPLE_RULES)
     for field in ("response", "answer"):
         assert [p[field] for p in plain["predictions"]] == [p[field] for p in predictions]
     assert plain["depth"] is None and "depth" not in plain["predictions"][0]
@@ -308,7 +311,7 @@ def test_evaluate_policy_budgets_and_depth(world):
 
 def saved_checkpoint(directory, cfg, params):
     """A trainer-format checkpoint (whole TrainState + model config) at step 3."""
-    spec = train_state.StateSpec(cfg, OptimConfig(1e-3))
+    spec = train_state.StateSpec(cfg, OptimConfig(1e-3), rules=models.TRAIN_RULES)
     state = train_state.init_train_state(spec, models.make_mesh(-1, 1, 1), params, jax.random.key(0),
                                          kl_coef=0.0)
     with checkpoint.Checkpointer(directory, async_save=False) as ckpt:
@@ -331,9 +334,11 @@ def reference(world):
     config.env.max_turns = 1
     config.env.intermediate_answers = True
     env = build_env(config)
-    data = datasets.load_examples(config.data.dir, "world", "test")
+    data = datasets.load_examples(config.data.dir, "world", "test", config.data.format,
+                                  config.data.tfds_dir)
     direct = harness.evaluate_policy(cfg, params, tokenizer, env, {"world": data["world"][:3]},
-                                     rollout_config(config), batch_size=4, side_branch=False)
+                                     rollout_config(config), batch_size=4, side_branch=False,
+                                     rules=models.SAMPLE_RULES)
     return cfg, params, config, direct["predictions"]
 
 
@@ -398,9 +403,11 @@ def test_bad_inputs_are_named(world, tmp_path):
     env = build_env(config)
     rollout = rollout_config(config)
     with pytest.raises(ValueError, match="'world' has no questions"):
-        harness.evaluate_policy(cfg, params, tokenizer, env, {"world": []}, rollout, 4)
+        harness.evaluate_policy(cfg, params, tokenizer, env, {"world": []}, rollout, 4,
+                                rules=models.SAMPLE_RULES)
     with pytest.raises(ValueError, match="budgets must be integers >= 0"):
-        harness.evaluate_policy(cfg, params, tokenizer, env, {"w": [{}]}, rollout, 4, budgets=[-1])
+        harness.evaluate_policy(cfg, params, tokenizer, env, {"w": [{}]}, rollout, 4, budgets=[-1],
+                                rules=models.SAMPLE_RULES)
     with pytest.raises(ValueError, match="unknown key.*'topk_'"):
         bad = make_config(root)
         bad.env.topk_ = 3

@@ -128,11 +128,12 @@ def test_forced_depth_makes_exactly_k_searches(world):
     config = pilot_config(root)
     cfg, params = tiny_policy(tokenizer)
     env = build_env(config)
-    data = datasets.load_examples(config.data.dir, "world,trivia", "test")
+    data = datasets.load_examples(config.data.dir, "world,trivia", "test", config.data.format,
+                                  config.data.tfds_dir)
     rollout = rollout_config(config)
     for depth in (0, 2):
         rows = harness.evaluate_policy(cfg, params, tokenizer, ForcedDepthEnv(env, depth), data, rollout,
-                                       batch_size=4)["predictions"]
+                                       batch_size=4, rules=models.SAMPLE_RULES)["predictions"]
         assert len(rows) == 8
         for r in rows:  # a random policy rarely searches: the env makes its turns searches
             assert r["searches"] == depth and len(r["forced"]) == depth and r["finish_reason"] == "done"

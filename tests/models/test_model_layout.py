@@ -5,7 +5,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from searchrl.models import (PRESETS, Bert, BertConfig, Decoder, ParamSpec, bert, init_params, layout,
+from searchrl.models import (PRESETS, TRAIN_RULES, Bert, BertConfig, Decoder, ParamSpec, bert, init_params,
+                             layout,
                              param_table, unstack_layers)
 
 
@@ -29,7 +30,7 @@ def _decoder_inputs() -> tuple:
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_decoder_declares_its_param_table(preset, value):
     cfg = PRESETS[preset]
-    got = _declared(Decoder(cfg, value=value), *_decoder_inputs(), method=Decoder.head)
+    got = _declared(Decoder(cfg, value=value, rules=TRAIN_RULES), *_decoder_inputs(), method=Decoder.head)
     assert got == _tabled(param_table(cfg, value=value))
 
 
@@ -42,7 +43,8 @@ def test_unrolled_decoder_declares_the_unstacked_table():
     for i in range(cfg.num_layers):
         want |= {(f"layers_{i}", path[1]): (shape[1:], axes[1:])
                  for path, (shape, axes) in stacked.items() if path[0] == "layers"}
-    assert _declared(Decoder(cfg, unrolled=True), *_decoder_inputs(), method=Decoder.head) == want
+    assert _declared(Decoder(cfg, unrolled=True, rules=TRAIN_RULES), *_decoder_inputs(),
+                     method=Decoder.head) == want
     unstacked = jax.eval_shape(lambda: unstack_layers(init_params(cfg, jax.random.key(0))))
     leaves = jax.tree_util.tree_leaves_with_path(unstacked)
     assert {tuple(k.key for k in path): x.shape for path, x in leaves} == \

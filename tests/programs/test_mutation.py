@@ -185,7 +185,7 @@ def test_climb_reaches_a_window_no_single_edit_reaches():
         ("show(sparse_retrieval('cat', 8)[2:4])", "resize_shown", 2)]
     assert [v.baseline for v in path] == pytest.approx([0.0, 0.5])
     assert [v.score for v in path] == pytest.approx([0.5, 1.0])
-    assert mutation.climb(source, SDK, score, ("sparse_retrieval",), max_shown=2) == path[:1]
+    assert mutation.climb(source, SDK, score, ("sparse_retrieval",), max_shown=2, rounds=1) == path[:1]
     assert mutation.climb(path[-1].source, SDK, score, ("sparse_retrieval",), max_shown=2, rounds=4) == []
 
 

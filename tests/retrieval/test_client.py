@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.remote import RemoteRetriever
 from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable
 
@@ -104,7 +105,7 @@ TRANSIENT = {
 def test_transient_failures_are_retried(scripted, name):
     reply, _ = TRANSIENT[name]
     server = scripted(reply, OK)
-    client = RemoteRetriever(server.url, retries=1, backoff_s=0.01, timeout=5)
+    client = RemoteRetriever(RetrievalConfig(url=server.url, retries=1, timeout_s=5), backoff_s=0.01)
     assert client.search(["q"], 1) == [[Hit("7", 3.5, "Paris", "Capital.")]]
     assert server.connections == 2
 
@@ -113,7 +114,7 @@ def test_transient_failures_are_retried(scripted, name):
 def test_transient_failures_end_unavailable_naming_the_cause(scripted, name):
     reply, message = TRANSIENT[name]
     server = scripted(reply)
-    client = RemoteRetriever(server.url, retries=1, backoff_s=0.01, timeout=5)
+    client = RemoteRetriever(RetrievalConfig(url=server.url, retries=1, timeout_s=5), backoff_s=0.01)
     with pytest.raises(RetrievalUnavailable, match=f"failed after 2 attempts: .*{message}"):
         client.search(["q"], 1)
     assert server.connections == 2
@@ -121,7 +122,7 @@ def test_transient_failures_end_unavailable_naming_the_cause(scripted, name):
 
 def test_trickling_server_is_cut_off_at_the_deadline(scripted):
     server = scripted(trickled(OK, interval=0.1))
-    client = RemoteRetriever(server.url, retries=0, timeout=0.5)
+    client = RemoteRetriever(RetrievalConfig(url=server.url, retries=0, timeout_s=0.5))
     start = time.monotonic()
     with pytest.raises(RetrievalUnavailable, match="TimeoutError"):
         client.search(["q"], 1)
@@ -130,7 +131,7 @@ def test_trickling_server_is_cut_off_at_the_deadline(scripted):
 
 def test_retry_after_is_honoured(scripted):
     server = scripted(response("429 Too Many Requests", b"", "Retry-After: 1"), OK)
-    client = RemoteRetriever(server.url, retries=1, backoff_s=0.01, timeout=5)
+    client = RemoteRetriever(RetrievalConfig(url=server.url, retries=1, timeout_s=5), backoff_s=0.01)
     start = time.monotonic()
     assert client.search(["q"], 1)[0][0].id == "7"
     assert 1.0 <= time.monotonic() - start < 3.0
@@ -140,7 +141,7 @@ def test_retry_after_is_honoured(scripted):
 def test_non_finite_scores_are_a_malformed_response(scripted, score):
     body = b'{"result": [[{"document": {"id": "1", "contents": "x"}, "score": ' + score + b"}]]}"
     server = scripted(response("200 OK", body), OK)
-    client = RemoteRetriever(server.url, retries=2, backoff_s=0.01, timeout=5)
+    client = RemoteRetriever(RetrievalConfig(url=server.url, retries=2, timeout_s=5), backoff_s=0.01)
     with pytest.raises(RetrievalError, match=r"result\[0\]\[0\]: the score must be a finite number") as error:
         client.search(["q"], 1)
     assert not isinstance(error.value, RetrievalUnavailable)
@@ -150,7 +151,7 @@ def test_non_finite_scores_are_a_malformed_response(scripted, score):
 def test_refusals_are_not_retried_and_only_http_is_spoken(scripted):
     server = scripted(response("400 Bad Request", b'{"error": "no"}'))
     with pytest.raises(RetrievalError, match="HTTP 400: no$") as error:
-        RemoteRetriever(server.url, retries=3, backoff_s=0.01).search(["q"], 1)
+        RemoteRetriever(RetrievalConfig(url=server.url, retries=3), backoff_s=0.01).search(["q"], 1)
     assert not isinstance(error.value, RetrievalUnavailable) and server.connections == 1
     with pytest.raises(ValueError, match="http://HOST"):
-        RemoteRetriever("https://example.org")
+        RemoteRetriever(RetrievalConfig(url="https://example.org"))

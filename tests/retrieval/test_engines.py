@@ -62,7 +62,8 @@ def fake():
 def engine(api, fake, clock=None, **kwargs):
     """An engine on the fake server whose sleeps go to a fake clock (no real waiting)."""
     clock = clock or FakeClock()
-    kwargs = {"rate_per_s": 1e9, "backoff_s": 0.5, "workers": 1, "timeout_s": 5.0, **kwargs}
+    kwargs = {"rate_per_s": 1e9, "backoff_s": 0.5, "workers": 1, "timeout_s": 5.0,
+              "retries": RetrievalConfig().retries, **kwargs}
     return SearchEngine(api, url=fake.url, clock=clock, sleep=clock.sleep, **kwargs)
 
 
@@ -181,8 +182,8 @@ def test_timeouts_and_refused_connections_are_retried(fake):
     assert engine(PubMed(), fake, timeout_s=0.2).ranked_ids("aspirin", 5) == ["1002", "1004"]
     assert fake.request_count == 2
     clock = FakeClock()
-    closed = SearchEngine(PubMed(), url=f"http://127.0.0.1:{free_port()}/", retries=1, clock=clock,
-                          sleep=clock.sleep)
+    closed = SearchEngine(PubMed(), url=f"http://127.0.0.1:{free_port()}/", rate_per_s=0.0,
+                          timeout_s=RetrievalConfig().timeout_s, retries=1, clock=clock, sleep=clock.sleep)
     with pytest.raises(SearchEngineError, match="failed after 2 attempts; last: ConnectionRefusedError"):
         closed.ranked_ids("aspirin", 5)
 
@@ -222,7 +223,8 @@ def test_rate_limiter_reserves_slots_across_threads():
 
 @pytest.mark.parametrize("workers", [1, 4])
 def test_engine_spaces_real_requests(fake, workers):
-    search = SearchEngine(PubMed(), url=fake.url, rate_per_s=20.0, workers=workers)
+    search = SearchEngine(PubMed(), url=fake.url, rate_per_s=20.0, timeout_s=RetrievalConfig().timeout_s,
+                          retries=RetrievalConfig().retries, workers=workers)
     start = time.monotonic()
     search.search([f"aspirin {i}" for i in range(5)], k=2)
     assert time.monotonic() - start >= 4 / 20
@@ -307,7 +309,7 @@ def test_make_retriever_builds_engines(fake, tmp_path, kind, expected):
     assert fake.request_count == 2  # one id a page
     assert ids(retriever.search(["cancer"], k=2)) == [expected] and fake.request_count == 2
     with pytest.raises(ValueError, match="unknown search engine 'bing'"):
-        make_engine("bing")
+        make_engine("bing", RetrievalConfig())
 
 
 def test_parsers_and_retry_after():

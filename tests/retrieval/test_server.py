@@ -273,7 +273,7 @@ def test_concurrent_requests_are_batched():
 
 
 def test_client_against_server(server, fake):
-    client = RemoteRetriever(server.url, batch_size=3)
+    client = RemoteRetriever(RetrievalConfig(url=server.url, batch_size=3))
     hits = client.search([f"q{i}" for i in range(7)], 2)
     assert hits[6] == [Hit("q6-0", 2.0, "T q6", "text 0"), Hit("q6-1", 1.0, "T q6", "text 1")]
     assert [len(queries) for queries, _ in fake.calls] == [3, 3, 1]  # split into batches of 3
@@ -358,14 +358,15 @@ def flaky():
 
 def test_client_retries_5xx_then_succeeds(flaky):
     url = f"http://127.0.0.1:{flaky.server_address[1]}/retrieve"
-    client = RemoteRetriever(url, retries=2, backoff_s=0.01)
+    client = RemoteRetriever(RetrievalConfig(url=url, retries=2), backoff_s=0.01)
     assert client.search(["capital of france"], 1) == [[Hit("7", 3.5, "Paris", "Capital of France.")]]
     assert flaky.requests == 2
 
 
 def test_client_gives_up_after_retries(flaky):
     flaky.failures = 10
-    client = RemoteRetriever(f"http://127.0.0.1:{flaky.server_address[1]}", retries=2, backoff_s=0.01)
+    url = f"http://127.0.0.1:{flaky.server_address[1]}"
+    client = RemoteRetriever(RetrievalConfig(url=url, retries=2), backoff_s=0.01)
     with pytest.raises(RetrievalError, match="failed after 3 attempts"):
         client.search(["q"], 1)
     assert flaky.requests == 3
@@ -373,7 +374,8 @@ def test_client_gives_up_after_retries(flaky):
 
 def test_client_does_not_retry_4xx(flaky):
     flaky.failures, flaky.fail_status = 10, 422
-    client = RemoteRetriever(f"http://127.0.0.1:{flaky.server_address[1]}", retries=3, backoff_s=0.01)
+    url = f"http://127.0.0.1:{flaky.server_address[1]}"
+    client = RemoteRetriever(RetrievalConfig(url=url, retries=3), backoff_s=0.01)
     with pytest.raises(RetrievalError, match="HTTP 422"):
         client.search(["q"], 1)
     assert flaky.requests == 1
@@ -382,7 +384,8 @@ def test_client_does_not_retry_4xx(flaky):
 def test_client_retries_connection_errors():
     with ThreadingHTTPServer(("127.0.0.1", 0), FlakyHandler) as probe:  # a port nothing listens on afterwards
         port = probe.server_address[1]
-    client = RemoteRetriever(f"http://127.0.0.1:{port}", retries=1, backoff_s=0.01, timeout=2)
+    client = RemoteRetriever(RetrievalConfig(url=f"http://127.0.0.1:{port}", retries=1, timeout_s=2),
+                             backoff_s=0.01)
     with pytest.raises(RetrievalError, match="failed after 2 attempts"):
         client.search(["q"], 1)
 

@@ -18,11 +18,11 @@ def _response(answer: str, think: str = "<think>plan</think>") -> str:
 
 
 def test_parse_query_answer():
-    parsed = dr.parse_query_answer(_response('{"query": " covid vaccine "}'))
+    parsed = dr.parse_query_answer(_response('{"query": " covid vaccine "}'), reasoning=True)
     assert parsed == dr.ParsedAnswer(value="covid vaccine", structure_ok=True, reason="")
-    fenced = dr.parse_query_answer(_response('```json\n{"query": "q AND r"}\n```'))
+    fenced = dr.parse_query_answer(_response('```json\n{"query": "q AND r"}\n```'), reasoning=True)
     assert fenced.value == "q AND r" and fenced.reason == ""
-    assert dr.parse_sql_answer(_response('{"sql": "SELECT 1"}')).value == "SELECT 1"
+    assert dr.parse_sql_answer(_response('{"sql": "SELECT 1"}'), reasoning=True).value == "SELECT 1"
 
 
 @pytest.mark.parametrize("text, inner", [
@@ -40,7 +40,7 @@ def test_code_fences_are_unwrapped_in_linear_time(text, inner):
 
 def test_no_reasoning_answers_need_only_the_answer_tags():
     assert dr.parse_query_answer('<answer>{"query": "q"}</answer>', reasoning=False).structure_ok
-    assert not dr.parse_query_answer('<answer>{"query": "q"}</answer>').structure_ok
+    assert not dr.parse_query_answer('<answer>{"query": "q"}</answer>', reasoning=True).structure_ok
     out_of_order = dr.check_structure("</answer> x <answer>", reasoning=False)
     assert out_of_order.reason == "tags out of order, expected <answer>..</answer>"
 
@@ -56,12 +56,12 @@ def test_no_reasoning_answers_need_only_the_answer_tags():
     ('{"query": [' + "1, " * MB + "1]}", '"query" must be a non-empty string, got [1, 1, 1, 1, 1, 1, ...]'),
 ])
 def test_parse_errors(answer, reason):
-    parsed = dr.parse_query_answer(_response(answer))
+    parsed = dr.parse_query_answer(_response(answer), reasoning=True)
     assert parsed.value is None and parsed.structure_ok and parsed.reason.startswith(reason)
 
 
 def test_parse_without_answer():
-    parsed = dr.parse_query_answer("<|im_start|>assistant\n<think>hmm</think>")
+    parsed = dr.parse_query_answer("<|im_start|>assistant\n<think>hmm</think>", reasoning=True)
     assert parsed.value is None and not parsed.structure_ok
     assert parsed.reason == "<answer> appears 0 times, expected once"
 
@@ -72,9 +72,10 @@ def test_parse_without_answer():
     ("<answer>x</answer>", "<think> appears 0 times, expected once"),
 ])
 def test_check_structure(response, reason):
-    check = dr.check_structure(response)
+    check = dr.check_structure(response, reasoning=True)
     assert not check.ok and check.reason.startswith(reason)
-    assert dr.check_structure("note <think>a</think> then <answer>x</answer>").ok  # text outside tags is fine
+    # text outside tags is fine
+    assert dr.check_structure("note <think>a</think> then <answer>x</answer>", reasoning=True).ok
 
 
 @pytest.mark.parametrize("rank, score", [
@@ -105,7 +106,8 @@ def test_recall_tier_of_a_retrieval():
     retrieved = ["a", "b", "c", "x"]
     value = metrics.recall_at_k(retrieved, qrels, len(retrieved))
     assert value == 0.5
-    assert dr.tiered_reward(dr.parse_query_answer(_response('{"query": "q"}')), dr.recall_score(value)) == 5.0
+    parsed = dr.parse_query_answer(_response('{"query": "q"}'), reasoning=True)
+    assert dr.tiered_reward(parsed, dr.recall_score(value)) == 5.0
 
 
 def test_gated_ndcg_hand_computed():
@@ -114,14 +116,14 @@ def test_gated_ndcg_hand_computed():
     ndcg = metrics.ndcg_at_k(["d3", "d1", "d2"], {"d1": 2, "d2": 1, "d3": 0}, 3)
     expected = (2 / math.log2(3) + 0.5) / (2 + 1 / math.log2(3))
     assert ndcg == pytest.approx(expected, abs=1e-12)  # 0.66965
-    ok = dr.parse_query_answer(_response('{"query": "q"}'))
+    ok = dr.parse_query_answer(_response('{"query": "q"}'), reasoning=True)
     assert dr.gated_reward(ok, ndcg) == pytest.approx(0.1 + expected, abs=1e-12)
 
 
 def test_tiered_reward():
-    ok = dr.parse_query_answer(_response('{"query": "q"}'))
-    bad_json = dr.parse_query_answer(_response("not json"))
-    bad_tags = dr.parse_query_answer(_response('{"query": "q"}', think=""))
+    ok = dr.parse_query_answer(_response('{"query": "q"}'), reasoning=True)
+    bad_json = dr.parse_query_answer(_response("not json"), reasoning=True)
+    bad_tags = dr.parse_query_answer(_response('{"query": "q"}', think=""), reasoning=True)
     assert dr.tiered_reward(ok, dr.answer_rank_score(3)) == 1.0 + 5.0
     assert dr.tiered_reward(ok, dr.recall_score(0.0)) == 1.0 - 3.5
     assert dr.tiered_reward(bad_json, None) == 1.0 - 4.0
@@ -131,11 +133,12 @@ def test_tiered_reward():
 
 
 def test_gated_reward():
-    ok = dr.parse_query_answer(_response('{"query": "q"}'))
+    ok = dr.parse_query_answer(_response('{"query": "q"}'), reasoning=True)
     assert dr.gated_reward(ok, 0.5) == pytest.approx(0.6)
     assert dr.gated_reward(ok, 0.0) == 0.0
-    assert dr.gated_reward(dr.parse_query_answer(_response("{}")), None) == -2.0
-    assert dr.gated_reward(dr.parse_query_answer(_response('{"query": "q"}', think="")), None) == -2.0
+    assert dr.gated_reward(dr.parse_query_answer(_response("{}"), reasoning=True), None) == -2.0
+    no_think = dr.parse_query_answer(_response('{"query": "q"}', think=""), reasoning=True)
+    assert dr.gated_reward(no_think, None) == -2.0
 
 
 @pytest.fixture

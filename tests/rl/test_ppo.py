@@ -126,7 +126,8 @@ def one_step_config(**overrides):
 def reference_logprobs(params, data, temperature=1.0):
     """log_softmax(logits / temperature) of each next token, straight from the model's forward pass."""
     logits = models.forward(CFG, params, jnp.asarray(data["tokens"]),
-                            jnp.broadcast_to(jnp.arange(S), (B, S)), jnp.asarray(data["attention_mask"]))[0]
+                            jnp.broadcast_to(jnp.arange(S), (B, S)), jnp.asarray(data["attention_mask"]),
+                            rules=models.TRAIN_RULES, remat=False)[0]
     return models.logprobs_from_logits(logits / temperature, jnp.asarray(data["tokens"]))[0]
 
 
@@ -194,7 +195,8 @@ def test_scoring_alignment_and_reference():
     np.testing.assert_allclose(logp, reference_logprobs(params, data, 0.5), atol=1e-6)
     np.testing.assert_array_equal(ref, logp)  # the reference starts as the policy
     v = models.values(CFG, host(state.critic), jnp.asarray(data["tokens"]),
-                      jnp.broadcast_to(jnp.arange(S), (B, S)), jnp.asarray(data["attention_mask"]))
+                      jnp.broadcast_to(jnp.arange(S), (B, S)), jnp.asarray(data["attention_mask"]),
+                      rules=models.TRAIN_RULES, remat=False)
     np.testing.assert_allclose(values[:, 1:], v[:, :-1], atol=1e-6)  # value of the state before each token
     assert np.all(np.asarray(values[:, 0]) == 0) and np.all(np.asarray(logp[:, 0]) == 0)
 

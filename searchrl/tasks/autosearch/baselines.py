@@ -107,8 +107,8 @@ class Generator:
     `rollout.max_prompt_tokens`, in batches of exactly `batch_size`; one engine per set of stop strings."""
 
     def __init__(self, model_cfg: models.ModelConfig, params, tokenizer: Any, rollout: RolloutConfig,
-                 batch_size: int):
-        self.model_cfg, self.tokenizer, self.batch_size = model_cfg, tokenizer, batch_size
+                 batch_size: int, rules: models.ShardingRules):
+        self.model_cfg, self.tokenizer, self.batch_size, self.rules = model_cfg, tokenizer, batch_size, rules
         self.params = jax.tree.map(jnp.asarray, params)
         self.rollout = dataclasses.replace(
             rollout, max_len=rollout.max_prompt_tokens + rollout.max_turn_tokens,
@@ -119,7 +119,8 @@ class Generator:
         stops = stops or (self.tokenizer.eos_token,)
         if stops not in self.engines:
             env = PromptEnv(stops)
-            self.engines[stops] = RolloutEngine(self.model_cfg, self.tokenizer, env, self.rollout)
+            self.engines[stops] = RolloutEngine(self.model_cfg, self.tokenizer, env, self.rollout,
+                                                rules=self.rules)
         return self.engines[stops]
 
     def __call__(self, prompts: Sequence[chat.Prompt], stops: tuple[str, ...] = ()) -> list[str]:
@@ -295,7 +296,7 @@ def evaluate_baselines_checkpoint(config: RunConfig, checkpoint: str = "", *,
     built = experiment.build(config, train_data=False, checkpoint=checkpoint, step=step)
     retriever = getattr(built.env, "retriever", None) or make_retriever(config.retrieval)
     generate = Generator(built.model_cfg, built.policy, built.tokenizer, built.rollout,
-                         batch_size or config.train.batch_size)
+                         batch_size or config.train.batch_size, models.rules_named(config.mesh.sample_rules))
     options = Options(topk=getattr(config.env, "topk", Options.topk), chat=use_chat)
     results = evaluate_baselines(generate, retriever, data, methods, options)
     for result in results.values():

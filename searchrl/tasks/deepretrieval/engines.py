@@ -460,7 +460,8 @@ class BodyTooLarge(Exception):
 class SearchEngine:
     """A Retriever over a literature search API: for each query, up to k ids in the engine's rank order.
 
-    Every request waits on one `RateLimiter` (rate_per_s; 0: the API's default) and must be over within
+    `url` ("": the API's own), `rate_per_s`, `timeout_s` and `retries` are a `RetrievalConfig`'s. Every
+    request waits on one `RateLimiter` (rate_per_s; 0: the API's default) and must be over within
     `timeout_s`. A 429, a 5xx, a timeout, a dropped connection, a body over `max_body_bytes` or a malformed
     body is retried `retries` times, after backoff_s * 2**(attempt - 1) seconds, or after the server's
     Retry-After (at most MAX_RETRY_AFTER_S) when it sends a valid one; any other status, or an answer that
@@ -472,9 +473,9 @@ class SearchEngine:
     request; a result shorter than its k holds all the engine has, so it answers every k.
     """
 
-    def __init__(self, api: LiteratureAPI, url: str = "", rate_per_s: float = 0.0, timeout_s: float = 30.0,
-                 retries: int = 3, backoff_s: float = 1.0,
-                 cache: SearchCache | str | os.PathLike | None = None, workers: int = 4,
+    def __init__(self, api: LiteratureAPI, *, url: str, rate_per_s: float, timeout_s: float, retries: int,
+                 backoff_s: float = 1.0, cache: SearchCache | str | os.PathLike | None = None,
+                 workers: int = 4,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
         self.api = api
         self.url = (url or api.default_url).rstrip("/") + "/"
@@ -603,29 +604,25 @@ class SearchEngine:
             raise SearchEngineError(f"{where}: the engine refused it: {e}") from None
 
 
-def make_engine(kind: str, url: str = "", rate_per_s: float = 0.0, timeout_s: float = 30.0, retries: int = 3,
-                cache_path: str = "", **options: Any) -> SearchEngine:
-    """The engine for `kind` "pubmed" or "ctgov"; `options` go to its API (PubMed: api_key, sort, tool, email,
-    page_size; ctgov: page_size); an empty `url` is the real service, an empty `cache_path` no cache."""
+def make_engine(kind: str, config: RetrievalConfig) -> SearchEngine:
+    """The engine for `kind` "pubmed" or "ctgov" as `config` sets it up; `config.options` go to its API
+    (PubMed: api_key, sort, tool, email, page_size; ctgov: page_size); an empty `config.url` is the real
+    service, an empty `config.cache_path` no cache."""
     apis: dict[str, Callable[..., LiteratureAPI]] = {"pubmed": PubMed, "ctgov": ClinicalTrials}
     if kind not in apis:
         raise ValueError(f"unknown search engine {kind!r}; expected one of {sorted(apis)}")
-    return SearchEngine(apis[kind](**options), url=url, rate_per_s=rate_per_s, timeout_s=timeout_s,
-                        retries=retries, cache=cache_path or None)
+    return SearchEngine(apis[kind](**config.options), url=config.url, rate_per_s=config.rate_per_s,
+                        timeout_s=config.timeout_s, retries=config.retries, cache=config.cache_path or None)
 
 
 @RETRIEVERS.register("pubmed")
 def pubmed_retriever(config: RetrievalConfig) -> SearchEngine:
     """PubMed (NCBI E-utilities) as `config.retrieval.kind="pubmed"`."""
-    return _engine("pubmed", config)
+    return make_engine("pubmed", config)
 
 
 @RETRIEVERS.register("ctgov")
 def ctgov_retriever(config: RetrievalConfig) -> SearchEngine:
     """ClinicalTrials.gov API v2 as `config.retrieval.kind="ctgov"`."""
-    return _engine("ctgov", config)
+    return make_engine("ctgov", config)
 
-
-def _engine(kind: str, config: RetrievalConfig) -> SearchEngine:
-    return make_engine(kind, url=config.url, rate_per_s=config.rate_per_s, timeout_s=config.timeout_s,
-                       retries=config.retries, cache_path=config.cache_path, **config.options)

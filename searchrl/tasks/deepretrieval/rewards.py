@@ -102,9 +102,10 @@ def _structure_tags(reasoning: bool) -> tuple[str, ...]:
                  for t in (tags.open_tag(tag), tags.close_tag(tag)))
 
 
-def check_structure(response: str, reasoning: bool = True) -> protocol.FormatCheck:
+def check_structure(response: str, reasoning: bool) -> protocol.FormatCheck:
     """DeepRetrieval's tag check: `<think>`, `</think>`, `<answer>`, `</answer>` once each, in this order
-    (without reasoning, the no_reason rewards: `<answer>`, `</answer>` once each, in order)."""
+    (without reasoning, the no_reason rewards: `<answer>`, `</answer>` once each, in order). `reasoning` is
+    the env config's (`Config.reasoning`)."""
     text = protocol.response_part(response)
     structure_tags = _structure_tags(reasoning)
     for tag in structure_tags:
@@ -144,19 +145,19 @@ def _json_field(answer: str | None, key: str) -> tuple[str | None, str]:
     return value.strip(), ""
 
 
-def parse_json_answer(response: str, key: str, reasoning: bool = True) -> ParsedAnswer:
+def parse_json_answer(response: str, key: str, reasoning: bool) -> ParsedAnswer:
     """Parses `<answer>{key: ...}</answer>` from a response and checks its tags."""
     structure = check_structure(response, reasoning)
     value, reason = _json_field(protocol.extract_answer(response), key)
     return ParsedAnswer(value=value, structure_ok=structure.ok, reason=structure.reason or reason)
 
 
-def parse_query_answer(response: str, reasoning: bool = True) -> ParsedAnswer:
+def parse_query_answer(response: str, reasoning: bool) -> ParsedAnswer:
     """The search query of a DeepRetrieval answer `{"query": ...}`."""
     return parse_json_answer(response, "query", reasoning)
 
 
-def parse_sql_answer(response: str, reasoning: bool = True) -> ParsedAnswer:
+def parse_sql_answer(response: str, reasoning: bool) -> ParsedAnswer:
     """The SQL of a DeepRetrieval text-to-SQL answer `{"sql": ...}`."""
     return parse_json_answer(response, "sql", reasoning)
 

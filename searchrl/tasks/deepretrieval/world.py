@@ -63,11 +63,11 @@ def _concepts(rng: random.Random, namer: Namer, kind: str, count: int, num_candi
     return tuple(out)
 
 
-def generate_world(seed: int, *, concepts_per_kind: int = 24, num_candidates: int = 4,
-                   docs_per_topic: int = 3, posts_per_concept: int = 4, filler_words: int = 80,
-                   words_per_doc: int = 8,
+def generate_world(seed: int, *, concepts_per_kind: int, num_candidates: int, docs_per_topic: int = 3,
+                   posts_per_concept: int = 4, filler_words: int = 80, words_per_doc: int = 8,
                    lay_mention: float = 0.2, test_fraction: float = 0.25) -> RewriteWorld:
-    """The world of one seed; see the module docstring."""
+    """The world of one seed; see the module docstring. `concepts_per_kind` and `num_candidates` are the
+    demo config's (`RewriteDemoConfig`)."""
     if not 2 <= num_candidates <= concepts_per_kind:
         raise ValueError(f"num_candidates must be in [2, concepts_per_kind], got {num_candidates}")
     rng = random.Random(seed)

@@ -132,7 +132,7 @@ def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], c
         if own < 1.0:
             counts["weak"] += 1
             path = mutation.climb(source, env.sdk, score, env.sdk.available, config.max_variants,
-                                  env.config.limits, config.max_shown, config.rounds, own)
+                                  env.config.limits, config.max_shown, rounds=config.rounds, baseline=own)
             counts["improved"] += bool(path)
             counts["edits"] += len(path)
         if path or config.keep_unimproved:
@@ -169,7 +169,7 @@ def distill(trainer: Trainer, segments: Sequence[Sequence[tuple[str, bool]]], co
     optimizer states, critic and reference are kept. Returns the SFT losses."""
     tokens, loss_mask = sft.encode(trainer.engine.tokenizer, segments, config.sft.max_len)
     policy, losses = sft.train(trainer.model_cfg, trainer.policy, tokens, loss_mask, config.sft,
-                               trainer.mesh)
+                               trainer.mesh, trainer.ppo.spec.rules)
     trainer.replace_policy(policy)
     return losses
 

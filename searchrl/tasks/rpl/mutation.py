@@ -399,8 +399,8 @@ def verify(source: str, variants: Sequence[Mutation], sdk: RetrievalSDK, score: 
 
 
 def climb(source: str, sdk: RetrievalSDK, score: Score, available: Sequence[str] = SDK_FUNCTIONS,
-          max_variants: int | None = None, limits: Limits | None = None, max_shown: int | None = None,
-          rounds: int = 1, baseline: float | None = None) -> list[Verified]:
+          max_variants: int | None = None, limits: Limits | None = None, max_shown: int | None = None, *,
+          rounds: int, baseline: float | None = None) -> list[Verified]:
     """Local search by verified edits: the best verified variant of `source` (`mutations`, then `verify`),
     then the best verified variant of that one, and so on for at most `rounds` rounds, stopping at the first
     round that verifies none. Returns that path, one `Verified` per round (each scored against the last), so
