@@ -6,8 +6,8 @@ Each step is a directory `<dir>/<step>/` with two items: `state` (every array of
 `ModelConfig`, plus whatever the trainer records: data position, config snapshot, metrics). orbax writes a
 step into a temporary directory and renames it into place only when complete, so a crash mid-save leaves the
 previous checkpoints intact and the partial one is never listed (and is removed when the next writable
-`Checkpointer` opens the directory). Saves are asynchronous: the arrays are copied to host, then written in the
-background; call `wait_until_finished` (or `close`) before exiting.
+`Checkpointer` opens the directory). Saves are asynchronous: the arrays are copied to host, then written in
+the background; call `wait_until_finished` (or `close`) before exiting.
 
 Once a save has finished, `<step>/checksums.json` records the sha256 of each of its files (written when the
 next save starts, or by `wait_until_finished` / `close`; atomically). Restores verify them. Restoring the
@@ -261,8 +261,8 @@ class Checkpointer:
         return restored[STATE], restored[META]
 
     def _restore_matching(self, target: Any, step: int, fallback: Any) -> Any:
-        """`fallback` with each array whose name and shape `step` also holds replaced by the saved one (cast to
-        `target`'s dtype, placed with its sharding)."""
+        """`fallback` with each array whose name and shape `step` also holds replaced by the saved one (cast
+        to `target`'s dtype, placed with its sharding)."""
         saved = self._state_metadata(step).tree
         as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), saved)
         with ocp.CheckpointManager(self.directory, item_names=(STATE,),

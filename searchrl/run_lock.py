@@ -120,9 +120,9 @@ class WorkdirLock:
                 if not is_stale(other, lock.holder["host"]):
                     who = describe(other) if other else "a run whose lock file is unreadable"
                     raise WorkdirInUseError(
-                        f"workdir {directory} is in use by {who}: {lock.path} names it. Two runs on one workdir "
-                        "would resume from each other's checkpoints and overwrite each other's metrics. Use "
-                        f"another --config.workdir, or delete {lock.path} if that run is gone.")
+                        f"workdir {directory} is in use by {who}: {lock.path} names it. Two runs on one "
+                        "workdir would resume from each other's checkpoints and overwrite each other's "
+                        f"metrics. Use another --config.workdir, or delete {lock.path} if that run is gone.")
                 log.warning("workdir %s: taking over the stale lock of %s, which no longer runs", directory,
                             describe(other))
                 lock.path.unlink()
