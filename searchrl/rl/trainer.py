@@ -193,7 +193,8 @@ class Trainer:
         initial = functools.partial(self._initial_state, policy) if self.resume == "force" else None
         state, record = self.checkpointer.restore(abstract_train_state(self.ppo.spec, self.mesh),
                                                   fallback=initial)
-        self._check_resume(record, int(jax.device_get(state.step)))
+        if latest_record is None or int(jax.device_get(state.step)) != latest:  # an older step, unchecked
+            self._check_resume(record, int(jax.device_get(state.step)))
         return state, int(record["data_position"])
 
     def _initial_state(self, policy: dict):
