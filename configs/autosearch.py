@@ -167,4 +167,5 @@ PRESETS = {"tiny": tiny, "tiny_no_efficiency": tiny_no_efficiency, "paper": pape
 def get_config(arg: str = "tiny"):
     if arg not in PRESETS:
         raise ValueError(f"Unknown preset {arg!r} for configs/autosearch.py; expected one of {sorted(PRESETS)}")
-    return PRESETS[arg](run_config.experiment_config("autosearch"))
+    config = PRESETS[arg](run_config.experiment_config("autosearch"))
+    return run_config.preset_workdir(config, __file__, arg)

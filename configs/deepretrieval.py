@@ -166,4 +166,4 @@ def get_config(arg: str = "tiny"):
     config = PRESETS[preset](run_config.experiment_config("deepretrieval"))
     if variant:
         config.env.reasoning = False
-    return config
+    return run_config.preset_workdir(config, __file__, arg)

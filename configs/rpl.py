@@ -114,4 +114,4 @@ def get_config(arg: str = "tiny"):
         config.env.mutation.at_step = 200  # mutation at step 200, then RL resumes [the RPL paper]
     if "no_thinking" in options:
         config.env.enable_thinking = False
-    return config
+    return run_config.preset_workdir(config, __file__, arg)

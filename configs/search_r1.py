@@ -124,4 +124,5 @@ def get_config(arg: str = "tiny"):
     if arg not in PRESETS:
         raise ValueError(f"Unknown preset {arg!r} for configs/search_r1.py; expected one of "
                          f"{sorted(PRESETS)}")
-    return PRESETS[arg](run_config.experiment_config("search_r1"))
+    config = PRESETS[arg](run_config.experiment_config("search_r1"))
+    return run_config.preset_workdir(config, __file__, arg)

@@ -5,9 +5,9 @@ Each step is a directory `<dir>/<step>/` with two items: `state` (every array of
 `TrainState`: policy, critic, reference, optimizer states, RNG, KL coefficient, step) and `meta` (JSON: the
 `ModelConfig`, plus whatever the trainer records: data position, config snapshot, metrics). orbax writes a
 step into a temporary directory and renames it into place only when complete, so a crash mid-save leaves the
-previous checkpoints intact and the partial one is never listed (and is removed by the next writable
-`Checkpointer` on the directory). Saves are asynchronous: the arrays are copied to host, then written in the
-background; call `wait_until_finished` (or `close`) before exiting.
+previous checkpoints intact and the partial one is never listed (and is removed when the next writable
+`Checkpointer` opens the directory). Saves are asynchronous: the arrays are copied to host, then written in
+the background; call `wait_until_finished` (or `close`) before exiting.
 
 Once a save has finished, `<step>/checksums.json` records the sha256 of each of its files (written when the
 next save starts, or by `wait_until_finished` / `close`; atomically). Restores verify them. Restoring the
@@ -15,6 +15,11 @@ latest step falls back to the newest intact one, with a logged warning, when new
 or missing files) or fail to restore; a writable Checkpointer renames those `<step>.corrupt` (kept for
 inspection, no longer listed) so that the run can save those steps again. A step without checksums (saved
 before they existed, or by a run that crashed before writing them) restores unverified, with a warning.
+
+A step saved under another state structure, other shapes or other dtypes (another model, critic or reference
+on or off, another compute dtype) is not corrupt: restoring it raises CheckpointMismatchError naming the
+differences, and no step is set aside. `restore(..., fallback=make_state)` restores such a step anyway: every
+array whose name and shape match (cast to the target's dtype), the rest from `make_state()`.
 
     python -m searchrl.checkpoint export --checkpoint DIR [--step N] --out DIR
 """
@@ -26,7 +31,8 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+import shutil
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +49,17 @@ STATE, META = "state", "meta"
 MODEL_CONFIG = "model_config"  # key of the ModelConfig in the JSON record
 CHECKSUMS = "checksums.json"  # in each step directory: {"sha256": {relative path: hex digest}}
 CORRUPT = ".corrupt"  # suffix of a step directory set aside as unusable
+PARTIAL = ".orbax-checkpoint-tmp-"  # in the name of a step directory orbax has not finished writing
 
 log = logging.getLogger(__name__)
 
 
 class CorruptCheckpointError(RuntimeError):
     """A checkpoint step whose files do not match its checksums, or no usable step at all."""
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint step whose arrays (names, shapes or dtypes) are not those of the state to restore."""
 
 
 def model_config_to_json(cfg: models.ModelConfig) -> dict:
@@ -118,6 +129,58 @@ def checksum_problems(step_dir: Path, items: Sequence[str]) -> list[str] | None:
     return problems
 
 
+def _leaf_name(path: Sequence[Any]) -> str:
+    """A pytree leaf's dotted name as orbax records it ("policy.embed", "actor_opt.0.mu.embed")."""
+    keys = (getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))) for k in path)
+    return ".".join(str(k) for k in keys)
+
+
+def array_specs(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:
+    """{dotted name: (shape, dtype name)} of every array of `tree` (arrays, ShapeDtypeStructs or orbax's
+    array metadata; None subtrees have none)."""
+    return {_leaf_name(path): (tuple(leaf.shape), np.dtype(leaf.dtype).name)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _groups(names: Sequence[str]) -> str:
+    """Dotted names summarised by their first part: "critic (12 arrays), critic_opt (24 arrays)"."""
+    counts: dict[str, int] = {}
+    for name in names:
+        counts[name.split(".")[0]] = counts.get(name.split(".")[0], 0) + 1
+    return ", ".join(f"{group} ({n} array{'s' * (n != 1)})" for group, n in counts.items())
+
+
+def state_mismatch(saved: Mapping[str, tuple], wanted: Mapping[str, tuple]) -> list[str]:
+    """How the arrays of a checkpoint (`array_specs`) differ from those of the state to restore: missing or
+    extra arrays (by group), then each shape and dtype that differs. [] when they are the same."""
+    problems = []
+    if missing := sorted(wanted.keys() - saved.keys()):
+        problems.append(f"the checkpoint has no {_groups(missing)}")
+    if extra := sorted(saved.keys() - wanted.keys()):
+        problems.append(f"this run's state has no {_groups(extra)}")
+    for name in sorted(saved.keys() & wanted.keys()):
+        (saved_shape, saved_dtype), (shape, dtype) = saved[name], wanted[name]
+        if saved_shape != shape:
+            problems.append(f"{name} has shape {saved_shape} in the checkpoint, {shape} in this run")
+        if saved_dtype != dtype:
+            problems.append(f"{name} is {saved_dtype} in the checkpoint, {dtype} in this run")
+    return problems
+
+
+def _listed(problems: Sequence[str], limit: int = 5) -> str:
+    more = f" (and {len(problems) - limit} more)" if len(problems) > limit else ""
+    return "; ".join(problems[:limit]) + more
+
+
+def _remove_partial_saves(directory: Path) -> None:
+    """Deletes the step directories a crash left half-written (process 0; orbax never lists them)."""
+    if jax.process_index() != 0 or not directory.is_dir():
+        return
+    for partial in directory.glob(f"*{PARTIAL}*"):
+        log.warning("removing the partial checkpoint save %s", partial)
+        shutil.rmtree(partial, ignore_errors=True)
+
+
 class Checkpointer:
     """Saves and restores training states under `directory`, keeping the newest `max_to_keep` steps.
 
@@ -133,6 +196,8 @@ class Checkpointer:
             cleanup_tmp_directories=not read_only, create=not read_only, read_only=read_only)
         self.directory = Path(directory).absolute()
         self._read_only, self._async = read_only, async_save and not read_only
+        if not read_only:
+            _remove_partial_saves(self.directory)
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=(STATE, META))
         self._unsealed: list[int] = []  # saved steps without checksums yet
 
@@ -147,19 +212,24 @@ class Checkpointer:
         if not self._async:
             self._seal()
 
-    def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict]:
+    def restore(self, target: Any, step: int | None = None, *, fallback: Callable[[], Any] | None = None
+                ) -> tuple[Any, dict]:
         """(state, record) of `step` (default: the newest usable step), with arrays placed as `target`'s
         shardings say; see the module docstring for corrupt steps.
 
         `target` is an abstract state (`train_state.abstract_train_state`): the mesh may differ from the one
-        that saved it. A given `step` that is corrupt raises CorruptCheckpointError.
+        that saved it. A given `step` that is corrupt raises CorruptCheckpointError. A step saved under other
+        array names, shapes or dtypes raises CheckpointMismatchError, unless `fallback` is given (it makes a
+        state like `target`, called only then): the arrays that match are restored, the others taken from it.
         """
         if step is not None:
-            return self._restore_step(target, self._resolve(step))
+            return self._restore_step(target, self._resolve(step), fallback)
         failed: list[tuple[int, Exception]] = []
         for candidate in reversed(self.all_steps()):
             try:
-                restored = self._restore_step(target, candidate)
+                restored = self._restore_step(target, candidate, fallback)
+            except CheckpointMismatchError:
+                raise
             except Exception as error:  # orbax and tensorstore raise many types for unreadable files
                 log.warning("checkpoint step %d in %s is unusable, trying the previous step: %s", candidate,
                             self.directory, error)
@@ -172,11 +242,47 @@ class Checkpointer:
         reasons = "; ".join(f"step {bad}: {error}" for bad, error in failed)
         raise CorruptCheckpointError(f"no usable checkpoint in {self.directory}: {reasons}") from failed[0][1]
 
-    def _restore_step(self, target: Any, step: int) -> tuple[Any, dict]:
+    def _restore_step(self, target: Any, step: int, fallback: Callable[[], Any] | None = None
+                      ) -> tuple[Any, dict]:
         self._verify(step, ("", STATE, META))
+        saved = array_specs(self._state_metadata(step))
+        if problems := state_mismatch(saved, array_specs(target)):
+            if fallback is None:
+                raise CheckpointMismatchError(
+                    f"checkpoint step {step} in {self.directory} holds another state than this run's: "
+                    f"{_listed(problems)}. It was saved under another config (model, critic, reference or "
+                    "dtypes); resume it with that config, or start in another workdir.")
+            log.warning("checkpoint step %d in %s holds another state than this run's: %s; restoring the "
+                        "arrays that match, the others from this run's initial state", step, self.directory,
+                        _listed(problems))
+            return self._restore_matching(target, step, fallback()), self.record(step)
         restored = self._manager.restore(step, args=ocp.args.Composite(
             **{STATE: ocp.args.StandardRestore(target), META: ocp.args.JsonRestore()}))
         return restored[STATE], restored[META]
+
+    def _restore_matching(self, target: Any, step: int, fallback: Any) -> Any:
+        """`fallback` with each array whose name and shape `step` also holds replaced by the saved one (cast
+        to `target`'s dtype, placed with its sharding)."""
+        saved = self._state_metadata(step).tree
+        as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), saved)
+        with ocp.CheckpointManager(self.directory, item_names=(STATE,),
+                                   options=ocp.CheckpointManagerOptions(read_only=True)) as reader:
+            restored = reader.restore(step, args=ocp.args.Composite(
+                **{STATE: ocp.args.PyTreeRestore(restore_args=as_numpy)}))[STATE]
+        arrays = {_leaf_name(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(restored)[0]}
+
+        def pick(path, want, initial):
+            array = arrays.get(_leaf_name(path))
+            if array is None or tuple(array.shape) != tuple(want.shape):
+                return initial
+            array = np.asarray(array).astype(want.dtype)
+            return jax.make_array_from_callback(array.shape, want.sharding, lambda index: array[index])
+
+        return jax.tree_util.tree_map_with_path(pick, target, fallback)
+
+    def _state_metadata(self, step: int) -> Any:
+        """The saved state's tree of array metadata (names, shapes, dtypes), without reading any array."""
+        return ocp.StandardCheckpointHandler().metadata(self._step_dir(step) / STATE)
 
     def record(self, step: int | None = None) -> dict:
         """The JSON record of `step` (default: the latest) alone."""

@@ -9,6 +9,7 @@ orbax, so building and parsing a config is instant.
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from typing import Any
 
@@ -32,6 +33,7 @@ class RunConfig:
     env: Any
     seed: int = 0
     workdir: str = "runs/default"
+    resume: str = ""  # "force": resume a checkpoint saved under another config (see searchrl.rl.trainer)
     tokenizer: str = ""  # a local HF tokenizer directory; empty: model.path
     model: ModelSource = ModelSource()
     mesh: MeshConfig = MeshConfig()
@@ -46,13 +48,16 @@ class RunConfig:
 
 
 GROUPS: dict[str, Any] = typing.get_type_hints(RunConfig)  # group name -> its dataclass (or plain type)
+DEFAULT_WORKDIR = RunConfig.workdir
+RESUME_MODES = ("", "force")
 
 
 def base_config() -> ml_collections.ConfigDict:
-    """The fields every run has: seed, workdir, model, mesh and distributed."""
+    """The fields every run has: seed, workdir, resume, model, mesh and distributed."""
     config = ml_collections.ConfigDict()
     config.seed = 0
-    config.workdir = "runs/default"
+    config.workdir = DEFAULT_WORKDIR
+    config.resume = ""
     config.model = to_config(ModelSource())
     config.mesh = to_config(MeshConfig())
     config.distributed = to_config(DistributedConfig())
@@ -71,6 +76,17 @@ def experiment_config(name: str) -> ml_collections.ConfigDict:
     config.train = to_config(TrainConfig())
     config.rl = to_config(RLConfig())
     config.sft = to_config(SFTConfig())
+    return config
+
+
+def preset_workdir(config: ml_collections.ConfigDict, config_file: str, preset: str
+                   ) -> ml_collections.ConfigDict:
+    """`config` with its workdir named after its config file and preset (`runs/<file stem>_<preset>`, a
+    variant's commas as underscores) unless the preset chose its own: two presets never share a workdir by
+    default (`--config.workdir` still overrides it)."""
+    if config.workdir == DEFAULT_WORKDIR:
+        stem = os.path.splitext(os.path.basename(config_file))[0]
+        config.workdir = os.path.join("runs", f"{stem}_{preset.replace(',', '_')}")
     return config
 
 
@@ -102,4 +118,6 @@ def parse(config: ml_collections.ConfigDict) -> RunConfig:
         kind = GROUPS[group]
         is_group = dataclasses.is_dataclass(kind)
         fields[group] = from_config(kind, value, f"config.{group}") if is_group else value
+    if fields.get("resume", "") not in RESUME_MODES:
+        raise ValueError(f"config.resume must be one of {RESUME_MODES}, got {fields['resume']!r}")
     return RunConfig(**fields)

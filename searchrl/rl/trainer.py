@@ -14,6 +14,11 @@ global mesh. Each row samples with its global index, so the run is the same on a
 would instead give each process a fixed part of the data, and the batches would change with the process
 count.)
 
+A run owns its workdir (`searchrl.run_lock`; process 0 holds the lock): a second run there stops with an error
+naming the first. Each checkpoint records the run's `fingerprint`, the config values that shape its data order
+and its state; resuming under other values is an error naming them, unless `config.resume` is "force" (then
+the run resumes, and a checkpoint of another state structure restores the arrays that still fit).
+
 A step whose rewards, losses or gradients are non-finite is skipped (`ppo.learn` applies no such value; the
 metrics train/nonfinite and train/nonfinite_in_a_row count them); `train.max_nonfinite_steps` such steps
 in a row stop the run with NonFiniteError. A non-finite state is never saved.
@@ -22,8 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import logging
 import os
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import jax
 import numpy as np
@@ -38,11 +45,20 @@ from searchrl.rl.config import RLConfig, TrainConfig, batch_rows
 from searchrl.rl.train_state import abstract_train_state, init_train_state
 from searchrl.rollout.config import RolloutConfig, SamplingParams
 from searchrl.rollout.engine import RolloutEngine, RolloutStats
+from searchrl.run_lock import WorkdirInUseError, WorkdirLock
 from searchrl.shapes import padded_batch, padded_width
+
+FINGERPRINT = "fingerprint"  # key of the run's fingerprint in a checkpoint's record
+
+log = logging.getLogger(__name__)
 
 
 class NonFiniteError(RuntimeError):
     """Training produced non-finite values: too many skipped updates in a row, or a non-finite state."""
+
+
+class ResumeMismatchError(ValueError):
+    """The workdir's checkpoint was saved under a config that shapes data order or state differently."""
 
 
 _all_finite = jax.jit(ppo.all_finite)
@@ -62,6 +78,7 @@ class TrainRun(Protocol):
 
     seed: int
     workdir: str
+    resume: str  # "force": resume a checkpoint whose fingerprint differs
     train: TrainConfig
     rl: RLConfig
     rollout: RolloutConfig
@@ -82,6 +99,38 @@ class DataOrder:
     @functools.lru_cache(maxsize=2)
     def _permutation(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(self.size)
+
+
+def fingerprint(config: TrainRun, model_cfg: models.ModelConfig, train_size: int) -> dict[str, Any]:
+    """The config values that shape a run's data order (seed, training-set size, batch size) and its state
+    (model, critic, reference, dtypes), by dotted name, as JSON values: what a resumed run must share with the
+    checkpoint it resumes."""
+    rl = config.rl
+    values = {"seed": config.seed, "train_size": train_size, "train.batch_size": config.train.batch_size,
+              "rl.responses_per_prompt": rl.responses_per_prompt, "rl.use_critic": rl.use_critic,
+              "rl.use_reference": rl.use_reference, "rl.compute_dtype": rl.compute_dtype,
+              **{f"model.{k}": v for k, v in dataclasses.asdict(model_cfg).items()}}
+    return json.loads(json.dumps(values))
+
+
+def fingerprint_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Each value that differs between a checkpoint's fingerprint and this run's: "train_size: 32 -> 40"."""
+    return [f"{name}: {saved.get(name, 'unset')!r} -> {current.get(name, 'unset')!r}"
+            for name in sorted(saved.keys() | current.keys()) if saved.get(name) != current.get(name)]
+
+
+def lock_workdir(workdir: str) -> WorkdirLock | None:
+    """The workdir's lock, taken by process 0 (None on the others); every process raises WorkdirInUseError
+    when another run holds it."""
+    lock, error = None, ""
+    if jax.process_index() == 0:
+        try:
+            lock = WorkdirLock.acquire(workdir)
+        except WorkdirInUseError as e:
+            error = str(e)
+    if error := distributed.all_processes(error)[0]:
+        raise WorkdirInUseError(error)
+    return lock
 
 
 class Trainer:
@@ -113,21 +162,62 @@ class Trainer:
             for settings in (rollout, greedy))
         self.order = DataOrder(len(self.train_examples), self.seed)
         self.key, self.eval_key = jax.random.key(self.seed), jax.random.key(0)
-        self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),
-                                         max_to_keep=self.train_config.keep_checkpoints,
-                                         async_save=self.train_config.async_checkpoints)
-        self.state, self.data_position = self._restore_or_init(policy)
-        self.writer = MetricWriter(self.workdir, resume_step=self.step_count)
+        self.resume = config.resume
+        self.fingerprint = fingerprint(config, model_cfg, len(self.train_examples))
+        self.lock = lock_workdir(self.workdir)
+        try:
+            self.checkpointer = Checkpointer(os.path.join(self.workdir, "checkpoints"),
+                                             max_to_keep=self.train_config.keep_checkpoints,
+                                             async_save=self.train_config.async_checkpoints)
+            self.state, self.data_position = self._restore_or_init(policy)
+            self.writer = MetricWriter(self.workdir, resume_step=self.step_count)
+        except BaseException:
+            if self.lock is not None:
+                self.lock.release()
+            raise
         self.nonfinite_in_a_row = 0
         self.hooks = list(hooks)
 
     def _restore_or_init(self, policy: dict):
-        if self.checkpointer.latest_step() is not None:
-            state, record = self.checkpointer.restore(abstract_train_state(self.ppo.spec, self.mesh))
-            return state, int(record["data_position"])
-        state = init_train_state(self.ppo.spec, self.mesh, policy, jax.random.fold_in(self.key, 0),
-                                 kl_coef=self.ppo.rl.kl_coef)
-        return state, 0
+        """(state, data position): the newest checkpoint's, checked against this run's fingerprint, or the
+        initial ones."""
+        latest = self.checkpointer.latest_step()
+        if latest is None:
+            return self._initial_state(policy), 0
+        try:
+            latest_record = self.checkpointer.record(latest)
+        except Exception:  # unreadable: the restore falls back to an older step, checked below
+            latest_record = None
+        if latest_record is not None:
+            self._check_resume(latest_record, latest)  # before reading any array
+        initial = functools.partial(self._initial_state, policy) if self.resume == "force" else None
+        state, record = self.checkpointer.restore(abstract_train_state(self.ppo.spec, self.mesh),
+                                                  fallback=initial)
+        if latest_record is None or int(jax.device_get(state.step)) != latest:  # an older step, unchecked
+            self._check_resume(record, int(jax.device_get(state.step)))
+        return state, int(record["data_position"])
+
+    def _initial_state(self, policy: dict):
+        return init_train_state(self.ppo.spec, self.mesh, policy, jax.random.fold_in(self.key, 0),
+                                kl_coef=self.ppo.rl.kl_coef)
+
+    def _check_resume(self, record: Mapping[str, Any], step: int) -> None:
+        """Raises ResumeMismatchError when checkpoint `step`'s record has another fingerprint than this run
+        (a warning instead with config.resume="force", or for a checkpoint saved without one)."""
+        where = f"checkpoint step {step} in {self.checkpointer.directory}"
+        if FINGERPRINT not in record:
+            log.warning("%s has no config fingerprint: resuming it unchecked", where)
+            return
+        changes = fingerprint_changes(record[FINGERPRINT], self.fingerprint)
+        if not changes:
+            return
+        if self.resume != "force":
+            raise ResumeMismatchError(
+                f"{where} was saved under another config: {'; '.join(changes)}. Resuming it would read other "
+                "training rows or restore another state. Use another --config.workdir, or "
+                "--config.resume=force to resume anyway.")
+        log.warning("%s was saved under another config (%s); resuming anyway as config.resume=force asks",
+                    where, "; ".join(changes))
 
     @property
     def policy(self) -> dict:
@@ -219,7 +309,7 @@ class Trainer:
         if not bool(jax.device_get(_all_finite(self.state))):
             raise NonFiniteError(f"the training state at step {self.step_count} is not finite; not saved.")
         self.checkpointer.save(self.step_count, self.state, model=self.model_cfg,
-                               record={"data_position": self.data_position})
+                               record={"data_position": self.data_position, FINGERPRINT: self.fingerprint})
 
     def train(self, steps: int | None = None) -> list[dict[str, float]]:
         """Runs until `steps` (default: train.steps) PPO iterations are done in total; returns their metrics."""
@@ -247,5 +337,8 @@ class Trainer:
         return history
 
     def close(self) -> None:
+        """Finishes pending saves, closes the logs and gives the workdir up."""
         self.checkpointer.close()
         self.writer.close()
+        if self.lock is not None:
+            self.lock.release()

@@ -226,6 +226,8 @@ def test_ablation_presets_turn_one_component_off(preset, component):
     paper, ablation = autosearch.get_config("paper"), autosearch.get_config(preset)
     changed = {k for k, v in ablation.env.autosearch.items() if paper.env.autosearch[k] != v}
     ablation.env.autosearch = paper.env.autosearch
+    assert ablation.workdir == f"runs/autosearch_{preset}" != paper.workdir  # each preset its own workdir
+    ablation.workdir = paper.workdir
     assert ablation == paper and changed  # only reward coefficients differ
     full = au.autosearch_rewards(RECORD, au.RewardConfig(**paper.env.autosearch))
     off = au.autosearch_rewards(RECORD, au.RewardConfig(**autosearch.get_config(preset).env.autosearch))
