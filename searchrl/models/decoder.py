@@ -10,7 +10,6 @@ Compute runs in the params' dtype; norms, softmax, logits and values are float32
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, Callable
 
