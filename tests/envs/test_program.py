@@ -75,7 +75,7 @@ def test_unsearchable_queries_and_remote_refusals_are_sdk_errors_for_every_backe
     `sdk error`, the same from a local index and over `/retrieve`, never an exception out of observe."""
     bm25 = load_retriever(str(index))
     with RetrievalServer(bm25, "127.0.0.1", 0, limits=ServerLimits(max_query_chars=30)).start() as server:
-        remote = RemoteRetriever(server.url, retries=0)
+        remote = RemoteRetriever(RetrievalConfig(url=server.url, retries=0))
         envs = [rpl.ProgramEnv(rpl.Config(), RetrievalSDK(sparse=r, dense=r)) for r in (bm25, remote)]
         programs = ["show(sparse_retrieval(' ', 3))", f"show(sparse_retrieval('{'x' * 4097}', 3))",
                     "show(dense_retrieval('alpha \\ud800', 3))"]

@@ -11,6 +11,7 @@ import transformers
 from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
 
 from searchrl.episode import Action, Trajectory, Turn
+from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable
 from searchrl.tasks.deepretrieval import env as qr
 from searchrl.tasks.deepretrieval import rewards as dr
@@ -153,7 +154,9 @@ def test_the_literature_date_cut_off_is_request_parameters_not_query_text():
     """A quote in the rewrite once closed the date term glued onto it; the dates are now ESearch's own
     mindate / maxdate, and the query is sent as written."""
     with FakeEngineServer({"11": "aspirin trial", "12": "aspirin"}) as fake:
-        engine = SearchEngine(PubMed(), url=fake.url, rate_per_s=1e9)
+        defaults = RetrievalConfig()
+        engine = SearchEngine(PubMed(), url=fake.url, rate_per_s=1e9, timeout_s=defaults.timeout_s,
+                              retries=defaults.retries)
         env = qr.QueryRewriteEnv(qr.Config(task="literature", compare_raw=False), engine)
         example = {"id": "r", "question": "P: adults", "qrels": {"11": 1}, "max_date": "2019/05/01"}
         rows = env.results([answer(env, 'aspirin"'), answer(env, "aspirin")],
@@ -183,7 +186,9 @@ def test_unencodable_blank_and_overlong_rewrites_are_failed_searches_never_error
     assert env.retriever.calls == [(["good"], 3000)]
     with FakeEngineServer({"11": "aspirin"}) as fake:
         literature = qr.QueryRewriteEnv(qr.Config(task="literature", compare_raw=False),
-                                        SearchEngine(PubMed(), url=fake.url, rate_per_s=1e9))
+                                        SearchEngine(PubMed(), url=fake.url, rate_per_s=1e9,
+                                                     timeout_s=RetrievalConfig().timeout_s,
+                                                     retries=RetrievalConfig().retries))
         example = {"id": "r", "question": "P: adults", "qrels": {"11": 1}, "max_date": "2019/05/01"}
         rows = literature.results([answer(literature, "aspirin \ud800")], [example])
         assert fake.request_count == 0

@@ -293,7 +293,7 @@ class TokenizingRetriever(FakeRetriever):
 def test_a_lone_surrogate_query_fails_only_itself():
     fake = TokenizingRetriever()
     with RetrievalServer(fake, "127.0.0.1", 0).start() as server:
-        outcomes = search_each(RemoteRetriever(server.url, retries=0), ["alpha", "alpha \ud800", "beta"], 1)
+        outcomes = search_each(RemoteRetriever(RetrievalConfig(url=server.url, retries=0)), ["alpha", "alpha \ud800", "beta"], 1)
     assert [o[0].id for o in (outcomes[0], outcomes[2])] == ["alpha-0", "beta-0"]
     assert isinstance(outcomes[1], RetrievalError) and "not valid text" in str(outcomes[1])
 
@@ -440,7 +440,7 @@ def test_a_thousand_idle_connections_do_not_deny_service(fake):
     limits = Limits(max_client_connections=50, idle_timeout_s=30)
     with RetrievalServer(fake, "127.0.0.1", 0, limits=limits).start() as server:
         idle = [connect_from(server, f"127.0.1.{1 + i // 50}") for i in range(1000)]
-        client = RemoteRetriever(server.url, timeout=2.0, retries=0)
+        client = RemoteRetriever(RetrievalConfig(url=server.url, timeout_s=2.0, retries=0))
         start = time.monotonic()
         for i in range(20):
             assert client.search([f"q{i}"], 1)[0][0].id == f"q{i}-0"
