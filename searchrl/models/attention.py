@@ -114,6 +114,14 @@ def _block_start(i: jax.Array, block: int, slots: int) -> tuple[jax.Array, jax.A
     return jnp.minimum(first, slots - block), first
 
 
+def _trips(slots: int, block: int) -> jax.Array:
+    """The number of blocks, as an array: `fori_loop` then lowers to a while loop, not to a scan. Under the
+    decoder's remat and layer scan, JAX would partially evaluate a scan and stack per-block residuals
+    ([blocks, ..., T, block]: the whole score mask); a while loop is never split, and `_flash`'s own
+    backward pass recomputes what it needs."""
+    return jnp.asarray(-(-slots // block), jnp.int32)
+
+
 def _flash_forward(qg: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
                    block: int) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """(output [B, KV, G, T, hd] in v's dtype, (max, sum of exp(score - max)) of each query's scores, both
@@ -135,7 +143,7 @@ def _flash_forward(qg: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Arr
 
     init = (jnp.full(shape, MASKED, jnp.float32), jnp.zeros(shape, jnp.float32),
             jnp.zeros((*shape, v.shape[-1]), jnp.float32))
-    m, l, acc = jax.lax.fori_loop(0, -(-S // block), step, init)
+    m, l, acc = jax.lax.fori_loop(0, _trips(S, block), step, init)
     return (acc / l[..., None]).astype(v.dtype), (m, l)
 
 
@@ -179,7 +187,7 @@ def _flash_bwd(block, residuals, d_out):
         return dq, dk, dv
 
     init = tuple(jnp.zeros(x.shape, jnp.float32) for x in (qg, k, v))
-    dq, dk, dv = jax.lax.fori_loop(0, -(-S // block), step, init)
+    dq, dk, dv = jax.lax.fori_loop(0, _trips(S, block), step, init)
     return dq.astype(qg.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
 
 
