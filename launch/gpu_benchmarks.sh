@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # searchrl's figures on one GPU host, in one run:
-#   - a bf16 training step (forward+backward) against PyTorch/transformers on the same GPU, at two sizes;
+#   - a bf16 training step (forward+backward) against PyTorch/transformers on the same GPU, at two sizes, and
+#     each attention implementation (blockwise, cuDNN's) against the reference attention at those shapes;
 #   - greedy generation against transformers' generate, and the decode steps' share of the HBM bandwidth;
 #   - a 4-turn search rollout's host share, retrieving with FAISS on the GPU (dense), and with BM25;
 #   - the PPO step of Qwen2.5-1.5B- and 3B-shaped models (policy, critic and reference on this one GPU, bf16

@@ -78,7 +78,7 @@ def sft(config: RunConfig) -> None:
     tokens, loss_mask = sft_lib.encode(built.tokenizer, examples, config.sft.max_len)
     mesh = models.mesh_of(config.mesh)
     params, losses = sft_lib.train(built.model_cfg, built.policy, tokens, loss_mask, config.sft, mesh,
-                                   models.rules_named(config.mesh.train_rules))
+                                   models.rules_named(config.mesh.train_rules), config.mesh.attention)
     out = os.path.join(config.workdir, "sft")
     models.save_hf(built.model_cfg, params, out)  # every process takes part; process 0 writes
     if jax.process_index() == 0:

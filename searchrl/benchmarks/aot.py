@@ -124,7 +124,8 @@ def batch_rows(config: RunConfig) -> int:
 def learn_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh):
     """The PPO step's program and abstract (state, batch) at the config's shapes."""
     rows, width = batch_rows(config), config.rollout.max_len
-    ppo_config = ppo.PPOConfig.create(config.rl, cfg, models.rules_named(config.mesh.train_rules))
+    ppo_config = ppo.PPOConfig.create(config.rl, cfg, models.rules_named(config.mesh.train_rules),
+                                      config.mesh.attention)
     rules = ppo_config.spec.rules
 
     def per_token(dtype):
@@ -159,16 +160,16 @@ def rollout_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> di
         return tuple(_rows_sharded(shape, kind, mesh, rules) for shape, kind in shapes)
 
     spec = generate.DecodeSpec(rollout.chunk_steps, rollout.max_turn_tokens, rollout.max_len,
-                               rollout.sampling, rules=rules)
+                               rollout.sampling, rules=rules, attention=config.mesh.attention)
     replicated = NamedSharding(mesh, PartitionSpec())
     stops = jax.ShapeDtypeStruct(STOP_TABLE, jnp.int32, sharding=replicated)
     eos = jax.ShapeDtypeStruct(EOS_IDS, jnp.int32, sharding=replicated)
     prefill = {} if rollout.chunked_prefill else {
         "prefill": (generate.extend, (cfg, params, state, *chunk(rollout.max_prompt_tokens), rollout.sampling,
-                                      rules))}
+                                      rules, config.mesh.attention))}
     return prefill | {
         "extend": (generate.extend, (cfg, params, state, *chunk(max(rollout.obs_buckets)), rollout.sampling,
-                                     rules)),
+                                     rules, config.mesh.attention)),
         "decode": (generate.decode_chunk, (cfg, params, state, stops, eos, spec)),
     }
 

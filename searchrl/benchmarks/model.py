@@ -4,7 +4,9 @@ Both sides compute the gradient of the mean next-token NLL of the same batch, in
 kind of device (JAX's default backend; PyTorch on CUDA when JAX runs on a GPU), after warm-up (compilation for
 JAX), in interleaved rounds (`interleave`: the median ratio and its range). The same rounds time one matmul
 of the MLP's shape on each side ([batch * seq, hidden] x [hidden, intermediate]): the matmul libraries' own
-ratio (XLA's against PyTorch's BLAS), the ceiling for a step made mostly of matmuls. Run:
+ratio (XLA's against PyTorch's BLAS), the ceiling for a step made mostly of matmuls. And they time the
+attention implementations (`searchrl.models.attention`) the backend runs, each against the reference:
+forward and backward of one layer's causal attention at the step's shape. Run:
 `python -m searchrl.benchmarks.model [--json] [--preset bench_small] [--batch 4] [--seq 256] [--rounds 5]
 [--steps 2] [--dtype float32|bfloat16]`.
 """
@@ -24,8 +26,9 @@ import transformers
 from searchrl import cli
 from searchrl.benchmarks.hardware import device_name
 from searchrl.benchmarks.interleave import compare, describe
-from searchrl.models import (MeshConfig, ModelConfig, get_preset, init_params, rules_named, to_hf_config,
-                             token_logprobs)
+from searchrl.models import (AttentionConfig, MeshConfig, ModelConfig, get_preset, init_params, rules_named,
+                             to_hf_config, token_logprobs)
+from searchrl.models import attention as attention_lib
 from searchrl.rl.config import RLConfig
 
 
@@ -46,11 +49,11 @@ def searchrl_step(cfg: ModelConfig, tokens: np.ndarray, dtype: str) -> Callable[
     B, T = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     mask = jnp.ones((B, T), bool)
-    rl = RLConfig()
+    rl, mesh = RLConfig(), MeshConfig()
 
     def loss(params, tokens):
         return -token_logprobs(cfg, params, tokens, positions, mask, temperature=1.0,
-                               rules=rules_named(MeshConfig().train_rules), remat=rl.remat,
+                               rules=rules_named(mesh.train_rules), attention=mesh.attention, remat=rl.remat,
                                logits_chunk=rl.logits_chunk)[:, 1:].mean()
 
     grad = jax.jit(jax.value_and_grad(loss))
@@ -92,6 +95,30 @@ def matmul_calls(cfg: ModelConfig, rows: int, dtype: str) -> tuple[Callable[[], 
     return lambda: jax.block_until_ready(matmul(xj, wj)), torch_matmul
 
 
+def attention_call(cfg: ModelConfig, batch: int, seq: int, dtype: str, config: AttentionConfig
+                   ) -> Callable[[], None]:
+    """A jitted forward and backward of one layer's causal attention over `seq` tokens by `config.impl`."""
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((batch, seq, cfg.num_heads, cfg.head_dim)), dtype)
+    k, v = (jnp.asarray(rng.standard_normal((batch, cfg.num_kv_heads, seq, cfg.head_dim)), dtype)
+            for _ in range(2))
+    key_valid = jnp.ones((batch, seq), bool)
+    query_slot = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
+
+    def loss(q, k, v):
+        return attention_lib.attention(q, k, v, key_valid, query_slot, config).astype(jnp.float32).sum()
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    return lambda: jax.block_until_ready(grad(q, k, v))
+
+
+def attention_impls() -> list[AttentionConfig]:
+    """The implementations besides the reference that this backend runs (cuDNN's needs a GPU)."""
+    names = [name for name in attention_lib.ATTENTION if name != "reference"]
+    on_gpu = jax.default_backend() == "gpu"
+    return [AttentionConfig(name) for name in names if name != "dot_product" or on_gpu]
+
+
 def run(preset: str, batch: int, seq: int, rounds: int, steps: int, dtype: str = "float32") -> dict:
     cfg = get_preset(preset)
     threads = len(os.sched_getaffinity(0))
@@ -100,6 +127,10 @@ def run(preset: str, batch: int, seq: int, rounds: int, steps: int, dtype: str =
     timed = compare(searchrl_step(cfg, tokens, dtype), torch_step(cfg, tokens, dtype), rounds, steps,
                     warmup=2).summary("step")
     timed |= compare(*matmul_calls(cfg, batch * seq, dtype), rounds, calls=10).summary("matmul")
+    reference = attention_call(cfg, batch, seq, dtype, AttentionConfig())
+    for config in attention_impls():  # each against the reference: its ratio is reference s / its s
+        timed |= compare(attention_call(cfg, batch, seq, dtype, config), reference, rounds,
+                         calls=steps).summary(f"attention_{config.impl}")
     shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
     n_params = sum(x.size for x in jax.tree.leaves(shapes))
     return {
@@ -138,6 +169,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"one matmul [{r['batch'] * r['seq']}, hidden] x [hidden, intermediate] alone, XLA against "
           f"PyTorch's BLAS: {r['matmul_searchrl_s'] * 1e3:.2f} against {r['matmul_peer_s'] * 1e3:.2f} ms")
     print("  " + describe(r, "matmul"))
+    for config in attention_impls():
+        prefix = f"attention_{config.impl}"
+        print(f"one layer's attention forward+backward, {config.impl} against the reference: "
+              f"{r[f'{prefix}_searchrl_s'] * 1e3:.2f} against {r[f'{prefix}_peer_s'] * 1e3:.2f} ms")
+        print("  " + describe(r, prefix))
 
 
 if __name__ == "__main__":

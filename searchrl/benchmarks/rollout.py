@@ -49,6 +49,7 @@ _NO_EOS = np.asarray([-2], np.int32)
 # One device, no mesh: the layouts of a default run's config place nothing here.
 _TRAIN_RULES = models.rules_named(models.MeshConfig().train_rules)
 _SAMPLE_RULES = models.rules_named(models.MeshConfig().sample_rules)
+_ATTENTION = models.MeshConfig().attention
 
 
 def _generation(cfg: models.ModelConfig, batch: int, prompt_len: int, new_tokens: int
@@ -56,7 +57,7 @@ def _generation(cfg: models.ModelConfig, batch: int, prompt_len: int, new_tokens
     """The empty generation state and the decode spec of `searchrl_generate`."""
     slots = prompt_len + new_tokens + 1
     spec = generate.DecodeSpec(new_tokens, new_tokens, slots - 1, SamplingParams(temperature=0.0),
-                               rules=_SAMPLE_RULES)
+                               rules=_SAMPLE_RULES, attention=_ATTENTION)
     return generate.init_state(cfg, batch, slots, jax.random.key(0)), spec
 
 
@@ -66,7 +67,7 @@ def searchrl_generate(cfg: models.ModelConfig, params, prompts: np.ndarray, new_
     state, spec = _generation(cfg, batch, prompt_len, new_tokens)
     lengths = np.full((batch,), prompt_len, np.int32)
     state = generate.extend(cfg, params, state, prompts, lengths, np.ones(batch, bool), spec.sampling,
-                            spec.rules)
+                            spec.rules, spec.attention)
     state = generate.decode_chunk(cfg, params, state, generate.stop_table(_NEVER), _NO_EOS, spec)
     return np.asarray(state.tokens[:, prompt_len:prompt_len + new_tokens])
 
@@ -172,7 +173,7 @@ def bench_search_rollout(preset: str, batch: int, passages: int, turns: int, rol
         env = SearchEveryTurnEnv(retriever, topk=3, max_turns=turns)
         config = RolloutConfig(max_prompt_tokens=64, max_len=64 + (turns + 1) * (48 + 160), max_turn_tokens=48,
                                max_obs_tokens=160, obs_buckets=(64, 160), chunk_steps=16)
-        engine = RolloutEngine(cfg, tokenizer, env, config, rules=_SAMPLE_RULES)
+        engine = RolloutEngine(cfg, tokenizer, env, config, rules=_SAMPLE_RULES, attention=_ATTENTION)
         batches = [[{"question": q} for q in questions[i * batch:(i + 1) * batch]] for i in range(rollouts + 1)]
         engine.warmup(params, batch)
         compiled = generate.compiled_programs()
@@ -195,7 +196,7 @@ def logprob_gap(cfg: models.ModelConfig, params, traj) -> float:
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     recomputed = models.token_logprobs(cfg, params, tokens, positions, jnp.asarray(traj.attention_mask),
                                        temperature=SamplingParams().temperature, rules=_TRAIN_RULES,
-                                       remat=False, logits_chunk=0)
+                                       attention=_ATTENTION, remat=False, logits_chunk=0)
     policy = traj.loss_mask > 0
     return float(np.abs(np.asarray(recomputed)[policy] - traj.logprobs[policy]).max())
 

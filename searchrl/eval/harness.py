@@ -72,13 +72,15 @@ def _check_inputs(env: Env, datasets: Mapping[str, Sequence[dict]], batch_size: 
 def evaluate_policy(model_cfg: models.ModelConfig, params, tokenizer, env: Env,
                     datasets: Mapping[str, Sequence[dict]], rollout: RolloutConfig, batch_size: int,
                     budgets: Sequence[int] | None = None, side_branch: bool = True, warmup: bool = True,
-                    spec: Report = Report(), *, rules: models.ShardingRules) -> dict[str, Any]:
+                    spec: Report = Report(), *, rules: models.ShardingRules,
+                    attention: models.AttentionConfig) -> dict[str, Any]:
     """Greedy evaluation of `params` on each dataset; returns `report.aggregate`'s summaries plus "meta" and
     "predictions" (the main run's question rows).
 
     rollout: its sampling is replaced by greedy decoding. budgets: extra runs at env.max_turns = b each (the
     accuracy-vs-budget curve). side_branch: run the env's side branch in the main run. spec: what the task
-    adds to the report (`searchrl.task.Report`). rules: the sampling layout (`MeshConfig.sample_rules`).
+    adds to the report (`searchrl.task.Report`). rules: the sampling layout (`MeshConfig.sample_rules`);
+    attention: how attention is computed (`MeshConfig.attention`).
     """
     budgets = sorted(set(budgets or ()))
     _check_inputs(env, datasets, batch_size, budgets)
@@ -87,7 +89,8 @@ def evaluate_policy(model_cfg: models.ModelConfig, params, tokenizer, env: Env,
     examples = tagged_examples(datasets)
 
     def run(run_env: Env, with_branch: bool, desc: str) -> list[dict[str, Any]]:
-        engine = RolloutEngine(model_cfg, tokenizer, run_env, rollout, side_branch=with_branch, rules=rules)
+        engine = RolloutEngine(model_cfg, tokenizer, run_env, rollout, side_branch=with_branch, rules=rules,
+                               attention=attention)
         if warmup:
             engine.warmup(params, batch_size)
         return question_rows(run_env, engine, params, examples, batch_size, desc)
@@ -143,6 +146,7 @@ def evaluate_checkpoint(config: RunConfig, checkpoint: str = "", *, step: int | 
     results = evaluate_policy(built.model_cfg, built.policy, built.tokenizer, built.env, data, built.rollout,
                               batch_size or config.train.batch_size, budgets, side_branch,
                               spec=task.get(config.task).report,
-                              rules=models.rules_named(config.mesh.sample_rules))
+                              rules=models.rules_named(config.mesh.sample_rules),
+                              attention=config.mesh.attention)
     results["meta"] = {**built.source, "split": split, **results["meta"]}
     return results, built.source

@@ -7,10 +7,11 @@ experiment configs read — imports without JAX.
 import importlib
 
 _EXPORTS = {
+    "attention": ("ATTENTION",),
     "bert": ("Bert",),
-    "config": ("PRESETS", "BertConfig", "DistributedConfig", "MeshConfig", "ModelConfig", "ModelSource",
-               "RopeScaling", "bert_from_hf_config", "config_from_source", "from_hf_config", "get_preset",
-               "to_hf_config"),
+    "config": ("PRESETS", "AttentionConfig", "BertConfig", "DistributedConfig", "MeshConfig", "ModelConfig",
+               "ModelSource", "RopeScaling", "bert_from_hf_config", "config_from_source", "from_hf_config",
+               "get_preset", "to_hf_config"),
     "decoder": ("Decoder", "apply", "backbone", "forward", "init_params", "lm_logits", "logprobs_from_logits",
                 "param_shardings", "param_table", "token_logprobs", "unstack_layers",
                 "value_params_from_policy", "values"),

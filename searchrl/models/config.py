@@ -340,15 +340,32 @@ def config_from_source(model: ModelSource) -> ModelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """`config.mesh.attention`: how the decoder computes attention on this backend (not what: every
+    implementation computes the same function). `impl` is a name in `searchrl.models.attention.ATTENTION`:
+    "reference" materialises the float32 scores [B, H, T, S]; "blockwise" never does (an online softmax over
+    `block_size` key slots at a time, forward and backward); "dot_product" is cuDNN's fused kernel (GPU)."""
+
+    impl: str = "reference"
+    block_size: int = 512  # key slots per block of "blockwise"
+
+    def __post_init__(self):
+        if self.block_size < 1:
+            raise ValueError(f"attention.block_size must be >= 1, got {self.block_size}")
+
+
+@dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """`config.mesh`: the (data, fsdp, tensor) device mesh (one size may be -1: the devices left over) and the
-    sharding rules of training and of sampling (names in `sharding.RULES`)."""
+    """`config.mesh`: the (data, fsdp, tensor) device mesh (one size may be -1: the devices left over), the
+    sharding rules of training and of sampling (names in `sharding.RULES`) and the attention implementation
+    of both: how the programs compute on the hardware."""
 
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
     train_rules: str = "train"
     sample_rules: str = "sample"
+    attention: AttentionConfig = AttentionConfig()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,13 +20,13 @@ import numpy as np
 from jax.sharding import Mesh
 
 from searchrl.models import layout
-from searchrl.models.config import ModelConfig
+from searchrl.models.attention import attention
+from searchrl.models.config import AttentionConfig, ModelConfig
 from searchrl.models.kv_cache import KVCache, write_layer, write_rows
 from searchrl.models.layout import (HEADS, HEADS_IN, HEADS_OUT, TRANSPOSED, ParamSpec, Table, normal, ones,
                                    zeros)
 from searchrl.models.sharding import ShardingRules, constrain
 
-_MASKED = -1e30  # score of a key that may not be attended (finite: fully masked rows stay NaN-free).
 _ACT = ("batch", "length", "embed")
 # What a layer keeps for its backward pass without `remat`: the outputs of its matmuls with weights (q, k, v,
 # o, gate, up, down). Norms, RoPE, the SwiGLU product and attention (scores, softmax, its two batched dots)
@@ -81,16 +81,19 @@ class Layer(nn.Module):
 
     cfg: ModelConfig
     rules: ShardingRules
+    attention: AttentionConfig
     param_dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, carry: tuple, index: jax.Array | int, positions: jax.Array, attend: jax.Array,
-                 start: jax.Array | None) -> tuple[tuple, None]:
-        """carry = (x [B, T, D], the stacked cache's (k, v) or None); writes layer `index`'s keys/values."""
+    def __call__(self, carry: tuple, index: jax.Array | int, positions: jax.Array,
+                 keys: tuple[jax.Array, jax.Array], start: jax.Array | None) -> tuple[tuple, None]:
+        """carry = (x [B, T, D], the stacked cache's (k, v) or None); keys = (key_valid [B, S], query_slot
+        [B, T]) say which keys each query sees (`searchrl.models.attention`); writes layer `index`'s
+        keys/values."""
         cfg = self.cfg
         lp = layout.declare(self, param_table(cfg), ("layers",))
         x, kv = carry
-        y, kv = _attention(cfg, lp, x, positions, attend, kv, index, start, self.rules)
+        y, kv = _attention(cfg, lp, x, positions, keys, kv, index, start, self.rules, self.attention)
         x = constrain(x + y, _ACT, self.rules)
         x = constrain(x + _mlp(cfg, lp, x, self.rules), _ACT, self.rules)
         return (x, kv), None
@@ -114,10 +117,12 @@ class Decoder(nn.Module):
     the heads on them. `value=True` is the value model (a `ValueHead`, no LM head); `unrolled=True`
     takes per-layer params `layers_0` .. (`unstack_layers`) instead of the stacked `layers`. For the backward
     pass each layer keeps only its weight matmuls' outputs (`_SAVED_FOR_BACKWARD`); `remat` keeps nothing
-    and recomputes the whole layer (gradient checkpointing)."""
+    and recomputes the whole layer (gradient checkpointing). `attention` picks the attention implementation
+    (`MeshConfig.attention`)."""
 
     cfg: ModelConfig
     rules: ShardingRules  # the activations' layout under a mesh (a `MeshConfig`'s train or sample rules)
+    attention: AttentionConfig
     value: bool = False
     remat: bool = False
     unrolled: bool = False
@@ -130,12 +135,13 @@ class Decoder(nn.Module):
         layer = (nn.remat(Layer) if self.remat
                  else nn.remat(Layer, prevent_cse=False, policy=_SAVED_FOR_BACKWARD))
         if self.unrolled:  # XLA:CPU copies a weight sliced from a stack on every decode step: no stack
-            self.layers = [layer(cfg, self.rules, self.param_dtype) for _ in range(cfg.num_layers)]
+            self.layers = [layer(cfg, self.rules, self.attention, self.param_dtype)
+                           for _ in range(cfg.num_layers)]
         else:  # The stacked cache is carried (not scanned over) so each layer updates its slots in place.
             stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
                             in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
                             metadata_params={nn.PARTITION_NAME: "layers"})
-            self.layers = stack(cfg, self.rules, self.param_dtype)
+            self.layers = stack(cfg, self.rules, self.attention, self.param_dtype)
         if self.value:
             self.value_head = ValueHead(cfg, self.param_dtype)
 
@@ -144,22 +150,20 @@ class Decoder(nn.Module):
         """Final-normed hidden states [B, T, D] and the extended cache (see `forward`)."""
         cfg, rules = self.cfg, self.rules
         T = tokens.shape[1]
-        if cache is None:
-            idx = jnp.arange(T)
-            attend = (idx[None, :] <= idx[:, None])[None] & mask[:, None, :]  # [B, T(query), T(key)]
+        if cache is None:  # query t sees the unmasked tokens up to t
             start, kv = None, None
-        else:
+            keys = (mask, jnp.broadcast_to(jnp.arange(T), mask.shape))
+        else:  # query t sees the valid slots up to its own, length + t
             start = cache.length
             valid = write_rows(cache.valid, mask, start)
-            slot = start[:, None] + jnp.arange(T)  # [B, T] slot of each query
-            attend = valid[:, None, :] & (jnp.arange(valid.shape[1])[None, None, :] <= slot[:, :, None])
+            keys = (valid, start[:, None] + jnp.arange(T))
             kv = (cache.k, cache.v)
         carry = (constrain(jnp.take(self.embed, tokens, axis=0), _ACT, rules), kv)
         if self.unrolled:
             for index, layer in enumerate(self.layers):
-                carry, _ = layer(carry, index, positions, attend, start)
+                carry, _ = layer(carry, index, positions, keys, start)
         else:
-            carry, _ = self.layers(carry, jnp.arange(cfg.num_layers), positions, attend, start)
+            carry, _ = self.layers(carry, jnp.arange(cfg.num_layers), positions, keys, start)
         x, kv = carry
         hidden = rms_norm(x, self.final_norm, cfg.rms_norm_eps)
         if cache is not None:
@@ -245,10 +249,11 @@ def _dense(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
     return y.reshape(*x.shape[:-1], *w.shape[1:])
 
 
-def _attention(cfg: ModelConfig, lp: dict, x: jax.Array, positions: jax.Array, attend: jax.Array,
-               kv: tuple[jax.Array, jax.Array] | None, layer: int | jax.Array, start: jax.Array | None,
-               rules: ShardingRules):
-    """Grouped-query attention; with the stacked cache `kv`, writes this layer's keys/values at `start`."""
+def _attention(cfg: ModelConfig, lp: dict, x: jax.Array, positions: jax.Array,
+               visible: tuple[jax.Array, jax.Array], kv: tuple[jax.Array, jax.Array] | None,
+               layer: int | jax.Array, start: jax.Array | None, rules: ShardingRules, config: AttentionConfig):
+    """Grouped-query attention over the keys `visible` = (key_valid, query_slot) describes, computed by
+    `config.impl`; with the stacked cache `kv`, writes this layer's keys/values at `start`."""
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
     q, k, v = _dense(h, lp["q"]), _dense(h, lp["k"]), _dense(h, lp["v"])
     if cfg.attention_bias:
@@ -267,15 +272,7 @@ def _attention(cfg: ModelConfig, lp: dict, x: jax.Array, positions: jax.Array, a
                    for c, new in zip(kv, (k, v)))
         keys, values = (jax.lax.dynamic_index_in_dim(c, layer, keepdims=False).astype(x.dtype) for c in kv)
     B, T, H, hd = q.shape
-    # Per kv head, both dots are plain batched matmuls (queries x slots, slots x head_dim) over the cache's
-    # own layout, so no transposed copy of the keys/values is made. Each query head's rows are contiguous
-    # ([B, KV, G, T, ...]): XLA:CPU's backward pass then transposes less than with [B, KV, T, G, ...].
-    qg = jnp.transpose(q.reshape(B, T, cfg.num_kv_heads, H // cfg.num_kv_heads, hd), (0, 2, 3, 1, 4))
-    scores = jnp.einsum("bkgth,bksh->bkgts", qg, keys, preferred_element_type=jnp.float32) / math.sqrt(hd)
-    scores = jnp.where(attend[:, None, None], scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-    out = jnp.einsum("bkgts,bksh->bkgth", probs, values)
-    out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, H * hd)
+    out = attention(q, keys, values, *visible, config).reshape(B, T, H * hd)
     # One flat contraction: the weight reshape is free, the heads keep their order (no per-call weight copy).
     y = _dense(out, lp["o"].reshape(H * hd, -1))
     if cfg.o_bias:
@@ -291,10 +288,10 @@ def _mlp(cfg: ModelConfig, lp: dict, x: jax.Array, rules: ShardingRules) -> jax.
 
 
 def backbone(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
-             cache: KVCache | None = None, *, rules: ShardingRules, remat: bool,
+             cache: KVCache | None = None, *, rules: ShardingRules, attention: AttentionConfig, remat: bool,
              unrolled: bool = False) -> tuple[jax.Array, KVCache | None]:
     """Final-normed hidden states [B, T, D] of the policy and the extended cache (see `forward`)."""
-    return Decoder(cfg, rules=rules, remat=remat, unrolled=unrolled).apply(
+    return Decoder(cfg, rules=rules, attention=attention, remat=remat, unrolled=unrolled).apply(
         {"params": params}, tokens, positions, mask, cache)
 
 
@@ -313,19 +310,19 @@ def unstack_layers(params: dict) -> dict:
 
 
 def forward(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
-            cache: KVCache | None = None, *, rules: ShardingRules, remat: bool,
+            cache: KVCache | None = None, *, rules: ShardingRules, attention: AttentionConfig, remat: bool,
             unrolled: bool = False) -> tuple[jax.Array, jax.Array, KVCache | None]:
     """(logits fp32 [B, T, V], final hidden [B, T, D], cache); tokens, positions int32 and mask bool [B, T].
 
     Without a cache, query t attends to key s iff s <= t and mask[b, s]. With one, row b's new keys/values go
     to slots length[b] .. length[b]+T-1 (valid there := mask), each query attends to valid slots up to its
     own, and the returned cache has length += T. Positions (for RoPE) always come from the caller. Outputs at
-    masked positions are unspecified. `rules` lay out the activations under a mesh; `remat` recomputes each
-    whole layer in the backward pass to save memory (`Decoder`; `RLConfig.remat`); `unrolled` takes the
-    per-layer params of `unstack_layers`.
+    masked positions are unspecified. `rules` lay out the activations under a mesh; `attention` picks how
+    attention is computed (`MeshConfig.attention`); `remat` recomputes each whole layer in the backward pass
+    to save memory (`Decoder`; `RLConfig.remat`); `unrolled` takes the per-layer params of `unstack_layers`.
     """
-    hidden, cache = backbone(cfg, params, tokens, positions, mask, cache, rules=rules, remat=remat,
-                             unrolled=unrolled)
+    hidden, cache = backbone(cfg, params, tokens, positions, mask, cache, rules=rules, attention=attention,
+                             remat=remat, unrolled=unrolled)
     logits = _sharded_logits(cfg, params, hidden, rules)
     return logits, hidden, cache
 
@@ -346,11 +343,13 @@ def _sharded_logits(cfg: ModelConfig, params: dict, hidden: jax.Array, rules: Sh
     return constrain(lm_logits(cfg, params, hidden), ("batch", "length", "vocab"), rules)
 
 
-def apply(cfg: ModelConfig, params: dict, tokens: jax.Array, *, rules: ShardingRules) -> jax.Array:
+def apply(cfg: ModelConfig, params: dict, tokens: jax.Array, *, rules: ShardingRules,
+          attention: AttentionConfig) -> jax.Array:
     """Logits [B, T, V] of unpadded sequences at positions 0 .. T-1 (a forward pass only: no remat)."""
     B, T = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    return forward(cfg, params, tokens, positions, jnp.ones((B, T), bool), rules=rules, remat=False)[0]
+    return forward(cfg, params, tokens, positions, jnp.ones((B, T), bool), rules=rules, attention=attention,
+                   remat=False)[0]
 
 
 def _next_token_logprobs(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -376,16 +375,17 @@ def logprobs_from_logits(logits: jax.Array, tokens: jax.Array) -> tuple[jax.Arra
 
 def token_logprobs(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
                    *, with_entropy: bool = False, temperature: float | jax.Array, rules: ShardingRules,
-                   remat: bool, logits_chunk: int):
+                   attention: AttentionConfig, remat: bool, logits_chunk: int):
     """Per-token log-probabilities [B, T] (index t+1 holds log p(tokens[:, t+1] | prefix), index 0 = 0) of
     the model's distribution at `temperature` (logits / temperature; `SamplingParams.temperature`), laid out
-    by `rules`, with `remat` and `logits_chunk` as `RLConfig` sets them.
+    by `rules`, computing attention by `attention`, with `remat` and `logits_chunk` as `RLConfig` sets them.
 
     With `with_entropy`, returns (logprobs, entropy) in the same alignment. The head runs on the hidden states
     that predict a token (all but the last position), so no logits are computed that nothing reads. With
     `logits_chunk`, it runs on that many positions at a time (`_chunked_next_token_logprobs`).
     """
-    hidden = backbone(cfg, params, tokens, positions, mask, rules=rules, remat=remat)[0][:, :-1]
+    hidden = backbone(cfg, params, tokens, positions, mask, rules=rules, attention=attention,
+                      remat=remat)[0][:, :-1]
 
     def head(hidden: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
         return _next_token_logprobs(_sharded_logits(cfg, params, hidden, rules) / temperature, targets)
@@ -417,7 +417,7 @@ def _chunked_next_token_logprobs(head: Callable[[jax.Array, jax.Array], tuple[ja
 
 
 def values(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
-           *, rules: ShardingRules, remat: bool) -> jax.Array:
+           *, rules: ShardingRules, attention: AttentionConfig, remat: bool) -> jax.Array:
     """Value estimates [B, T] fp32 from value-model params (see `value_params_from_policy`)."""
-    return Decoder(cfg, rules=rules, value=True, remat=remat).apply(
+    return Decoder(cfg, rules=rules, attention=attention, value=True, remat=remat).apply(
         {"params": params}, tokens, positions, mask, method=Decoder.head)

@@ -81,9 +81,11 @@ class PPOConfig:
 
     rl: RLConfig
     spec: StateSpec
+    attention: models.AttentionConfig  # how the models compute attention: `MeshConfig.attention`
 
     @classmethod
-    def create(cls, rl: RLConfig, model: models.ModelConfig, rules: ShardingRules) -> PPOConfig:
+    def create(cls, rl: RLConfig, model: models.ModelConfig, rules: ShardingRules,
+               attention: models.AttentionConfig) -> PPOConfig:
         """Checks the names in `rl` and the options it sets against the functions they pick."""
         _check_unused(rl, "advantage", adv_lib.ADVANTAGES)
         _check_unused(rl, "policy_loss", losses.POLICY_LOSSES)
@@ -95,7 +97,7 @@ class PPOConfig:
             raise ValueError(f"rl.advantage={rl.advantage!r} needs a critic: set rl.use_critic=True.")
         spec = StateSpec(model=model, actor=rl.actor, critic=rl.critic if rl.use_critic else None,
                              reference=rl.use_reference, ref_dtype=rl.compute_dtype, rules=rules)
-        return cls(rl, spec)
+        return cls(rl, spec, attention)
 
 
 def _check_unused(rl: RLConfig, field: str, registry: Registry) -> None:
@@ -124,14 +126,14 @@ def _positions(tokens: jax.Array) -> jax.Array:
 def _policy_logprobs(config: PPOConfig, params: dict, tokens, mask, temperature, with_entropy: bool):
     return models.token_logprobs(config.spec.model, _cast(params, config.rl.compute_dtype), tokens,
                                  _positions(tokens), mask, with_entropy=with_entropy, temperature=temperature,
-                                 rules=config.spec.rules, remat=config.rl.remat,
+                                 rules=config.spec.rules, attention=config.attention, remat=config.rl.remat,
                                  logits_chunk=config.rl.logits_chunk)
 
 
 def _state_values(config: PPOConfig, params: dict, tokens, mask) -> jax.Array:
     """Critic values aligned with tokens: index t holds V(tokens[:t]), index 0 is 0."""
     v = models.values(config.spec.model, _cast(params, config.rl.compute_dtype), tokens, _positions(tokens),
-                      mask, rules=config.spec.rules, remat=config.rl.remat)
+                      mask, rules=config.spec.rules, attention=config.attention, remat=config.rl.remat)
     return jnp.concatenate([jnp.zeros_like(v[:, :1]), v[:, :-1]], axis=1)
 
 

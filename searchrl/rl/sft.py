@@ -45,13 +45,14 @@ def encode(tokenizer: Any, examples: Sequence[Segments], max_len: int) -> tuple[
 
 
 def nll(cfg: models.ModelConfig, params: dict, tokens: jax.Array, loss_mask: jax.Array,
-        rules: models.ShardingRules) -> jax.Array:
+        rules: models.ShardingRules, attention: models.AttentionConfig) -> jax.Array:
     """Mean negative log-likelihood of the policy tokens (`loss_mask` > 0) given their prefixes, under the
-    model's own distribution (temperature 1), its activations laid out by `rules`, no layer recomputed and
-    the logits of all positions at once."""
+    model's own distribution (temperature 1), its activations laid out by `rules`, attention computed by
+    `attention`, no layer recomputed and the logits of all positions at once."""
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     logprobs = models.token_logprobs(cfg, params, tokens, positions, _attention(tokens, loss_mask),
-                                     temperature=1.0, rules=rules, remat=False, logits_chunk=0)
+                                     temperature=1.0, rules=rules, attention=attention, remat=False,
+                                     logits_chunk=0)
     return -jnp.sum(logprobs * loss_mask) / jnp.maximum(jnp.sum(loss_mask), 1.0)
 
 
@@ -62,7 +63,8 @@ def _attention(tokens: jax.Array, loss_mask: jax.Array) -> jax.Array:
 
 
 @functools.lru_cache(maxsize=None)
-def _train_step(cfg: models.ModelConfig, optim: OptimConfig, mesh: Mesh, rules: models.ShardingRules):
+def _train_step(cfg: models.ModelConfig, optim: OptimConfig, mesh: Mesh, rules: models.ShardingRules,
+                attention: models.AttentionConfig):
     """The jitted, sharded SFT step, its optimizer and the state's shardings (params and moments as in RL
     training, laid out by the training `rules`)."""
     tx, schedule = make_optimizer(optim), learning_rate(optim)
@@ -71,7 +73,8 @@ def _train_step(cfg: models.ModelConfig, optim: OptimConfig, mesh: Mesh, rules: 
     replicated = NamedSharding(mesh, PartitionSpec())
 
     def step(params, opt_state, i, tokens, loss_mask):
-        loss, grads = jax.value_and_grad(functools.partial(nll, cfg))(params, tokens, loss_mask, rules)
+        loss, grads = jax.value_and_grad(functools.partial(nll, cfg))(params, tokens, loss_mask, rules,
+                                                                       attention)
         params, opt_state, grad_norm = apply_gradients(tx, params, grads, opt_state, schedule(i))
         return params, opt_state, loss, grad_norm
 
@@ -82,9 +85,11 @@ def _train_step(cfg: models.ModelConfig, optim: OptimConfig, mesh: Mesh, rules: 
 
 
 def train(cfg: models.ModelConfig, params: dict, tokens: np.ndarray, loss_mask: np.ndarray,
-          config: SFTConfig, mesh: Mesh, rules: models.ShardingRules) -> tuple[dict, list[float]]:
+          config: SFTConfig, mesh: Mesh, rules: models.ShardingRules, attention: models.AttentionConfig
+          ) -> tuple[dict, list[float]]:
     """`config.num_steps` AdamW steps on seeded random minibatches, sharded over `mesh` by the training
-    `rules` (`MeshConfig.train_rules`); returns the params and the loss per step. Across processes, every
+    `rules` (`MeshConfig.train_rules`), attention computed by `attention` (`MeshConfig.attention`); returns
+    the params and the loss per step. Across processes, every
     process passes the same examples and feeds its own rows of each minibatch."""
     if len(tokens) < config.batch_size:
         raise ValueError(f"SFT needs at least batch_size={config.batch_size} examples, got {len(tokens)}.")
@@ -92,7 +97,7 @@ def train(cfg: models.ModelConfig, params: dict, tokens: np.ndarray, loss_mask: 
     if config.batch_size % rows_parallel:
         raise ValueError(f"SFT batch_size={config.batch_size} must be a multiple of the mesh's data x fsdp size "
                          f"({rows_parallel}): config.sft.batch_size or config.mesh.")
-    step, tx, shardings = _train_step(cfg, config.optim, mesh, rules)
+    step, tx, shardings = _train_step(cfg, config.optim, mesh, rules, attention)
     # Placed as the step returns them, so that the first step compiles the same program as the others.
     params = jax.device_put(jax.tree.map(lambda p: p.astype(jnp.float32), params), shardings.policy)
     opt_state = jax.device_put(tx.init(params), shardings.actor_opt)

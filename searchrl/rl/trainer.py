@@ -146,7 +146,7 @@ class Trainer:
         self.train_examples, self.eval_examples = train_examples, list(eval_examples)
         self.workdir = workdir or config.workdir
         self.mesh = models.mesh_of(mesh)
-        self.ppo = ppo.PPOConfig.create(rl, model_cfg, models.rules_named(mesh.train_rules))
+        self.ppo = ppo.PPOConfig.create(rl, model_cfg, models.rules_named(mesh.train_rules), mesh.attention)
         self.batch_rows = batch_rows(self.train_config, rl)
         shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         if self.batch_rows % shards or self.batch_rows % rl.minibatch_size:
@@ -158,7 +158,7 @@ class Trainer:
         greedy = dataclasses.replace(rollout, sampling=SamplingParams(temperature=0.0))
         self.engine, self.eval_engine = (
             RolloutEngine(model_cfg, tokenizer, env, settings, mesh=self.mesh, dtype=rl.compute_dtype,
-                          rules=models.rules_named(mesh.sample_rules))
+                          rules=models.rules_named(mesh.sample_rules), attention=mesh.attention)
             for settings in (rollout, greedy))
         self.order = DataOrder(len(self.train_examples), self.seed)
         self.key, self.eval_key = jax.random.key(self.seed), jax.random.key(0)

@@ -61,7 +61,8 @@ class RolloutEngine:
 
     `side_branch=False` skips the env's side branch (the trajectories are the same; the turns lack its
     output). With a `mesh`, the rollout is sharded: rows data-parallel over its data and fsdp axes, heads
-    and the MLP over its tensor axis (`rules`: `MeshConfig.sample_rules`), the KV cache created in
+    and the MLP over its tensor axis (`rules`: `MeshConfig.sample_rules`; attention computed by `attention`:
+    `MeshConfig.attention`), the KV cache created in
     that layout, and the params moved into it once per rollout, device to device (`sampling_params`). A mesh
     over several processes is the training mesh: each process rolls out its own rows on its block of it
     (`models.process_mesh`). Host arrays reach the device only through explicit transfers. With a `dtype`
@@ -71,15 +72,15 @@ class RolloutEngine:
 
     def __init__(self, cfg: models.ModelConfig, tokenizer: Any, env: Env, config: RolloutConfig,
                  side_branch: bool = True, mesh: Mesh | None = None, dtype: str | None = None, *,
-                 rules: models.ShardingRules):
+                 rules: models.ShardingRules, attention: models.AttentionConfig):
         self.cfg, self.tokenizer, self.env, self.config = cfg, tokenizer, env, config
         self.train_mesh, self.mesh = mesh, mesh if mesh is None else models.process_mesh(mesh)
-        self.dtype, self.rules = dtype, rules
+        self.dtype, self.rules, self.attention = dtype, rules, attention
         self.eos_set = _eos_ids(tokenizer, cfg)
         self.eos_ids = self._replicated(jnp.asarray(sorted(self.eos_set), jnp.int32))
         self.stops = self._replicated(generate.stop_table([self._encode(s) for s in env.stop_strings]))
         self.spec = generate.DecodeSpec(config.chunk_steps, config.max_turn_tokens, config.max_len,
-                                        config.sampling, rules=rules)
+                                        config.sampling, rules=rules, attention=attention)
         self.chunk_widths = tuple(sorted(config.obs_buckets))
         declared = env.side_branch
         if declared is not None and not declared.separate_prompt:  # one more width: observation + its prompt
@@ -93,7 +94,7 @@ class RolloutEngine:
         self.branch: SideBranch | None = declared if side_branch else None
         if self.branch is not None:
             self.branch_spec = generate.DecodeSpec(config.chunk_steps, self.branch.max_tokens, self.slots - 1,
-                                                   self.branch.sampling, rules=rules)
+                                                   self.branch.sampling, rules=rules, attention=attention)
             self.branch_stops = self._replicated(
                 generate.stop_table([self._encode(s) for s in self.branch.stop_strings]))
         self.stats = RolloutStats()
@@ -141,7 +142,7 @@ class RolloutEngine:
             for width in widths:
                 tokens, lengths = map(self._to_device, pad_batch([[]] * batch, width))
                 state = self._call(generate.extend, self.cfg, params, state, tokens, lengths, idle,
-                                   spec.sampling, self.rules)
+                                   spec.sampling, self.rules, self.attention)
             state = self._call(generate.decode_chunk, self.cfg, params, state, stops, self.eos_ids, spec)
         self._call(generate.truncate, state, self._to_device(np.zeros(batch, np.int32)))
 
@@ -189,7 +190,7 @@ class RolloutEngine:
             return self._extend_in_chunks(params, state, prompts, start, self.config.sampling)
         tokens, lengths = map(self._to_device, pad_batch(prompts, self.config.max_prompt_tokens))
         return self._device(generate.extend, self.cfg, params, state, tokens, lengths, self._to_device(start),
-                            self.config.sampling, self.rules)
+                            self.config.sampling, self.rules, self.attention)
 
     def _finish_turn(self, tokens: np.ndarray, start: int, end: int) -> tuple[int, str]:
         """Re-checks stop strings on the turn's text: returns the end slot and the text, cut after the first stop.
@@ -235,7 +236,7 @@ class RolloutEngine:
             tokens, lengths = map(self._to_device, pad_batch(pieces, self._bucket(max(len(p) for p in pieces))))
             starting = self._to_device(start if left == 1 else np.zeros_like(start))
             state = self._device(generate.extend, self.cfg, params, state, tokens, lengths, starting,
-                                 sampling, self.rules)
+                                 sampling, self.rules, self.attention)
         return state
 
     def _side_branch(self, params, state: generate.GenState, rows: list[int], chunks: dict[int, list[int]],
@@ -328,7 +329,7 @@ class RolloutEngine:
             start = self._to_device(np.isin(np.arange(batch), waiting))
             state = self._device(
                 generate.extend, self.cfg, params, state, chunk, chunk_len, start, self.config.sampling,
-                self.rules)
+                self.rules, self.attention)
             generating = waiting
             turn_index += 1
         return self._trajectory(state, prompt_lengths, turns, finish)

@@ -47,6 +47,7 @@ class DecodeSpec:
     sampling: SamplingParams = SamplingParams()
     # the layout under a mesh (`state_logical_axes`): `MeshConfig.sample_rules`
     rules: models.ShardingRules = dataclasses.field(kw_only=True)
+    attention: models.AttentionConfig = dataclasses.field(kw_only=True)  # `MeshConfig.attention`
 
 
 def stop_table(stop_sequences: Sequence[Sequence[int]]) -> jax.Array:
@@ -118,7 +119,7 @@ def _record_samples(state: GenState, rows: jax.Array, tokens: jax.Array, logprob
     )
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "sampling", "rules"), donate_argnums=(2,))
+@functools.partial(jax.jit, static_argnames=("cfg", "sampling", "rules", "attention"), donate_argnums=(2,))
 def extend(
     cfg: models.ModelConfig,
     params,
@@ -128,6 +129,7 @@ def extend(
     start_turn: jax.Array,
     sampling: SamplingParams,
     rules: models.ShardingRules,
+    attention: models.AttentionConfig,
 ) -> GenState:
     """Appends `chunk[b, :chunk_len[b]]` (right-padded [B, T]) to each row, then starts a policy turn on `start_turn` rows.
 
@@ -138,7 +140,7 @@ def extend(
     real = jnp.arange(chunk.shape[1])[None, :] < chunk_len[:, None]
     positions = start[:, None] + jnp.arange(chunk.shape[1])[None, :]
     hidden, cache = models.backbone(cfg, params, chunk, positions, real, state.cache, rules=rules,
-                                    remat=False)
+                                    attention=attention, remat=False)
     cache = cache._replace(length=start + chunk_len)
     state = state._replace(
         cache=cache,
@@ -189,7 +191,8 @@ def decode_chunk(
         written = state.cache.length
         token = jnp.take_along_axis(state.tokens, written[:, None], axis=1)
         hidden, cache = models.backbone(cfg, params, token, written[:, None], rows[:, None], state.cache,
-                                        rules=spec.rules, remat=False, unrolled=True)
+                                        rules=spec.rules, attention=spec.attention, remat=False,
+                                        unrolled=True)
         cache = cache._replace(length=written + rows.astype(jnp.int32))
         state = state._replace(cache=cache, pending=state.pending & ~rows)
         turn_tokens = cache.length - state.turn_start

@@ -11,6 +11,8 @@ from searchrl.benchmarks.jaxpr_cost import MatmulCost, matmul_cost
 from searchrl.rollout import generate
 from searchrl.rollout.config import SamplingParams
 
+ATTENTION = models.AttentionConfig()  # the default: `MeshConfig.attention`
+
 
 def test_a_matmul_chain_matches_xla_cost_analysis():
     a, b, c = jnp.ones((8, 16)), jnp.ones((16, 32)), jnp.ones((32, 4))
@@ -68,7 +70,8 @@ def test_one_decode_step_of_the_decoder_is_the_textbook_count(tied):
                              cfg.head_dim, cfg.vocab_size, cfg.num_layers)
     params = models.init_params(cfg, jax.random.key(0))
     state = generate.init_state(cfg, rows, slots, jax.random.key(1))
-    spec = generate.DecodeSpec(4, 8, slots - 1, SamplingParams(temperature=0.0), rules=models.SAMPLE_RULES)
+    spec = generate.DecodeSpec(4, 8, slots - 1, SamplingParams(temperature=0.0), rules=models.SAMPLE_RULES,
+                               attention=ATTENTION)
     stops, eos = generate.stop_table([[5]]), jnp.asarray([0], jnp.int32)
     traced = generate.decode_chunk.trace(cfg, params, state, stops, eos, spec)
     per_layer = 2 * D * (H + 2 * KV) * hd + 2 * 2 * H * hd * slots + 2 * H * hd * D + 3 * 2 * D * F

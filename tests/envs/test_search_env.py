@@ -18,6 +18,8 @@ from searchrl.tasks.autosearch.env import INTERMEDIATE_ANSWER, AutoSearchEnv, au
 from searchrl.tasks.search_r1 import env as search_env
 from searchrl.tasks.search_r1.env import INVALID_ACTION, Config, SearchEnv
 
+ATTENTION = models.AttentionConfig()  # the default: `MeshConfig.attention`
+
 
 class CountingRetriever:
     def __init__(self):
@@ -336,7 +338,7 @@ def greedy_text(cfg, params, tokenizer, text: str, max_tokens: int, stop: str) -
     ids, out = tokenizer.encode(text, add_special_tokens=False), []
     while len(out) < max_tokens:
         token = int(jnp.argmax(models.apply(cfg, params, jnp.asarray([ids + out]),
-                                            rules=models.TRAIN_RULES)[0, -1]))
+                                            rules=models.TRAIN_RULES, attention=ATTENTION)[0, -1]))
         if token == tokenizer.eos_token_id:
             break
         out.append(token)
@@ -364,7 +366,7 @@ def test_an_episode_in_the_public_mode_answers_from_the_separate_prompt(chat_tok
 
     def run(mode: str):
         env = AlwaysSearches(CountingRetriever(), dataclasses.replace(config, intermediate_answer_mode=mode))
-        engine = RolloutEngine(cfg, chat_tokenizer, env, rollout, rules=models.SAMPLE_RULES)
+        engine = RolloutEngine(cfg, chat_tokenizer, env, rollout, rules=models.SAMPLE_RULES, attention=ATTENTION)
         return env, engine.run(params, examples, jax.random.key(0))
 
     env, traj = run(autosearch_env.PUBLIC_PROMPT)

@@ -29,6 +29,8 @@ from searchrl.tasks.rpl import analysis as rpl_analysis
 from searchrl.tasks.search_r1 import env as search_env
 from searchrl.text.tokenizer import train_bpe_tokenizer
 
+ATTENTION = models.AttentionConfig()  # the default: `MeshConfig.attention`
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PASSAGES = [
@@ -270,7 +272,7 @@ def test_evaluate_policy_budgets_and_depth(world):
                                   config.data.tfds_dir)
     results = harness.evaluate_policy(cfg, params, tokenizer, env, data, rollout_config(config), batch_size=4,
                                       budgets=[2, 0, 1], spec=autosearch_analysis.REPORT,
-                                      rules=models.SAMPLE_RULES)
+                                      rules=models.SAMPLE_RULES, attention=ATTENTION)
     sizes = {name: len(qs) for name, qs in QUESTIONS.items()}
     predictions = results["predictions"]
     assert [p["dataset"] for p in predictions] == ["world"] * 5 + ["trivia"] * 3  # padded rows dropped
@@ -303,7 +305,7 @@ def test_evaluate_policy_budgets_and_depth(world):
     # intermediate answers run on a side branch: without them the trajectories and answers are the same
     plain = harness.evaluate_policy(cfg, params, tokenizer, env, data, rollout_config(config), batch_size=4,
                                     side_branch=False, warmup=False, spec=autosearch_analysis.REPORT,
-                                    rules=models.SAMPLE_RULES)
+                                    rules=models.SAMPLE_RULES, attention=ATTENTION)
     for field in ("response", "answer"):
         assert [p[field] for p in plain["predictions"]] == [p[field] for p in predictions]
     assert plain["depth"] is None and "depth" not in plain["predictions"][0]
@@ -338,7 +340,7 @@ def reference(world):
                                   config.data.tfds_dir)
     direct = harness.evaluate_policy(cfg, params, tokenizer, env, {"world": data["world"][:3]},
                                      rollout_config(config), batch_size=4, side_branch=False,
-                                     rules=models.SAMPLE_RULES)
+                                     rules=models.SAMPLE_RULES, attention=ATTENTION)
     return cfg, params, config, direct["predictions"]
 
 
@@ -404,10 +406,10 @@ def test_bad_inputs_are_named(world, tmp_path):
     rollout = rollout_config(config)
     with pytest.raises(ValueError, match="'world' has no questions"):
         harness.evaluate_policy(cfg, params, tokenizer, env, {"world": []}, rollout, 4,
-                                rules=models.SAMPLE_RULES)
+                                rules=models.SAMPLE_RULES, attention=ATTENTION)
     with pytest.raises(ValueError, match="budgets must be integers >= 0"):
         harness.evaluate_policy(cfg, params, tokenizer, env, {"w": [{}]}, rollout, 4, budgets=[-1],
-                                rules=models.SAMPLE_RULES)
+                                rules=models.SAMPLE_RULES, attention=ATTENTION)
     with pytest.raises(ValueError, match="unknown key.*'topk_'"):
         bad = make_config(root)
         bad.env.topk_ = 3

@@ -23,6 +23,8 @@ from searchrl.tasks.search_r1 import env as search_env
 from searchrl.text import chat, qa, tags
 from tests.eval.test_eval import build_env, make_config, rollout_config, tiny_policy, world  # noqa: F401 (a fixture)
 
+ATTENTION = models.AttentionConfig()  # the default: `MeshConfig.attention`
+
 
 class RecordingRetriever:
     """Two fixed passages for every query; remembers the queries of each call."""
@@ -133,7 +135,7 @@ def test_forced_depth_makes_exactly_k_searches(world):
     rollout = rollout_config(config)
     for depth in (0, 2):
         rows = harness.evaluate_policy(cfg, params, tokenizer, ForcedDepthEnv(env, depth), data, rollout,
-                                       batch_size=4, rules=models.SAMPLE_RULES)["predictions"]
+                                       batch_size=4, rules=models.SAMPLE_RULES, attention=ATTENTION)["predictions"]
         assert len(rows) == 8
         for r in rows:  # a random policy rarely searches: the env makes its turns searches
             assert r["searches"] == depth and len(r["forced"]) == depth and r["finish_reason"] == "done"

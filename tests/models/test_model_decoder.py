@@ -7,13 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from searchrl.models import (TRAIN_RULES, KVCache, apply, forward, get_preset, lm_logits, token_logprobs,
-                             unstack_layers, value_params_from_policy, values)
+from searchrl.models import (TRAIN_RULES, AttentionConfig, KVCache, apply, forward, get_preset, lm_logits,
+                             token_logprobs, unstack_layers, value_params_from_policy, values)
 from tests.models.model_helpers import random_params, random_tokens
+
+ATTENTION = AttentionConfig()  # the default: `MeshConfig.attention`
 
 CFG = get_preset("tiny")
 PARAMS = random_params(CFG)
-fwd = jax.jit(functools.partial(forward, CFG, rules=TRAIN_RULES, remat=False))
+fwd = jax.jit(functools.partial(forward, CFG, rules=TRAIN_RULES, attention=ATTENTION, remat=False))
 
 
 def _left_pad(rows: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -70,7 +72,8 @@ def test_unstacked_layers_compute_the_same_logits_and_cache():
     tokens, positions, mask = _left_pad([random_tokens(CFG, (n,), seed=30 + n) for n in (5, 8)], 8)
     cache = KVCache.init(CFG, batch=2, max_len=12)
     stacked = fwd(PARAMS, tokens, positions, mask, cache)
-    unrolled = jax.jit(functools.partial(forward, CFG, unrolled=True, rules=TRAIN_RULES, remat=False))
+    unrolled = jax.jit(functools.partial(forward, CFG, unrolled=True, rules=TRAIN_RULES, attention=ATTENTION,
+                                         remat=False))
     unstacked = unrolled(unstacked_params, tokens, positions, mask, cache)
     np.testing.assert_allclose(unstacked[0], stacked[0], atol=1e-5, rtol=0)
     for field in ("k", "v", "valid", "length"):
@@ -120,8 +123,9 @@ def test_padding_keys_are_never_attended():
 
 def test_bf16_params_stay_close_to_fp32():
     tokens = random_tokens(CFG, (2, 12), seed=4)
-    ref = np.asarray(apply(CFG, PARAMS, tokens, rules=TRAIN_RULES))
-    bf16 = apply(CFG, jax.tree.map(lambda p: p.astype(jnp.bfloat16), PARAMS), tokens, rules=TRAIN_RULES)
+    ref = np.asarray(apply(CFG, PARAMS, tokens, rules=TRAIN_RULES, attention=ATTENTION))
+    bf16 = apply(CFG, jax.tree.map(lambda p: p.astype(jnp.bfloat16), PARAMS), tokens, rules=TRAIN_RULES,
+                 attention=ATTENTION)
     assert bf16.dtype == jnp.float32
     diff = np.abs(np.asarray(bf16) - ref).max()
     print(f"bf16 vs fp32 max |logit diff| = {diff:.4f} (max |logit| = {np.abs(ref).max():.2f})")
@@ -133,13 +137,14 @@ def test_token_logprobs_match_numpy_log_softmax():
     positions = np.broadcast_to(np.arange(10, dtype=np.int32), (2, 10))
     mask = np.ones((2, 10), bool)
     logprobs, entropy = token_logprobs(CFG, PARAMS, tokens, positions, mask, with_entropy=True,
-                                       temperature=1.0, rules=TRAIN_RULES, remat=False, logits_chunk=0)
+                                       temperature=1.0, rules=TRAIN_RULES, attention=ATTENTION, remat=False,
+                                       logits_chunk=0)
     assert logprobs.shape == entropy.shape == (2, 10) and logprobs.dtype == jnp.float32
     def log_softmax(x):
         shifted = x - x.max(-1, keepdims=True)
         return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
-    logits = np.asarray(apply(CFG, PARAMS, tokens, rules=TRAIN_RULES), np.float64)
+    logits = np.asarray(apply(CFG, PARAMS, tokens, rules=TRAIN_RULES, attention=ATTENTION), np.float64)
     logp = log_softmax(logits)
     expected = np.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1)[..., 0]
     np.testing.assert_allclose(np.asarray(logprobs)[:, 1:], expected, atol=1e-5, rtol=0)
@@ -148,10 +153,12 @@ def test_token_logprobs_match_numpy_log_softmax():
     np.testing.assert_array_equal(np.asarray(logprobs)[:, 0], 0)
     np.testing.assert_array_equal(
         np.asarray(token_logprobs(CFG, PARAMS, tokens, positions, mask, temperature=1.0, rules=TRAIN_RULES,
+                                  attention=ATTENTION,
                                   remat=False, logits_chunk=0)), np.asarray(logprobs))
     logp = log_softmax(logits / 0.7)  # the distribution at temperature 0.7
     np.testing.assert_allclose(
         np.asarray(token_logprobs(CFG, PARAMS, tokens, positions, mask, temperature=0.7, rules=TRAIN_RULES,
+                                  attention=ATTENTION,
                                   remat=False, logits_chunk=0))[:, 1:],
         np.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1)[..., 0], atol=1e-5, rtol=0)
 
@@ -167,6 +174,7 @@ def test_logits_in_chunks_give_the_same_logprobs_entropy_and_gradients(chunk):
     def loss(params, logits_chunk):
         logprobs, entropy = token_logprobs(CFG, params, tokens, positions, mask, with_entropy=True,
                                            temperature=0.7, logits_chunk=logits_chunk, rules=TRAIN_RULES,
+                                           attention=ATTENTION,
                                            remat=False)
         return jnp.sum(logprobs * mask) + 0.3 * jnp.sum(entropy * mask), (logprobs, entropy)
 
@@ -191,9 +199,10 @@ def test_value_model_params_and_outputs():
     head = critic["value_head"]
     assert head["kernel"].shape == (untied.hidden_size,) and head["bias"].shape == ()
     tokens, positions, mask = _left_pad([random_tokens(CFG, (n,), seed=n) for n in (4, 6)], 6)
-    v = values(untied, critic, tokens, positions, mask, rules=TRAIN_RULES, remat=False)
+    v = values(untied, critic, tokens, positions, mask, rules=TRAIN_RULES, attention=ATTENTION, remat=False)
     assert v.shape == (2, 6) and v.dtype == jnp.float32 and np.isfinite(np.asarray(v)).all()
-    hidden = np.asarray(forward(untied, policy, tokens, positions, mask, rules=TRAIN_RULES, remat=False)[1],
+    hidden = np.asarray(forward(untied, policy, tokens, positions, mask, rules=TRAIN_RULES, attention=ATTENTION,
+                                remat=False)[1],
                         np.float64)
     expected = hidden @ np.asarray(head["kernel"], np.float64)
     np.testing.assert_allclose(np.asarray(v), expected, atol=1e-5, rtol=0)
@@ -207,7 +216,7 @@ def test_gradients_are_finite_through_padding(remat):
 
     def loss(params, remat):
         return -(token_logprobs(CFG, params, tokens, positions, mask, remat=remat, temperature=1.0,
-                                rules=TRAIN_RULES, logits_chunk=0) * mask).sum()
+                                rules=TRAIN_RULES, attention=ATTENTION, logits_chunk=0) * mask).sum()
 
     grads = jax.jit(jax.grad(loss), static_argnums=1)(PARAMS, remat)
     assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
@@ -234,15 +243,17 @@ def test_the_decoder_is_a_flax_module_applied_to_a_params_pytree():
     from searchrl.models import Decoder, init_params
 
     tokens, positions, mask = _left_pad([random_tokens(CFG, (n,), seed=40 + n) for n in (4, 7)], 7)
-    boxed = Decoder(CFG, rules=TRAIN_RULES).init(jax.random.key(0), tokens, positions, mask,
+    boxed = Decoder(CFG, rules=TRAIN_RULES, attention=ATTENTION).init(jax.random.key(0), tokens, positions, mask,
                                                  method=Decoder.head)["params"]
     assert jax.tree.structure(nn.unbox(boxed)) == jax.tree.structure(PARAMS)
     specs = nn.get_partition_spec(boxed)
     assert specs["layers"]["q"] == P("layers", "embed", "heads", "head_dim")
     assert specs["embed"] == P("vocab", "embed")
-    hidden, _ = Decoder(CFG, rules=TRAIN_RULES).apply({"params": PARAMS}, tokens, positions, mask)
-    logits = Decoder(CFG, rules=TRAIN_RULES).apply({"params": PARAMS}, hidden, method=Decoder.logits)
+    hidden, _ = Decoder(CFG, rules=TRAIN_RULES, attention=ATTENTION).apply({"params": PARAMS}, tokens, positions, mask)
+    logits = Decoder(CFG, rules=TRAIN_RULES, attention=ATTENTION).apply({"params": PARAMS}, hidden,
+                                                                        method=Decoder.logits)
     np.testing.assert_allclose(logits, fwd(PARAMS, tokens, positions, mask)[0], atol=1e-6, rtol=1e-6)
     critic = init_params(CFG, jax.random.key(1), value=True)
     assert "value_head" in critic and "lm_head" not in critic
-    assert values(CFG, critic, tokens, positions, mask, rules=TRAIN_RULES, remat=False).shape == tokens.shape
+    v = values(CFG, critic, tokens, positions, mask, rules=TRAIN_RULES, attention=ATTENTION, remat=False)
+    assert v.shape == tokens.shape

@@ -10,9 +10,11 @@ import transformers
 from jax.sharding import PartitionSpec
 from safetensors.numpy import load_file, save_file
 
-from searchrl.models import (TRAIN_RULES, ShardingRules, apply, forward, get_preset, init_params, load_hf,
-                             make_mesh, param_shardings, save_hf, token_logprobs)
+from searchrl.models import (TRAIN_RULES, AttentionConfig, ShardingRules, apply, forward, get_preset, init_params,
+                             load_hf, make_mesh, param_shardings, save_hf, token_logprobs)
 from tests.models.model_helpers import HF_CONFIGS, torch_logits
+
+ATTENTION = AttentionConfig()  # the default: `MeshConfig.attention`
 
 TOKENS = np.random.default_rng(0).integers(0, 256, size=(2, 13)).astype(np.int32)
 
@@ -22,7 +24,7 @@ def test_logits_match_transformers(hf_checkpoint, name):
     model, path = hf_checkpoint(name)
     cfg, params = load_hf(path)
     assert ("lm_head" in params) == (not cfg.tie_word_embeddings)
-    ours = np.asarray(apply(cfg, params, jnp.asarray(TOKENS), rules=TRAIN_RULES))
+    ours = np.asarray(apply(cfg, params, jnp.asarray(TOKENS), rules=TRAIN_RULES, attention=ATTENTION))
     ref = torch_logits(model, TOKENS)
     assert np.abs(ref).max() > 0.5  # the comparison is not between near-zero logits
     np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
@@ -35,7 +37,7 @@ def test_rope_scaling_matches_at_large_positions(hf_checkpoint):
     assert cfg.rope_scaling is not None and cfg.rope_scaling.factor == 8.0
     positions = (300 + np.arange(TOKENS.shape[1]))[None].repeat(2, 0).astype(np.int32)
     ours = forward(cfg, params, jnp.asarray(TOKENS), jnp.asarray(positions), jnp.ones(TOKENS.shape, bool),
-                   rules=TRAIN_RULES, remat=False)[0]
+                   rules=TRAIN_RULES, attention=ATTENTION, remat=False)[0]
     np.testing.assert_allclose(np.asarray(ours), torch_logits(model, TOKENS, positions), atol=1e-4, rtol=0)
 
 
@@ -51,7 +53,7 @@ def test_gradients_match_transformers(hf_checkpoint, tmp_path, name, remat):
 
     def nll(params):
         return -token_logprobs(cfg, params, tokens, positions, jnp.ones(TOKENS.shape, bool), remat=remat,
-                               temperature=1.0, rules=TRAIN_RULES, logits_chunk=0
+                               temperature=1.0, rules=TRAIN_RULES, attention=ATTENTION, logits_chunk=0
                                )[:, 1:].mean()
 
     loss, grads = jax.jit(jax.value_and_grad(nll))(params)
@@ -77,7 +79,7 @@ def test_save_hf_round_trip_through_transformers(hf_checkpoint, tmp_path, name):
     assert sorted(p.name for p in out.iterdir()) == [
         "config.json", "generation_config.json", "model.safetensors"]
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").float()
-    ours = np.asarray(apply(cfg, params, jnp.asarray(TOKENS), rules=TRAIN_RULES))
+    ours = np.asarray(apply(cfg, params, jnp.asarray(TOKENS), rules=TRAIN_RULES, attention=ATTENTION))
     np.testing.assert_allclose(torch_logits(reloaded, TOKENS), ours, atol=1e-4, rtol=0)
     cfg2, params2 = load_hf(out)
     assert cfg2 == cfg
@@ -93,7 +95,7 @@ def test_save_hf_exports_our_own_init_and_overwrites_atomically(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temp or backup dirs left behind
     model = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").float()
     tokens = TOKENS % cfg.vocab_size
-    ours = np.asarray(apply(cfg, params, jnp.asarray(tokens), rules=TRAIN_RULES))
+    ours = np.asarray(apply(cfg, params, jnp.asarray(tokens), rules=TRAIN_RULES, attention=ATTENTION))
     np.testing.assert_allclose(torch_logits(model, tokens), ours, atol=1e-4, rtol=0)
     generation = json.loads((out / "generation_config.json").read_text())
     assert generation == {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
@@ -115,7 +117,7 @@ def test_sharded_safetensors_index(hf_checkpoint):
     assert (path / "model.safetensors.index.json").exists()
     assert len(list(path.glob("*.safetensors"))) > 2
     cfg, params = load_hf(path)
-    ours = np.asarray(apply(cfg, params, jnp.asarray(TOKENS), rules=TRAIN_RULES))
+    ours = np.asarray(apply(cfg, params, jnp.asarray(TOKENS), rules=TRAIN_RULES, attention=ATTENTION))
     np.testing.assert_allclose(ours, torch_logits(model, TOKENS), atol=1e-4, rtol=0)
 
 

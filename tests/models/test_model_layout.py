@@ -5,9 +5,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from searchrl.models import (PRESETS, TRAIN_RULES, Bert, BertConfig, Decoder, ParamSpec, bert, init_params,
-                             layout,
+from searchrl.models import (PRESETS, TRAIN_RULES, AttentionConfig, Bert, BertConfig, Decoder, ParamSpec, bert,
+                             init_params, layout,
                              param_table, unstack_layers)
+
+ATTENTION = AttentionConfig()  # the default: `MeshConfig.attention`
 
 
 def _declared(module: nn.Module, *inputs, method) -> dict:
@@ -30,7 +32,8 @@ def _decoder_inputs() -> tuple:
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_decoder_declares_its_param_table(preset, value):
     cfg = PRESETS[preset]
-    got = _declared(Decoder(cfg, value=value, rules=TRAIN_RULES), *_decoder_inputs(), method=Decoder.head)
+    got = _declared(Decoder(cfg, value=value, rules=TRAIN_RULES, attention=ATTENTION), *_decoder_inputs(),
+                    method=Decoder.head)
     assert got == _tabled(param_table(cfg, value=value))
 
 
@@ -43,7 +46,7 @@ def test_unrolled_decoder_declares_the_unstacked_table():
     for i in range(cfg.num_layers):
         want |= {(f"layers_{i}", path[1]): (shape[1:], axes[1:])
                  for path, (shape, axes) in stacked.items() if path[0] == "layers"}
-    assert _declared(Decoder(cfg, unrolled=True, rules=TRAIN_RULES), *_decoder_inputs(),
+    assert _declared(Decoder(cfg, unrolled=True, rules=TRAIN_RULES, attention=ATTENTION), *_decoder_inputs(),
                      method=Decoder.head) == want
     unstacked = jax.eval_shape(lambda: unstack_layers(init_params(cfg, jax.random.key(0))))
     leaves = jax.tree_util.tree_leaves_with_path(unstacked)

@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from searchrl.models import (SAMPLE_RULES, TRAIN_RULES, KVCache, ShardingRules, cache_shardings, forward,
-                             get_preset, logical_to_sharding, logical_to_spec, make_mesh, param_shardings,
+from searchrl.models import (SAMPLE_RULES, TRAIN_RULES, AttentionConfig, KVCache, ShardingRules, cache_shardings,
+                             forward, get_preset, logical_to_sharding, logical_to_spec, make_mesh, param_shardings,
                              param_table, value_params_from_policy)
 from tests.models.model_helpers import random_params, random_tokens
+
+ATTENTION = AttentionConfig()  # the default: `MeshConfig.attention`
 
 MESH_SHAPE = {"data": 2, "fsdp": 2, "tensor": 2}
 
@@ -68,7 +70,7 @@ def test_sharded_forward_equals_single_device():
     mask = np.ones((8, 12), bool)
     mask[::3, :4] = False
     positions = np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32)
-    plain = jax.jit(functools.partial(forward, cfg, rules=TRAIN_RULES, remat=False))
+    plain = jax.jit(functools.partial(forward, cfg, rules=TRAIN_RULES, attention=ATTENTION, remat=False))
     ref = np.asarray(plain(params, tokens, positions, mask)[0])
 
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
@@ -76,7 +78,8 @@ def test_sharded_forward_equals_single_device():
     assert shardings["layers"]["k"].spec == P(None, "fsdp", None, None)
     assert shardings["layers"]["q"].spec == P(None, "fsdp", "tensor", None)
     batch = logical_to_sharding(("batch", "length"), mesh, TRAIN_RULES)
-    step = jax.jit(lambda p, t, pos, m: forward(cfg, p, t, pos, m, rules=TRAIN_RULES, remat=False)[0],
+    step = jax.jit(lambda p, t, pos, m: forward(cfg, p, t, pos, m, rules=TRAIN_RULES, attention=ATTENTION,
+                                                        remat=False)[0],
                    in_shardings=(shardings, batch, batch, batch))
     with jax.set_mesh(mesh):
         logits = step(jax.device_put(params, shardings), tokens, positions, mask)
@@ -95,7 +98,7 @@ def test_sharded_cached_decode_equals_single_device():
         _, _, cache = step(params, tokens[:, :5], positions[:, :5], mask[:, :5], cache)
         return np.asarray(step(params, tokens[:, 5:], positions[:, 5:], mask[:, 5:], cache)[0])
 
-    plain = jax.jit(functools.partial(forward, cfg, rules=TRAIN_RULES, remat=False))
+    plain = jax.jit(functools.partial(forward, cfg, rules=TRAIN_RULES, attention=ATTENTION, remat=False))
     ref = run(params, KVCache.init(cfg, 4, 8), plain)
 
     mesh = make_mesh(data=2, fsdp=1, tensor=4)
@@ -103,7 +106,8 @@ def test_sharded_cached_decode_equals_single_device():
     cache_sh = cache_shardings(cfg, mesh, SAMPLE_RULES, 4, 8)
     assert cache_sh.k.spec == P(None, "data", None, None, None)
     batch = logical_to_sharding(("batch", "length"), mesh, SAMPLE_RULES)
-    sharded = jax.jit(lambda p, t, pos, m, c: forward(cfg, p, t, pos, m, c, rules=SAMPLE_RULES, remat=False),
+    sharded = jax.jit(lambda p, t, pos, m, c: forward(cfg, p, t, pos, m, c, rules=SAMPLE_RULES,
+                                                              attention=ATTENTION, remat=False),
                       in_shardings=(shardings, batch, batch, batch, cache_sh), donate_argnums=4)
     with jax.set_mesh(mesh):
         cache = jax.device_put(KVCache.init(cfg, 4, 8), cache_sh)
@@ -113,6 +117,6 @@ def test_sharded_cached_decode_equals_single_device():
 
 def test_forward_without_mesh_has_no_constraints():
     cfg = get_preset("tiny")
-    jaxpr = jax.make_jaxpr(functools.partial(forward, cfg, rules=TRAIN_RULES, remat=False))(
+    jaxpr = jax.make_jaxpr(functools.partial(forward, cfg, rules=TRAIN_RULES, attention=ATTENTION, remat=False))(
         random_params(cfg), np.zeros((1, 4), np.int32), np.zeros((1, 4), np.int32), np.ones((1, 4), bool))
     assert "sharding_constraint" not in str(jaxpr)

@@ -19,6 +19,8 @@ from searchrl import checkpoint, models
 from searchrl.rl import kl, train_state
 from searchrl.rl.config import OptimConfig
 
+ATTENTION = models.AttentionConfig()  # the default: `MeshConfig.attention`
+
 CFG = dataclasses.replace(models.get_preset("tiny"), vocab_size=128)
 SPEC = train_state.StateSpec(CFG, OptimConfig(1e-3), OptimConfig(1e-3), reference=True,
                              rules=models.TRAIN_RULES)
@@ -161,11 +163,12 @@ def test_export_cli_gives_transformers_the_same_logits(saved, tmp_path, capsys):
     tokens = np.random.default_rng(0).integers(0, CFG.vocab_size, (2, 11)).astype(np.int32)
     with torch.no_grad():
         theirs = model(input_ids=torch.from_numpy(tokens).long()).logits.numpy()
-    ours = np.asarray(models.apply(CFG, states[1].policy, jnp.asarray(tokens), rules=models.TRAIN_RULES))
+    ours = np.asarray(models.apply(CFG, states[1].policy, jnp.asarray(tokens), rules=models.TRAIN_RULES,
+                                   attention=ATTENTION))
     assert np.abs(ours).max() > 0.05  # not comparing near-zero logits
     np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
     assert not np.allclose(ours, models.apply(CFG, states[2].policy, jnp.asarray(tokens),
-                                              rules=models.TRAIN_RULES), atol=1e-3)
+                                              rules=models.TRAIN_RULES, attention=ATTENTION), atol=1e-3)
 
 
 def test_missing_steps_are_named(saved, tmp_path):

@@ -12,6 +12,8 @@ from searchrl import models
 from searchrl.rl import advantages, kl, losses, ppo, train_state
 from searchrl.rl.config import RLConfig
 
+ATTENTION = models.AttentionConfig()  # the default: `MeshConfig.attention`
+
 CFG = dataclasses.replace(models.get_preset("tiny"), vocab_size=128)
 B, S = 8, 16
 ONE = models.make_mesh(1, 1, 1, devices=jax.devices()[:1])
@@ -34,7 +36,7 @@ def rl_config(**overrides):
         fields.setdefault("advantage", "grpo")  # critic-free (gae needs values)
     rl = dataclasses.replace(rl, actor=dataclasses.replace(rl.actor, **optim["actor"]),
                              critic=dataclasses.replace(rl.critic, **optim["critic"]), **fields)
-    return ppo.PPOConfig.create(rl, CFG, models.TRAIN_RULES)
+    return ppo.PPOConfig.create(rl, CFG, models.TRAIN_RULES, ATTENTION)
 
 
 def make_data(seed: int = 0) -> dict:
@@ -127,7 +129,7 @@ def reference_logprobs(params, data, temperature=1.0):
     """log_softmax(logits / temperature) of each next token, straight from the model's forward pass."""
     logits = models.forward(CFG, params, jnp.asarray(data["tokens"]),
                             jnp.broadcast_to(jnp.arange(S), (B, S)), jnp.asarray(data["attention_mask"]),
-                            rules=models.TRAIN_RULES, remat=False)[0]
+                            rules=models.TRAIN_RULES, attention=ATTENTION, remat=False)[0]
     return models.logprobs_from_logits(logits / temperature, jnp.asarray(data["tokens"]))[0]
 
 
@@ -196,7 +198,7 @@ def test_scoring_alignment_and_reference():
     np.testing.assert_array_equal(ref, logp)  # the reference starts as the policy
     v = models.values(CFG, host(state.critic), jnp.asarray(data["tokens"]),
                       jnp.broadcast_to(jnp.arange(S), (B, S)), jnp.asarray(data["attention_mask"]),
-                      rules=models.TRAIN_RULES, remat=False)
+                      rules=models.TRAIN_RULES, attention=ATTENTION, remat=False)
     np.testing.assert_allclose(values[:, 1:], v[:, :-1], atol=1e-6)  # value of the state before each token
     assert np.all(np.asarray(values[:, 0]) == 0) and np.all(np.asarray(logp[:, 0]) == 0)
 

@@ -15,6 +15,8 @@ from searchrl.rollout.config import RolloutConfig, SamplingParams
 from searchrl.rollout.engine import RolloutEngine
 from searchrl.text.tokenizer import train_bpe_tokenizer
 
+ATTENTION = models.AttentionConfig()  # the default: `MeshConfig.attention`
+
 WORDS = "alpha beta gamma delta search answer river mountain city house tree stone light water fire".split()
 
 
@@ -81,7 +83,7 @@ def make_engine(model, tokenizer, env, side_branch=True, mesh=None, dtype=None, 
     config = RolloutConfig(max_prompt_tokens=16, max_len=96, max_turn_tokens=6, max_obs_tokens=24,
                            obs_buckets=(8, 16, 32), chunk_steps=4, sampling=SamplingParams(temperature=1.0))
     return RolloutEngine(cfg, tokenizer, env, dataclasses.replace(config, **overrides), side_branch, mesh,
-                         dtype, rules=models.SAMPLE_RULES)
+                         dtype, rules=models.SAMPLE_RULES, attention=ATTENTION)
 
 
 EXAMPLES = [{"q": w} for w in WORDS[:6]]
@@ -117,7 +119,7 @@ def test_sampler_logprobs_match_recomputation(model, tokenizer):
     tokens = jnp.asarray(traj.tokens)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     recomputed = models.token_logprobs(cfg, params, tokens, positions, jnp.asarray(traj.attention_mask),
-                                       temperature=1.0, rules=models.TRAIN_RULES, remat=False,
+                                       temperature=1.0, rules=models.TRAIN_RULES, attention=ATTENTION, remat=False,
                                        logits_chunk=0)
     policy = traj.loss_mask > 0
     assert policy.sum() > 20
@@ -337,7 +339,7 @@ def test_the_rollout_samples_in_the_compute_dtype(model, tokenizer):
 
     def gap(weights):
         recomputed = models.token_logprobs(cfg, weights, tokens, positions, jnp.asarray(traj.attention_mask),
-                                           temperature=1.0, rules=models.TRAIN_RULES, remat=False,
+                                           temperature=1.0, rules=models.TRAIN_RULES, attention=ATTENTION, remat=False,
                                            logits_chunk=0)
         return float(np.abs(np.asarray(recomputed)[policy] - traj.logprobs[policy]).max())
 

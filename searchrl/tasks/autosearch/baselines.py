@@ -107,8 +107,9 @@ class Generator:
     `rollout.max_prompt_tokens`, in batches of exactly `batch_size`; one engine per set of stop strings."""
 
     def __init__(self, model_cfg: models.ModelConfig, params, tokenizer: Any, rollout: RolloutConfig,
-                 batch_size: int, rules: models.ShardingRules):
-        self.model_cfg, self.tokenizer, self.batch_size, self.rules = model_cfg, tokenizer, batch_size, rules
+                 batch_size: int, rules: models.ShardingRules, attention: models.AttentionConfig):
+        self.model_cfg, self.tokenizer, self.batch_size = model_cfg, tokenizer, batch_size
+        self.rules, self.attention = rules, attention
         self.params = jax.tree.map(jnp.asarray, params)
         self.rollout = dataclasses.replace(
             rollout, max_len=rollout.max_prompt_tokens + rollout.max_turn_tokens,
@@ -120,7 +121,7 @@ class Generator:
         if stops not in self.engines:
             env = PromptEnv(stops)
             self.engines[stops] = RolloutEngine(self.model_cfg, self.tokenizer, env, self.rollout,
-                                                rules=self.rules)
+                                                rules=self.rules, attention=self.attention)
         return self.engines[stops]
 
     def __call__(self, prompts: Sequence[chat.Prompt], stops: tuple[str, ...] = ()) -> list[str]:
@@ -296,7 +297,8 @@ def evaluate_baselines_checkpoint(config: RunConfig, checkpoint: str = "", *,
     built = experiment.build(config, train_data=False, checkpoint=checkpoint, step=step)
     retriever = getattr(built.env, "retriever", None) or make_retriever(config.retrieval)
     generate = Generator(built.model_cfg, built.policy, built.tokenizer, built.rollout,
-                         batch_size or config.train.batch_size, models.rules_named(config.mesh.sample_rules))
+                         batch_size or config.train.batch_size, models.rules_named(config.mesh.sample_rules),
+                         config.mesh.attention)
     options = Options(topk=getattr(config.env, "topk", Options.topk), chat=use_chat)
     results = evaluate_baselines(generate, retriever, data, methods, options)
     for result in results.values():

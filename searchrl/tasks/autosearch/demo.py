@@ -118,14 +118,15 @@ def run(config: RunConfig) -> dict[str, Any]:
     for stage, examples, sft_config in stages:
         tokens, loss_mask = sft.encode(built.tokenizer, examples, sft_config.max_len)
         policy, stage_losses = sft.train(built.model_cfg, policy, tokens, loss_mask, sft_config, mesh,
-                                          models.rules_named(config.mesh.train_rules))
+                                          models.rules_named(config.mesh.train_rules), config.mesh.attention)
         losses[stage] = [stage_losses[0], stage_losses[-1]]
         print(f"SFT on {stage}: loss {stage_losses[0]:.3f} -> {stage_losses[-1]:.3f} "
               f"({time.perf_counter() - start:.0f}s)")
 
     evaluate = lambda params: harness.evaluate_policy(  # noqa: E731
         built.model_cfg, params, built.tokenizer, built.env, test, built.rollout, config.train.batch_size,
-        budgets=list(demo.budgets), spec=analysis.REPORT, rules=models.rules_named(config.mesh.sample_rules))
+        budgets=list(demo.budgets), spec=analysis.REPORT, rules=models.rules_named(config.mesh.sample_rules),
+        attention=config.mesh.attention)
     summaries = {"sft": summarize(evaluate(policy))}
     trainer = Trainer(config, built.model_cfg, policy, built.tokenizer, built.env, built.train_examples)
     try:

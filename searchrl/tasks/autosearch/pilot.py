@@ -44,12 +44,13 @@ def at_depth(row: Mapping[str, Any], k: int) -> dict[str, Any]:
 
 def forced_depth_runs(model_cfg: models.ModelConfig, params, tokenizer, env: AutoSearchEnv,
                       datasets: Mapping[str, Sequence[dict]], rollout: RolloutConfig, batch_size: int,
-                      depths: Sequence[int], rules: models.ShardingRules) -> dict[int, Rows]:
+                      depths: Sequence[int], rules: models.ShardingRules, attention: models.AttentionConfig
+                      ) -> dict[int, Rows]:
     """The pilot rows at each forced depth: one greedy evaluation (`harness.evaluate_policy`) at depth 0 and
     one at the deepest depth, whose intermediate answers give every depth in between."""
     def run(depth: int) -> Rows:
         return harness.evaluate_policy(model_cfg, params, tokenizer, ForcedDepthEnv(env, depth), datasets,
-                                       rollout, batch_size, rules=rules)["predictions"]
+                                       rollout, batch_size, rules=rules, attention=attention)["predictions"]
 
     depths = sorted(set(depths))
     shallow = run(0) if depths[0] == 0 else []
@@ -100,7 +101,7 @@ def run_pilot(config: RunConfig, checkpoints: Sequence[str], depths: Sequence[in
                              f"{config.task!r}.")
         runs = forced_depth_runs(built.model_cfg, built.policy, built.tokenizer, built.env, data,
                                  built.rollout, batch_size or config.train.batch_size, depths,
-                                 models.rules_named(config.mesh.sample_rules))
+                                 models.rules_named(config.mesh.sample_rules), config.mesh.attention)
         summaries.append(model_summary(label, runs) | {"source": built.source})
         predictions += [{"model": label, "forced_depth": k, **row}
                         for k, rows in runs.items() for row in rows]

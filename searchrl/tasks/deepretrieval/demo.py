@@ -91,14 +91,15 @@ def run_seed(config: RunConfig, demo: RewriteDemoConfig) -> dict[str, Any]:
     tokens, loss_mask = sft.encode(built.tokenizer, examples, config.sft.max_len)
     mesh = models.mesh_of(config.mesh)
     policy, losses = sft.train(built.model_cfg, built.policy, tokens, loss_mask, config.sft, mesh,
-                               models.rules_named(config.mesh.train_rules))
+                               models.rules_named(config.mesh.train_rules), config.mesh.attention)
     print(f"seed {config.seed}: SFT loss {losses[0]:.3f} -> {losses[-1]:.3f} "
           f"({time.perf_counter() - start:.0f}s)")
 
     def evaluate(params, name):
         results = harness.evaluate_policy(built.model_cfg, params, built.tokenizer, built.env, test,
                                           built.rollout, config.train.batch_size, spec=analysis.REPORT,
-                                          rules=models.rules_named(config.mesh.sample_rules))
+                                          rules=models.rules_named(config.mesh.sample_rules),
+                                          attention=config.mesh.attention)
         report.write_report(results, os.path.join(config.workdir, f"eval_{name}"), analysis.REPORT)
         return held_out_metrics(results)
 

@@ -191,7 +191,7 @@ def cold_start(configs: Sequence[RunConfig], prefix_tasks: Sequence[Mapping[str,
     for stage, segments, sft_config in stages:
         tokens, loss_mask = sft.encode(built[0].tokenizer, segments, sft_config.max_len)
         policy, losses = sft.train(built[0].model_cfg, policy, tokens, loss_mask, sft_config, mesh,
-                                   models.rules_named(configs[0].mesh.train_rules))
+                                   models.rules_named(configs[0].mesh.train_rules), configs[0].mesh.attention)
         print(f"cold start on {len(segments)} {stage}: SFT loss {losses[0]:.3f} -> "
               f"{losses[-1]:.3f}")
     return built, policy
@@ -203,7 +203,8 @@ def held_out(config: RunConfig, built: experiment.Experiment, params: dict,
     the share of episodes calling each SDK function."""
     results = harness.evaluate_policy(built.model_cfg, params, built.tokenizer, built.env, test,
                                       built.rollout, config.train.batch_size, spec=analysis.REPORT,
-                                      rules=models.rules_named(config.mesh.sample_rules))
+                                      rules=models.rules_named(config.mesh.sample_rules),
+                                      attention=config.mesh.attention)
     report.write_report(results, os.path.join(config.workdir, f"eval_{name}"), analysis.REPORT)
     row = next(r for r in results["table"] if r["dataset"] == DATASET)
     return {m: row[m] for m in METRICS} | {k: v for k, v in row.items() if k.startswith("uses_")}

@@ -79,7 +79,7 @@ def policy_answers(trainer: Trainer, prefixes: Sequence[str], key: jax.Array) ->
                                   max_prompt_tokens=engine.config.max_len)
     continuing = RolloutEngine(trainer.model_cfg, engine.tokenizer, _Continuing(trainer.env), rollout,
                                side_branch=False, mesh=engine.train_mesh, dtype=engine.dtype,
-                               rules=engine.rules)
+                               rules=engine.rules, attention=engine.attention)
     traj = continuing.run(trainer.policy, [{"prefix": prefix} for prefix in prefixes], key)
     return [turns[0].text if turns[0].action.kind == tags.ANSWER else None for turns in traj.turns]
 
@@ -169,7 +169,7 @@ def distill(trainer: Trainer, segments: Sequence[Sequence[tuple[str, bool]]], co
     optimizer states, critic and reference are kept. Returns the SFT losses."""
     tokens, loss_mask = sft.encode(trainer.engine.tokenizer, segments, config.sft.max_len)
     policy, losses = sft.train(trainer.model_cfg, trainer.policy, tokens, loss_mask, config.sft,
-                               trainer.mesh, trainer.ppo.spec.rules)
+                               trainer.mesh, trainer.ppo.spec.rules, trainer.ppo.attention)
     trainer.replace_policy(policy)
     return losses
 

@@ -1,0 +1,200 @@
+"""Grouped-query attention of the decoder, one function per implementation (`ATTENTION`, selected by
+`AttentionConfig.impl`).
+
+Every implementation takes the same compact description of which keys a query sees, never a [T, S] mask:
+key slot s is attended by query t of row b iff `key_valid[b, s] and s <= query_slot[b, t]`. Without a cache
+that is causal attention over the row's unmasked tokens (query_slot = t); with one, each query sees the valid
+cache slots up to its own (query_slot = length[b] + t). A query with no such key gets a finite, unspecified
+output (scores of masked keys are `MASKED`, never -inf, so no row of the softmax is 0 / 0).
+
+Shapes: q [B, T, H, hd]; k, v [B, KV, S, hd] (the cache's layout: H is a multiple of KV, each group of
+H / KV query heads shares a key head); the output is [B, T, H, hd] in v's dtype.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from searchrl.models.config import AttentionConfig
+from searchrl.registry import Registry
+
+MASKED = -1e30  # score of a key that may not be attended (finite: fully masked rows stay NaN-free).
+
+Attention = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, AttentionConfig], jax.Array]
+ATTENTION: Registry[Attention] = Registry("attention implementation", "config.mesh.attention.impl")
+
+
+def attend_mask(key_valid: jax.Array, query_slot: jax.Array, slots: jax.Array) -> jax.Array:
+    """Bool [B, T, n]: whether each query may attend each of the key slots `slots` [n]."""
+    return key_valid[:, None, :] & (slots[None, None, :] <= query_slot[:, :, None])
+
+
+def _grouped(q: jax.Array, kv_heads: int) -> jax.Array:
+    """q [B, T, H, hd] as [B, KV, G, T, hd]: each key head's query heads, each head's rows contiguous
+    (XLA:CPU's backward pass then transposes less than with [B, KV, T, G, hd])."""
+    B, T, H, hd = q.shape
+    return jnp.transpose(q.reshape(B, T, kv_heads, H // kv_heads, hd), (0, 2, 3, 1, 4))
+
+
+def _ungrouped(out: jax.Array) -> jax.Array:
+    """[B, KV, G, T, hd] back to [B, T, H, hd]."""
+    B, KV, G, T, hd = out.shape
+    return jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(B, T, KV * G, hd)
+
+
+@ATTENTION.register("reference")
+def reference(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
+              config: AttentionConfig) -> jax.Array:
+    """Float32 scores [B, KV, G, T, S] and their softmax, materialised: the definition the others are tested
+    against (and the HF parity tests' math). Per key head both dots are plain batched matmuls over the cache's
+    own layout, so no transposed copy of the keys/values is made."""
+    del config
+    qg = _grouped(q, k.shape[1])
+    scores = jnp.einsum("bkgth,bksh->bkgts", qg, k, preferred_element_type=jnp.float32)
+    scores = scores / math.sqrt(q.shape[-1])
+    allowed = attend_mask(key_valid, query_slot, jnp.arange(k.shape[2]))
+    scores = jnp.where(allowed[:, None, None], scores, MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return _ungrouped(jnp.einsum("bkgts,bksh->bkgth", probs, v))
+
+
+@ATTENTION.register("blockwise")
+def blockwise(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
+              config: AttentionConfig) -> jax.Array:
+    """Online softmax over blocks of `config.block_size` key slots (flash attention in plain XLA): the scores
+    of one block, [B, KV, G, T, block] float32, are all that live at once, in the forward pass and in the
+    backward pass (`_flash`, which recomputes them from q, k and each query's softmax statistics). The
+    portable implementation: every backend compiles it."""
+    block = min(config.block_size, k.shape[2])
+    return _ungrouped(_flash(_grouped(q, k.shape[1]), k, v, key_valid, query_slot.astype(jnp.int32), block))
+
+
+@ATTENTION.register("dot_product")
+def dot_product(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
+                config: AttentionConfig) -> jax.Array:
+    """`jax.nn.dot_product_attention` with cuDNN's fused kernel (GPU only; bfloat16 or float16, head_dim a
+    multiple of 8 up to 128). Its API cannot express this rule in O(T + S): causal masking assumes query t is
+    key slot t and the sequence lengths assume a valid prefix, but rows are left-padded and a cache has holes
+    and per-row lengths. So it is given the dense bool mask [B, 1, T, S], which cuDNN turns into an additive
+    bias of q's dtype: no [B, H, T, S] float32 scores or softmax, but one [B, T, S] bias a row."""
+    del config
+    return _dot_product(q, k, v, key_valid, query_slot, "cudnn")
+
+
+def _dot_product(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
+                 implementation: str) -> jax.Array:
+    """`dot_product` through jax.nn.dot_product_attention's `implementation` ("cudnn" or "xla")."""
+    mask = attend_mask(key_valid, query_slot, jnp.arange(k.shape[2]))[:, None]
+    k, v = (jnp.swapaxes(x, 1, 2).astype(q.dtype) for x in (k, v))  # [B, S, KV, hd]
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation).astype(v.dtype)
+
+
+def _block_scores(qg: jax.Array, k: jax.Array, key_valid: jax.Array, query_slot: jax.Array, start: jax.Array,
+                  first: jax.Array, block: int) -> jax.Array:
+    """Float32 scores [B, KV, G, T, block] of the key slots start .. start + block - 1: MASKED where a query
+    may not attend, -inf on slots below `first` (an earlier block's, re-read by the last, clamped block), so
+    they count for nothing even in a row with no key to attend."""
+    slots = start + jnp.arange(block)
+    keys = jax.lax.dynamic_slice_in_dim(k, start, block, axis=2)
+    valid = jax.lax.dynamic_slice_in_dim(key_valid, start, block, axis=1)
+    scores = jnp.einsum("bkgth,bksh->bkgts", qg, keys, preferred_element_type=jnp.float32)
+    scores = jnp.where(attend_mask(valid, query_slot, slots)[:, None, None],
+                       scores / math.sqrt(qg.shape[-1]), MASKED)
+    return jnp.where(slots >= first, scores, -jnp.inf)
+
+
+def _block_start(i: jax.Array, block: int, slots: int) -> tuple[jax.Array, jax.Array]:
+    """(start, first) of block i: its slots start at min(i * block, slots - block) so that every block is
+    whole; `first` = i * block is the first slot no earlier block covered."""
+    first = i * block
+    return jnp.minimum(first, slots - block), first
+
+
+def _trips(slots: int, block: int) -> jax.Array:
+    """The number of blocks, as an array: `fori_loop` then lowers to a while loop, not to a scan. Under the
+    decoder's remat and layer scan, JAX would partially evaluate a scan and stack per-block residuals
+    ([blocks, ..., T, block]: the whole score mask); a while loop is never split, and `_flash`'s own
+    backward pass recomputes what it needs."""
+    return jnp.asarray(-(-slots // block), jnp.int32)
+
+
+def _flash_forward(qg: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
+                   block: int) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """(output [B, KV, G, T, hd] in v's dtype, (max, sum of exp(score - max)) of each query's scores, both
+    [B, KV, G, T] float32). The two are kept apart: in a row with no key to attend, log(sum) is lost in
+    MASKED + log(sum) at float32's precision."""
+    S = k.shape[2]
+    shape = qg.shape[:-1]
+
+    def step(i, carry):
+        m, l, acc = carry
+        start, first = _block_start(i, block, S)
+        scores = _block_scores(qg, k, key_valid, query_slot, start, first, block)
+        m_new = jnp.maximum(m, scores.max(axis=-1))
+        p = jnp.exp(scores - m_new[..., None])
+        scale = jnp.exp(m - m_new)
+        values = jax.lax.dynamic_slice_in_dim(v, start, block, axis=2)
+        pv = jnp.einsum("bkgts,bksh->bkgth", p.astype(v.dtype), values, preferred_element_type=jnp.float32)
+        return m_new, l * scale + p.sum(axis=-1), acc * scale[..., None] + pv
+
+    init = (jnp.full(shape, MASKED, jnp.float32), jnp.zeros(shape, jnp.float32),
+            jnp.zeros((*shape, v.shape[-1]), jnp.float32))
+    m, l, acc = jax.lax.fori_loop(0, _trips(S, block), step, init)
+    return (acc / l[..., None]).astype(v.dtype), (m, l)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _flash(qg: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
+           block: int) -> jax.Array:
+    """Attention of grouped queries qg [B, KV, G, T, hd] over k, v [B, KV, S, hd], block by block."""
+    return _flash_forward(qg, k, v, key_valid, query_slot, block)[0]
+
+
+def _flash_fwd(qg, k, v, key_valid, query_slot, block):
+    out, stats = _flash_forward(qg, k, v, key_valid, query_slot, block)
+    return out, (qg, k, v, key_valid, query_slot, out, stats)
+
+
+def _flash_bwd(block, residuals, d_out):
+    """FlashAttention-2's backward pass: per key block, the probabilities are recomputed from the saved
+    softmax statistics; dq accumulates over blocks, each block's dk and dv are added into their slots."""
+    qg, k, v, key_valid, query_slot, out, (m, l) = residuals
+    S = k.shape[2]
+    d_out = d_out.astype(jnp.float32)
+    delta = jnp.sum(d_out * out.astype(jnp.float32), axis=-1)  # [B, KV, G, T]
+    scale = 1 / math.sqrt(qg.shape[-1])
+
+    def add(buf: jax.Array, start: jax.Array, x: jax.Array) -> jax.Array:
+        return jax.lax.dynamic_update_slice_in_dim(
+            buf, jax.lax.dynamic_slice_in_dim(buf, start, block, axis=2) + x, start, axis=2)
+
+    def step(i, carry):
+        dq, dk, dv = carry
+        start, first = _block_start(i, block, S)
+        scores = _block_scores(qg, k, key_valid, query_slot, start, first, block)
+        allowed = scores > MASKED  # attended slots: masked ones pass no gradient to q or k (as `where`)
+        p = jnp.exp(scores - m[..., None]) / l[..., None]  # [B, KV, G, T, block]
+        keys, values = (jax.lax.dynamic_slice_in_dim(x, start, block, axis=2) for x in (k, v))
+        dv = add(dv, start, jnp.einsum("bkgts,bkgth->bksh", p, d_out))
+        dp = jnp.einsum("bkgth,bksh->bkgts", d_out, values, preferred_element_type=jnp.float32)
+        ds = jnp.where(allowed, p * (dp - delta[..., None]), 0.0) * scale
+        dq = dq + jnp.einsum("bkgts,bksh->bkgth", ds, keys, preferred_element_type=jnp.float32)
+        dk = add(dk, start, jnp.einsum("bkgts,bkgth->bksh", ds, qg, preferred_element_type=jnp.float32))
+        return dq, dk, dv
+
+    init = tuple(jnp.zeros(x.shape, jnp.float32) for x in (qg, k, v))
+    dq, dk, dv = jax.lax.fori_loop(0, _trips(S, block), step, init)
+    return dq.astype(qg.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
+              config: AttentionConfig) -> jax.Array:
+    """Attention by the implementation `config.impl` names (see the module docstring)."""
+    return ATTENTION.get(config.impl)(q, k, v, key_valid, query_slot, config)
