@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 
+from searchrl import models
 from searchrl.episode import Action, Trajectory, Turn
 from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.remote import RemoteRetriever
@@ -333,8 +334,6 @@ def greedy_text(cfg, params, tokenizer, text: str, max_tokens: int, stop: str) -
     """The greedy continuation of `text` by full forward passes, cut after `stop` (the engine's reference)."""
     import jax.numpy as jnp
 
-    from searchrl import models
-
     ids, out = tokenizer.encode(text, add_special_tokens=False), []
     while len(out) < max_tokens:
         token = int(jnp.argmax(models.apply(cfg, params, jnp.asarray([ids + out]),
@@ -349,7 +348,6 @@ def greedy_text(cfg, params, tokenizer, text: str, max_tokens: int, stop: str) -
 def test_an_episode_in_the_public_mode_answers_from_the_separate_prompt(chat_tokenizer):
     import jax
 
-    from searchrl import models
     from searchrl.rollout.config import RolloutConfig
     from searchrl.rollout.engine import RolloutEngine
     from searchrl.text import chat
