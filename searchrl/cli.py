@@ -1,7 +1,7 @@
 """Command lines of searchrl's tools: absl flags, each tool's on a `flags.FlagValues` of its own.
 
 absl's global `flags.FLAGS` holds the flags of the entry points `searchrl.main`, `searchrl.eval` and
-`searchrl.demo`, which start with `run_app`. The tools share flag names (--index, --out, --batch-size, ...) and are imported together (one
+`searchrl.demo`, which start with `run_app`. The tools share flag names (--index, --out, --batch_size, ...) and are imported together (one
 tool uses another's functions; tests call several tools' `main` in one process), so each `main(argv)` defines
 its flags on a new FlagValues, which also gives every call the defaults of the flags it does not set:
 
@@ -43,6 +43,17 @@ class _HelpFlag(flags.BooleanFlag):
             sys.exit(0)
 
 
+def underscored(word: str, names: Collection[str]) -> str:
+    """`word` with a flag name written with dashes (--batch-size=8, --no-normalize) spelled as defined, with
+    underscores, when `names` (the tool's flags) has it: the tools' flags once used dashes, and those
+    spellings keep working. Any other word is returned as it is."""
+    if not word.startswith("--"):
+        return word
+    name, sep, value = word[2:].partition("=")
+    spelled = name.replace("-", "_")
+    return f"--{spelled}{sep}{value}" if spelled in names and spelled != name else word
+
+
 def _parse(values: flags.FlagValues, argv: Sequence[str] | None, doc: str) -> list[str]:
     """The positional words of `argv` (default: the command line after the program name), its flags parsed
     into `values`; a flag error is printed to stderr and exits with status 1. An explicit --verbosity sets
@@ -52,7 +63,8 @@ def _parse(values: flags.FlagValues, argv: Sequence[str] | None, doc: str) -> li
     verbosity = flags.DEFINE_integer("verbosity", QUIET, "logging level: -1 warnings, 0 info, 1 debug",
                                      short_name="v", flag_values=values, module_name=tool_module)
     try:
-        words = values([sys.argv[0], *(sys.argv[1:] if argv is None else argv)])[1:]
+        given = sys.argv[1:] if argv is None else argv
+        words = values([sys.argv[0], *(underscored(word, values) for word in given)])[1:]
     except flags.Error as e:
         _exit_with_error(str(e))
     if values["verbosity"].present:

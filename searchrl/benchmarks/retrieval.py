@@ -2,7 +2,7 @@
 /retrieve server under concurrent clients, all on one seeded synthetic corpus in one run.
 
   python -m searchrl.benchmarks.retrieval [--json] [--passages 100000] [--queries 1000] [--encoder DIR]
-                                          [--dense-passages 500]
+                                          [--dense_passages 500]
 
 The corpus draws words from a Zipfian vocabulary (wiki-like passage lengths); each query is 4 words of a
 random passage. In-process figures search all queries in one batched call at k=10, one thread per CPU for
@@ -234,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     seed = flags.DEFINE_integer("seed", 0, "seed of the corpus and the queries", flag_values=values)
     encoder = flags.DEFINE_string(
         "encoder", None, "encoder dir for the dense row (default: the packaged MiniLM)", flag_values=values)
-    dense_passages = flags.DEFINE_integer("dense-passages", 500, "passages in the dense index",
+    dense_passages = flags.DEFINE_integer("dense_passages", 500, "passages in the dense index",
                                           flag_values=values)
     as_json = flags.DEFINE_boolean("json", False, "print one JSON object instead of a table",
                                    flag_values=values)
