@@ -14,9 +14,15 @@ export TOKENIZERS_PARALLELISM := false
 
 LIBTPU := .libtpu/libtpu/libtpu.so
 
-.PHONY: install libtpu test test-fast demo clean-venv
+.PHONY: install lucene libtpu test test-fast demo clean-venv
 
 install: $(STAMP)
+
+# The optional Lucene backend alone (Java 17+ on PATH), for a venv that `make install` built without Java.
+lucene: $(STAMP)
+	@command -v java >/dev/null || { echo "the Lucene backend needs Java 17+ on PATH (or JAVA_HOME)"; exit 1; }
+	$(PY) -m pip install --quiet -r requirements-lucene.txt
+	$(PY) -m pip install --quiet --no-deps pyserini==0.22.1
 
 # libtpu outside the venv, for ahead-of-time TPU compilation on this host (searchrl.benchmarks.aot).
 libtpu: $(LIBTPU)
@@ -30,9 +36,14 @@ $(STAMP): $(REQS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt -r requirements-test.txt
-	command -v java >/dev/null || (apt-get update -q && apt-get install -y -q openjdk-17-jre-headless)
-	$(PY) -m pip install --quiet -r requirements-lucene.txt
-	$(PY) -m pip install --quiet --no-deps pyserini==0.22.1
+	@# Lucene (pyserini) is optional and needs Java 17+: installed when `java` is on PATH, else skipped
+	@# (never apt-get: that needs root).
+	@if command -v java >/dev/null; then \
+	  $(PY) -m pip install --quiet -r requirements-lucene.txt && \
+	  $(PY) -m pip install --quiet --no-deps pyserini==0.22.1; \
+	else \
+	  echo "note: no java on PATH: skipped the optional Lucene backend (with Java 17+: make lucene)"; \
+	fi
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 

@@ -21,7 +21,11 @@ on or off, another compute dtype) is not corrupt: restoring it raises Checkpoint
 differences, and no step is set aside. `restore(..., fallback=make_state)` restores such a step anyway: every
 array whose name and shape match (cast to the target's dtype), the rest from `make_state()`.
 
-    python -m searchrl.checkpoint export --checkpoint DIR [--step N] --out DIR
+    python -m searchrl.checkpoint export --checkpoint DIR [--step N] --out DIR [--tokenizer DIR] [--overwrite]
+
+Export accepts a checkpoint dir or the run workdir holding `checkpoints/` (as `searchrl.eval` does), refuses a
+non-empty --out unless --overwrite, and writes the run's tokenizer beside the weights (the one the checkpoint
+records, or --tokenizer), so the result loads in transformers and vLLM as it is.
 """
 from __future__ import annotations
 
@@ -47,11 +51,30 @@ from searchrl import cli, models
 
 STATE, META = "state", "meta"
 MODEL_CONFIG = "model_config"  # key of the ModelConfig in the JSON record
+TOKENIZER = "tokenizer"  # key of the run's tokenizer directory (absolute) in the JSON record
 CHECKSUMS = "checksums.json"  # in each step directory: {"sha256": {relative path: hex digest}}
 CORRUPT = ".corrupt"  # suffix of a step directory set aside as unusable
 PARTIAL = ".orbax-checkpoint-tmp-"  # in the name of a step directory orbax has not finished writing
 
 log = logging.getLogger(__name__)
+
+
+def _read_only_options() -> ocp.CheckpointManagerOptions:
+    """A reader's options, with every setting orbax would otherwise override (and warn about) already off."""
+    return ocp.CheckpointManagerOptions(read_only=True, save_interval_steps=0, max_to_keep=None, create=False,
+                                        cleanup_tmp_directories=False, enable_async_checkpointing=False)
+
+
+
+class _ReadOnlyNotice(logging.Filter):
+    """Drops orbax's warning on opening any read-only manager ("Given directory is read only"): export and
+    evaluation read checkpoints by design, and the warning would be the only line they log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Given directory is read only")
+
+
+logging.getLogger("absl").addFilter(_ReadOnlyNotice())  # orbax logs through absl's logger
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -191,9 +214,8 @@ class Checkpointer:
     def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None = 3, async_save: bool = True,
                  read_only: bool = False):
         """`read_only`: only restore (export, evaluation next to a running trainer): no saves, no cleanup."""
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, enable_async_checkpointing=async_save and not read_only,
-            cleanup_tmp_directories=not read_only, create=not read_only, read_only=read_only)
+        options = _read_only_options() if read_only else ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, enable_async_checkpointing=async_save)
         self.directory = Path(directory).absolute()
         self._read_only, self._async = read_only, async_save and not read_only
         if not read_only:
@@ -266,7 +288,7 @@ class Checkpointer:
         saved = self._state_metadata(step).tree
         as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), saved)
         with ocp.CheckpointManager(self.directory, item_names=(STATE,),
-                                   options=ocp.CheckpointManagerOptions(read_only=True)) as reader:
+                                   options=_read_only_options()) as reader:
             restored = reader.restore(step, args=ocp.args.Composite(
                 **{STATE: ocp.args.PyTreeRestore(restore_args=as_numpy)}))[STATE]
         arrays = {_leaf_name(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(restored)[0]}
@@ -299,7 +321,7 @@ class Checkpointer:
         as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), abstract)
         # A separate manager: restoring a subtree needs the PyTree handler, this one has the Standard one.
         with ocp.CheckpointManager(self.directory, item_names=(STATE,),
-                                   options=ocp.CheckpointManagerOptions(read_only=True)) as reader:
+                                   options=_read_only_options()) as reader:
             restored = reader.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.PyTreeRestore(
                 item={"policy": abstract}, restore_args={"policy": as_numpy}, partial_restore=True)}))
         return restored[STATE]["policy"]
@@ -378,28 +400,79 @@ class Checkpointer:
         return step
 
 
+def steps_dir(path: str | os.PathLike) -> Path | None:
+    """The checkpoint directory (with <step>/ subdirectories) that `path` is or, as a run workdir, holds in
+    `checkpoints/`; None when neither."""
+    path = Path(path)
+    for candidate in (path, path / "checkpoints"):
+        if candidate.is_dir() and any(p.is_dir() and p.name.isdigit() for p in candidate.iterdir()):
+            return candidate
+    return None
+
+
+def check_out_dir(out_dir: str | os.PathLike, overwrite: bool) -> None:
+    """Raises FileExistsError when `out_dir` is a non-empty directory (or a file) and `overwrite` is off:
+    an export replaces its output directory whole, and must never delete what a user keeps there."""
+    out = Path(out_dir)
+    if overwrite or not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    raise FileExistsError(f"{out} exists and is not an empty directory; pass --overwrite to replace it.")
+
+
 def export_hf(checkpoint_dir: str | os.PathLike, step: int | None, out_dir: str | os.PathLike,
-              model_cfg: models.ModelConfig | None = None) -> int:
-    """Writes the policy of checkpoint `step` (default: the latest) in Hugging Face format; returns the
-    step. The model config comes from the checkpoint's record unless given."""
-    with Checkpointer(checkpoint_dir, max_to_keep=None, read_only=True) as checkpointer:
+              model_cfg: models.ModelConfig | None = None, *, tokenizer_dir: str | None = None,
+              overwrite: bool = False) -> tuple[int, str | None]:
+    """Writes the policy of checkpoint `step` (default: the latest) in Hugging Face format, with the tokenizer
+    of `tokenizer_dir` (default: the one the checkpoint records, if any); returns (step, tokenizer dir or None).
+
+    `checkpoint_dir` is a checkpoint dir or a run workdir; the model config comes from the checkpoint's record
+    unless given. A non-empty `out_dir` is refused unless `overwrite`.
+    """
+    directory = steps_dir(checkpoint_dir)
+    if directory is None:
+        raise FileNotFoundError(f"{str(checkpoint_dir)!r} is not a searchrl checkpoint directory (<step>/ "
+                                "subdirectories) or a run workdir with checkpoints/.")
+    check_out_dir(out_dir, overwrite)
+    with Checkpointer(directory, max_to_keep=None, read_only=True) as checkpointer:
         step = checkpointer._resolve(step)
-        model_cfg = model_cfg or model_config_from_json(checkpointer.record(step)[MODEL_CONFIG])
-        models.save_hf(model_cfg, checkpointer.restore_policy(step, model_cfg), out_dir)
-    return step
+        record = checkpointer.record(step)
+        model_cfg = model_cfg or model_config_from_json(record[MODEL_CONFIG])
+        policy = checkpointer.restore_policy(step, model_cfg)
+    tokenizer_dir = tokenizer_dir or record.get(TOKENIZER)
+    tokenizer = _load_tokenizer(tokenizer_dir) if tokenizer_dir else None
+    models.save_hf(model_cfg, policy, out_dir)
+    if tokenizer is not None and jax.process_index() == 0:
+        tokenizer.save_pretrained(out_dir)
+    return step, tokenizer_dir
+
+
+def _load_tokenizer(path: str) -> Any:
+    from searchrl.text.tokenizer import load_tokenizer  # local: transformers only when exporting one
+
+    return load_tokenizer(path)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """The one command, `export`: writes a checkpoint's policy in Hugging Face format."""
+    """The one command, `export`: writes a checkpoint's policy (and the run's tokenizer) in Hugging Face
+    format."""
     values = flags.FlagValues()
-    checkpoint = flags.DEFINE_string("checkpoint", None, "checkpoint directory (holds <step>/ dirs)",
-                                     required=True, flag_values=values)
+    checkpoint = flags.DEFINE_string("checkpoint", None, "checkpoint directory (holds <step>/ dirs) or the run "
+                                     "workdir holding checkpoints/", required=True, flag_values=values)
     step = flags.DEFINE_integer("step", None, "step to export (default: the latest)", flag_values=values)
-    out = flags.DEFINE_string("out", None, "output directory (config.json + model.safetensors)",
-                              required=True, flag_values=values)
+    out = flags.DEFINE_string("out", None, "output directory (config.json, generation_config.json, "
+                              "model.safetensors and the tokenizer's files)", required=True, flag_values=values)
+    tokenizer = flags.DEFINE_string("tokenizer", None, "tokenizer directory to write beside the weights "
+                                    "(default: the one the checkpoint records)", flag_values=values)
+    overwrite = flags.DEFINE_bool("overwrite", False, "replace --out when it is a non-empty directory",
+                                  flag_values=values)
     cli.parse_command(values, argv, __doc__, commands=("export",))
-    exported = export_hf(checkpoint.value, step.value, out.value)
-    print(f"exported step {exported} of {checkpoint.value} to {out.value}")
+    try:
+        exported, tokenizer_dir = export_hf(checkpoint.value, step.value, out.value,
+                                            tokenizer_dir=tokenizer.value, overwrite=overwrite.value)
+    except (FileExistsError, FileNotFoundError) as error:
+        cli.fail(str(error))
+    note = f"with the tokenizer of {tokenizer_dir}" if tokenizer_dir else "without a tokenizer (pass --tokenizer)"
+    print(f"exported step {exported} of {checkpoint.value} to {out.value} {note}")
 
 
 if __name__ == "__main__":

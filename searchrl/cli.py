@@ -1,7 +1,7 @@
 """Command lines of searchrl's tools: absl flags, each tool's on a `flags.FlagValues` of its own.
 
 absl's global `flags.FLAGS` holds the flags of the entry points `searchrl.main`, `searchrl.eval` and
-`searchrl.demo`. The tools share flag names (--index, --out, --batch-size, ...) and are imported together (one
+`searchrl.demo`, which start with `run_app`. The tools share flag names (--index, --out, --batch_size, ...) and are imported together (one
 tool uses another's functions; tests call several tools' `main` in one process), so each `main(argv)` defines
 its flags on a new FlagValues, which also gives every call the defaults of the flags it does not set:
 
@@ -13,14 +13,20 @@ its flags on a new FlagValues, which also gives every call the defaults of the f
 
     if __name__ == "__main__":
         cli.run(main)
+
+Every tool's --help exits 0, and library logs (absl, orbax, JAX) stay at WARNING unless --verbosity (-v) asks
+for more: 0 for INFO, 1 for DEBUG (absl's levels).
 """
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Collection, Sequence
 from typing import NoReturn
 
-from absl import app, flags
+from absl import app, flags, logging
+
+QUIET = logging.WARNING  # absl verbosity of the tools unless --verbosity says otherwise (INFO is 0, DEBUG 1)
 
 
 class _HelpFlag(flags.BooleanFlag):
@@ -37,19 +43,44 @@ class _HelpFlag(flags.BooleanFlag):
             sys.exit(0)
 
 
+def underscored(word: str, names: Collection[str]) -> str:
+    """`word` with a flag name written with dashes (--batch-size=8, --no-normalize) spelled as defined, with
+    underscores, when `names` (the tool's flags) has it: the tools' flags once used dashes, and those
+    spellings keep working. Any other word is returned as it is."""
+    if not word.startswith("--"):
+        return word
+    name, sep, value = word[2:].partition("=")
+    spelled = name.replace("-", "_")
+    return f"--{spelled}{sep}{value}" if spelled in names and spelled != name else word
+
+
 def _parse(values: flags.FlagValues, argv: Sequence[str] | None, doc: str) -> list[str]:
     """The positional words of `argv` (default: the command line after the program name), its flags parsed
-    into `values`; a flag error is printed to stderr and exits with status 1."""
-    tool_module = next(iter(values.flags_by_module_dict()))  # lists --help with the tool's flags
+    into `values`; a flag error is printed to stderr and exits with status 1. An explicit --verbosity sets
+    absl's logging level."""
+    tool_module = next(iter(values.flags_by_module_dict()))  # lists --help and --verbosity with the tool's flags
     flags.DEFINE_flag(_HelpFlag(values, doc), values, module_name=tool_module)
+    verbosity = flags.DEFINE_integer("verbosity", QUIET, "logging level: -1 warnings, 0 info, 1 debug",
+                                     short_name="v", flag_values=values, module_name=tool_module)
     try:
-        return values([sys.argv[0], *(sys.argv[1:] if argv is None else argv)])[1:]
+        given = sys.argv[1:] if argv is None else argv
+        words = values([sys.argv[0], *(underscored(word, values) for word in given)])[1:]
     except flags.Error as e:
         _exit_with_error(str(e))
+    if values["verbosity"].present:
+        logging.set_verbosity(verbosity.value)
+    return words
 
 
 def _exit_with_error(message: str) -> NoReturn:
     sys.stderr.write(f"FATAL Flags parsing error: {message}\nPass --help to see help on flags.\n")
+    sys.exit(1)
+
+
+def fail(message: str) -> NoReturn:
+    """Ends a tool on an error its user can fix (a path, an existing output): the message on stderr, exit
+    status 1, no traceback."""
+    sys.stderr.write(f"error: {message}\n")
     sys.exit(1)
 
 
@@ -99,8 +130,42 @@ def _program_name_only(argv: list[str]) -> list[str]:
 
 def run(main: Callable[[list[str]], object]) -> None:
     """Runs a tool's `main` under `absl.app` (logging, `app.UsageError` handling) on the command line after
-    the program name; its return value is not an exit status."""
+    the program name, library logs at WARNING unless its --verbosity says otherwise; `main`'s return value is
+    not an exit status."""
     def main_of_command_line(argv: list[str]) -> None:
+        logging.set_verbosity(QUIET)
         main(argv[1:])
 
     app.run(main_of_command_line, flags_parser=_program_name_only)
+
+
+def _exits_zero(parse: Callable[[object], None]) -> Callable[[object], None]:
+    """An absl help flag's `parse` that exits with status 0 where absl's exits with 1 (after printing the
+    usage): asking for help is no failure."""
+    @functools.wraps(parse)
+    def parse_exiting_zero(argument: object) -> None:
+        try:
+            parse(argument)
+        except SystemExit:
+            sys.exit(0)
+    return parse_exiting_zero
+
+
+def _parse_quietly(argv: list[str]) -> list[str]:
+    """app.run's flag parser for the global flags: absl's own, except that an unset --verbosity means
+    WARNING (absl would raise it to INFO)."""
+    words = app.parse_flags_with_usage(argv)
+    if flags.FLAGS["verbosity"].using_default_value:
+        flags.FLAGS.verbosity = QUIET
+    return words
+
+
+def run_app(main: Callable[[list[str]], object]) -> None:
+    """`absl.app.run(main)` for an entry point on absl's global flags (`searchrl.main`, `.eval`, `.demo`):
+    --help, --helpshort and --helpfull exit 0, and library logs stay at WARNING unless --verbosity (-v)
+    raises them."""
+    app.define_help_flags()
+    for name in ("help", "helpshort", "helpfull"):
+        flag = flags.FLAGS[name]
+        flag.parse = _exits_zero(flag.parse)
+    app.run(main, flags_parser=_parse_quietly)

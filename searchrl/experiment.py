@@ -64,9 +64,8 @@ def resolve_checkpoint(path: str | os.PathLike) -> tuple[str, Path]:
         raise FileNotFoundError(f"Checkpoint not found: {str(path)!r}")
     if _is_hf_dir(path):
         return "hf", path
-    for candidate in (path, path / "checkpoints"):
-        if candidate.is_dir() and any(p.is_dir() and p.name.isdigit() for p in candidate.iterdir()):
-            return "orbax", candidate
+    if (steps := checkpoint_lib.steps_dir(path)) is not None:
+        return "orbax", steps
     raise FileNotFoundError(f"{str(path)!r} is neither a Hugging Face model directory (config.json + "
                             "*.safetensors) nor a searchrl checkpoint directory (<step>/ subdirectories, "
                             "or a run dir with checkpoints/).")

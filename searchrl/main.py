@@ -14,7 +14,7 @@ from absl import app, logging
 import jax
 from ml_collections import config_flags
 
-from searchrl import run_config
+from searchrl import cli, run_config
 from searchrl.configlib import to_config
 from searchrl.run_config import RunConfig
 
@@ -100,4 +100,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run_app(main)

@@ -2,7 +2,7 @@
 /retrieve server under concurrent clients, all on one seeded synthetic corpus in one run.
 
   python -m searchrl.benchmarks.retrieval [--json] [--passages 100000] [--queries 1000] [--encoder DIR]
-                                          [--dense-passages 500]
+                                          [--dense_passages 500]
 
 The corpus draws words from a Zipfian vocabulary (wiki-like passage lengths); each query is 4 words of a
 random passage. In-process figures search all queries in one batched call at k=10, one thread per CPU for
@@ -155,11 +155,28 @@ def bench_dense(corpus: Path, work: Path, queries: list[str], warmup: list[str],
             "qps": len(queries) / timed(lambda: retriever.search(queries, K))}
 
 
+def bench_lucene(corpus: Path, work: Path, queries: list[str], warmup: list[str],
+                 log: Callable[[str], None]) -> dict[str, Any]:
+    """Lucene's build time and queries/s; {"lucene_skipped": reason} without Java or pyserini (an optional
+    backend: requirements-lucene.txt), after a one-line note."""
+    log("indexing + searching lucene")
+    try:
+        from searchrl.retrieval.lucene import LuceneRetriever
+
+        build_s = timed(lambda: LuceneRetriever.build(corpus, work / "lucene", show_progress=False))
+        lucene = LuceneRetriever(work / "lucene")
+        lucene.search(warmup, K)
+        return {"lucene_build_s": build_s, "lucene_qps": len(queries) / timed(lambda: lucene.search(queries, K))}
+    except (ImportError, RuntimeError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        log(f"skipping the Lucene row: {reason}")
+        return {"lucene_skipped": reason}
+
+
 def run(passages: int, n_queries: int, seed: int, clients: int, encoder: str | None, dense_passages: int,
         log: Callable[[str], None]) -> dict[str, Any]:
     import bm25s
     from searchrl.retrieval.bm25 import BM25Retriever
-    from searchrl.retrieval.lucene import LuceneRetriever
 
     out: dict[str, Any] = {"passages": passages, "queries": n_queries, "k": K, "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="searchrl-bench-") as tmp:
@@ -182,12 +199,7 @@ def run(passages: int, n_queries: int, seed: int, clients: int, encoder: str | N
             token_ids, k=K, n_threads=-1, show_progress=False, backend_selection="numpy"))
         out["bm25_wrapper_qps"] = n_queries / timed(lambda: wrapper.search(queries, K))
 
-        log("indexing + searching lucene")
-        out["lucene_build_s"] = timed(lambda: LuceneRetriever.build(corpus, work / "lucene",
-                                                                    show_progress=False))
-        lucene = LuceneRetriever(work / "lucene")
-        lucene.search(warmup, K)
-        out["lucene_qps"] = n_queries / timed(lambda: lucene.search(queries, K))
+        out.update(bench_lucene(corpus, work, queries, warmup, log))
 
         log(f"dense, {min(dense_passages, passages)} passages")
         out["dense"] = bench_dense(corpus, work, queries, warmup, encoder, min(dense_passages, passages))
@@ -197,7 +209,8 @@ def run(passages: int, n_queries: int, seed: int, clients: int, encoder: str | N
         out.update({f"server_{key}": value for key, value in server.items()})
 
     out["ratio_wrapper_vs_raw"] = out["bm25_wrapper_qps"] / out["bm25s_raw_qps"]
-    out["ratio_lucene_vs_bm25s"] = out["lucene_qps"] / out["bm25_wrapper_qps"]
+    if "lucene_qps" in out:
+        out["ratio_lucene_vs_bm25s"] = out["lucene_qps"] / out["bm25_wrapper_qps"]
     out["ratio_server_vs_inprocess"] = out["server_qps"] / out["bm25_wrapper_qps"]
     if "qps" in out["dense"]:
         out["ratio_dense_vs_wrapper"] = out["dense"]["qps"] / out["bm25_wrapper_qps"]
@@ -205,13 +218,13 @@ def run(passages: int, n_queries: int, seed: int, clients: int, encoder: str | N
 
 
 def table(r: dict[str, Any]) -> str:
-    dense = r["dense"]
+    dense, lucene = r["dense"], "lucene_qps" in r
     rows = [
         ("bm25s raw (retrieve, pre-tokenized)", f"{r['bm25s_raw_qps']:.0f}", "1.00 (peer)"),
         ("searchrl BM25Retriever.search", f"{r['bm25_wrapper_qps']:.0f}",
          f"{r['ratio_wrapper_vs_raw']:.2f} x raw"),
-        ("Lucene (pyserini/Anserini)", f"{r['lucene_qps']:.0f}",
-         f"{r['ratio_lucene_vs_bm25s']:.2f} x wrapper"),
+        ("Lucene (pyserini/Anserini)", f"{r['lucene_qps']:.0f}" if lucene else "skipped",
+         f"{r['ratio_lucene_vs_bm25s']:.2f} x wrapper" if lucene else r["lucene_skipped"]),
         (f"dense (encode + FAISS Flat, {dense.get('passages', 0)} passages)",
          f"{dense['qps']:.0f}" if "qps" in dense else "skipped",
          f"{r['ratio_dense_vs_wrapper']:.3f} x wrapper" if "qps" in dense else dense["skipped"]),
@@ -219,7 +232,8 @@ def table(r: dict[str, Any]) -> str:
          f"{r['server_qps']:.0f}", f"{r['ratio_server_vs_inprocess']:.2f} x wrapper"),
     ]
     lines = [f"retrieval benchmark: {r['passages']} passages, {r['queries']} queries, k={r['k']}, "
-             f"{r['cpus']} CPUs; build: bm25 {r['bm25_build_s']:.1f} s, lucene {r['lucene_build_s']:.1f} s",
+             f"{r['cpus']} CPUs; build: bm25 {r['bm25_build_s']:.1f} s"
+             + (f", lucene {r['lucene_build_s']:.1f} s" if lucene else ""),
              f"{'backend':<58} {'queries/s':>10}  ratio", "-" * 90]
     lines += [f"{name:<58} {qps:>10}  {ratio}" for name, qps, ratio in rows]
     return "\n".join(lines)
@@ -234,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     seed = flags.DEFINE_integer("seed", 0, "seed of the corpus and the queries", flag_values=values)
     encoder = flags.DEFINE_string(
         "encoder", None, "encoder dir for the dense row (default: the packaged MiniLM)", flag_values=values)
-    dense_passages = flags.DEFINE_integer("dense-passages", 500, "passages in the dense index",
+    dense_passages = flags.DEFINE_integer("dense_passages", 500, "passages in the dense index",
                                           flag_values=values)
     as_json = flags.DEFINE_boolean("json", False, "print one JSON object instead of a table",
                                    flag_values=values)

@@ -206,8 +206,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     preset = flags.DEFINE_string("preset", "bench_small", "model preset (searchrl.models)",
                                  flag_values=values)
     batch = flags.DEFINE_integer("batch", 16, "prompts per generation / rollout", flag_values=values)
-    prompt_len = flags.DEFINE_integer("prompt-len", 32, "prompt tokens (a)", flag_values=values)
-    new_tokens = flags.DEFINE_integer("new-tokens", 128, "generated tokens per prompt (a)",
+    prompt_len = flags.DEFINE_integer("prompt_len", 32, "prompt tokens (a)", flag_values=values)
+    new_tokens = flags.DEFINE_integer("new_tokens", 128, "generated tokens per prompt (a)",
                                       flag_values=values)
     rounds = flags.DEFINE_integer("rounds", 5, "interleaved timed generations per side (a)",
                                   flag_values=values)

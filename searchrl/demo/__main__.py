@@ -1,10 +1,10 @@
 """`make demo`: `python -m searchrl.demo [--config configs/autosearch.py:tiny] [--config.train.steps=...]`
 runs the CPU miniature of the config's task (`config.env.name`): `configs/autosearch.py:tiny`,
 `configs/deepretrieval.py:tiny` or `configs/rpl.py:tiny`."""
-from absl import app, logging
+from absl import app
 from ml_collections import config_flags
 
-from searchrl import run_config, task
+from searchrl import cli, run_config, task
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/autosearch.py:tiny", "Demo config.")
 
@@ -17,9 +17,8 @@ def main(argv: list[str]) -> None:
     if demo is None:
         raise app.UsageError(f"Task {config.task!r} (config.env.name) has no demo; tasks with one: "
                              f"{[n for n in task.TASKS if task.TASKS.get(n).demo is not None]}")
-    logging.set_verbosity(logging.WARNING)  # progress bars and the final table, not every checkpoint file
     demo(config)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run_app(main)

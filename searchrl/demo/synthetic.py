@@ -480,26 +480,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     out = flags.DEFINE_string("out", None, "output directory", required=True, flag_values=values)
     seed = flags.DEFINE_integer("seed", 0, "random seed of the world", flag_values=values)
     entities = flags.DEFINE_integer("entities", 1000, "question-bearing entities", flag_values=values)
-    questions_per_entity = flags.DEFINE_float("questions-per-entity", 1.0, "questions per entity of a split",
+    questions_per_entity = flags.DEFINE_float("questions_per_entity", 1.0, "questions per entity of a split",
                                               flag_values=values)
-    hop_fractions_text = flags.DEFINE_string("hop-fractions", "1,1,1", "shares of 1-, 2- and 3-hop questions",
+    hop_fractions_text = flags.DEFINE_string("hop_fractions", "1,1,1", "shares of 1-, 2- and 3-hop questions",
                                              flag_values=values)
-    comparison_fraction = flags.DEFINE_float("comparison-fraction", 0.3, "share of 2-hop comparisons",
+    comparison_fraction = flags.DEFINE_float("comparison_fraction", 0.3, "share of 2-hop comparisons",
                                              flag_values=values)
-    dev_fraction = flags.DEFINE_float("dev-fraction", 0.1, "share of question-bearing entities in dev",
+    dev_fraction = flags.DEFINE_float("dev_fraction", 0.1, "share of question-bearing entities in dev",
                                       flag_values=values)
-    test_fraction = flags.DEFINE_float("test-fraction", 0.1, "share of question-bearing entities in test",
+    test_fraction = flags.DEFINE_float("test_fraction", 0.1, "share of question-bearing entities in test",
                                        flag_values=values)
-    pair_fraction = flags.DEFINE_float("pair-fraction", 0.5, "chance of two facts per passage",
+    pair_fraction = flags.DEFINE_float("pair_fraction", 0.5, "chance of two facts per passage",
                                        flag_values=values)
-    distractor_fraction = flags.DEFINE_float("distractor-fraction", 0.25,
+    distractor_fraction = flags.DEFINE_float("distractor_fraction", 0.25,
                                              "near-duplicate twins per question-bearing entity",
                                              flag_values=values)
     cli.parse(values, argv, __doc__)
     try:
         hop_fractions = tuple(float(x) for x in hop_fractions_text.value.split(","))
     except ValueError:
-        raise app.UsageError("--hop-fractions: expected three comma-separated numbers, "
+        raise app.UsageError("--hop_fractions: expected three comma-separated numbers, "
                              f"got {hop_fractions_text.value!r}") from None
     start = time.perf_counter()
     try:

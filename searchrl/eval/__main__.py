@@ -7,8 +7,9 @@ the task adds (e.g. AutoSearch's search-depth analysis).
 
 CKPT: a trainer checkpoint dir (`<workdir>/checkpoints`, or the workdir itself; --step picks a step, default
 the latest) or a Hugging Face model dir; without it, the config's own policy (config.model.path) is evaluated.
-Writes results.md / .csv / .json, predictions.jsonl and analysis.png to --out (default:
-<CKPT>/eval[/step_N], or <config.workdir>/eval) and prints the results table. A task's own evaluations have
+Writes results.md / .csv / .json, predictions.jsonl and analysis.png to --out (default: under the run, never in
+a model dir: <run>/eval/step_N for a trainer checkpoint, <config.workdir>/eval/<model dir name> for a Hugging
+Face model dir, <config.workdir>/eval for the config's policy) and prints the results table. A task's own evaluations have
 their own entry points in the task's package.
 """
 from __future__ import annotations
@@ -18,7 +19,8 @@ from absl import app, flags
 from searchrl import cli, run_config, task
 from searchrl.eval import harness, report, selection
 
-_SELECTION = selection.define(flags.FLAGS, "<checkpoint>/eval or <workdir>/eval")
+_SELECTION = selection.define(flags.FLAGS, "<run>/eval/step_N, <workdir>/eval/<model dir name> or "
+                             "<workdir>/eval")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "", "Trainer checkpoint dir, run workdir or Hugging Face "
                                   "model dir (default: the config's policy).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
@@ -47,4 +49,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run_app(main)

@@ -108,11 +108,18 @@ def evaluate_policy(model_cfg: models.ModelConfig, params, tokenizer, env: Env,
 
 
 def default_out_dir(config: RunConfig, info: Mapping[str, Any]) -> Path:
-    """<checkpoint>/eval (plus step_<N> for trainer checkpoints), or <config.workdir>/eval without one."""
+    """Where an evaluation writes without --out, always under a run, never in a model store:
+    <run>/eval/step_<N> for a trainer checkpoint (<run>: the workdir holding its `checkpoints/`, else the
+    checkpoint dir), <config.workdir>/eval/<model dir name> for a Hugging Face model dir (it may be read-only
+    or shared), <config.workdir>/eval for the config's own policy."""
+    workdir_eval = Path(config.workdir) / "eval"
     if info["kind"] == "config":
-        return Path(config.workdir) / "eval"
-    out = Path(info["checkpoint"]) / "eval"
-    return out / f"step_{info['step']}" if info.get("step") is not None else out
+        return workdir_eval
+    checkpoint = Path(info["checkpoint"])
+    if info["kind"] == "hf":
+        return workdir_eval / checkpoint.name
+    run = checkpoint.parent if checkpoint.name == "checkpoints" else checkpoint
+    return run / "eval" / f"step_{info['step']}"
 
 
 def load_eval_data(config: RunConfig, datasets: str = "", split: str = "", limit: int | None = None

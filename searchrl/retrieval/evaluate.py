@@ -27,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
                                      flag_values=values)
     k = flags.DEFINE_integer("k", 100, "depth searched and cut-off of recall", lower_bound=1,
                             flag_values=values)
-    batch_size = flags.DEFINE_integer("batch-size", RetrievalConfig.batch_size, "queries per search call", lower_bound=1,
+    batch_size = flags.DEFINE_integer("batch_size", RetrievalConfig.batch_size, "queries per search call", lower_bound=1,
                                       flag_values=values)
     cli.parse(values, argv, __doc__)
 

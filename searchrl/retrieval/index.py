@@ -3,7 +3,7 @@
   python -m searchrl.retrieval.index --kind bm25   --corpus C.jsonl --out DIR [--k1 0.9 --b 0.4]
   python -m searchrl.retrieval.index --kind lucene --corpus C.jsonl --out DIR [--threads 4]
   python -m searchrl.retrieval.index --kind dense  --corpus C.jsonl --out DIR --encoder ENC [--factory Flat]
-      [--pooling mean|cls] [--no-normalize] [--query-prefix "query: " --passage-prefix "passage: "] (e5)
+      [--pooling mean|cls] [--no_normalize] [--query_prefix "query: " --passage_prefix "passage: "] (e5)
 
 Every index dir gets a searchrl_index.json manifest; `searchrl.retrieval.load_retriever(DIR)` opens any kind.
 The index is built in a temporary dir next to --out and moved there once complete: a failed build leaves
@@ -32,23 +32,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     stemmer = flags.DEFINE_string("stemmer", "english", "PyStemmer algorithm (bm25)", flag_values=values)
     threads = flags.DEFINE_integer("threads", -1, "indexing threads, -1: one per CPU (lucene)",
                                    flag_values=values)
-    skip_malformed = flags.DEFINE_boolean("skip-malformed", False, "skip and count malformed corpus lines",
+    skip_malformed = flags.DEFINE_boolean("skip_malformed", False, "skip and count malformed corpus lines",
                                           flag_values=values)
     encoder = flags.DEFINE_string("encoder", None, "local encoder dir (dense)", flag_values=values)
     factory = flags.DEFINE_string("factory", "Flat", "FAISS index factory string (dense)",
                                   flag_values=values)
     pooling = flags.DEFINE_enum("pooling", "mean", ("mean", "cls"), "encoder pooling (dense)",
                                 flag_values=values)
-    no_normalize = flags.DEFINE_boolean("no-normalize", False,
+    no_normalize = flags.DEFINE_boolean("no_normalize", False,
                                         "keep raw embeddings instead of L2-normalising them (dense)",
                                         flag_values=values)
     query_prefix = flags.DEFINE_string(
-        "query-prefix", "", 'prepended to queries, e.g. "query: " for e5 (dense)', flag_values=values)
+        "query_prefix", "", 'prepended to queries, e.g. "query: " for e5 (dense)', flag_values=values)
     passage_prefix = flags.DEFINE_string(
-        "passage-prefix", "", 'prepended to passages, e.g. "passage: " (dense)', flag_values=values)
-    max_length = flags.DEFINE_integer("max-length", 256, "encoder max tokens (dense)", lower_bound=1,
+        "passage_prefix", "", 'prepended to passages, e.g. "passage: " (dense)', flag_values=values)
+    max_length = flags.DEFINE_integer("max_length", 256, "encoder max tokens (dense)", lower_bound=1,
                                       flag_values=values)
-    batch_size = flags.DEFINE_integer("batch-size", 64, "encoder batch size (dense)", lower_bound=1,
+    batch_size = flags.DEFINE_integer("batch_size", 64, "encoder batch size (dense)", lower_bound=1,
                                       flag_values=values)
     flags.register_validator("threads", lambda n: n == -1 or n >= 1,
                              "--threads must be -1 (one per CPU) or a positive integer", flag_values=values)

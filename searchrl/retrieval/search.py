@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     index = flags.DEFINE_string("index", None, "index dir (any kind)", required=True, flag_values=values)
     queries_path = flags.DEFINE_string("queries", None, "queries JSONL", required=True, flag_values=values)
     k = flags.DEFINE_integer("k", 10, "hits per query", lower_bound=1, flag_values=values)
-    batch_size = flags.DEFINE_integer("batch-size", RetrievalConfig.batch_size, "queries per search call", lower_bound=1,
+    batch_size = flags.DEFINE_integer("batch_size", RetrievalConfig.batch_size, "queries per search call", lower_bound=1,
                                       flag_values=values)
     out_path = flags.DEFINE_string("out", None, "output JSONL (default: stdout)", flag_values=values)
     cli.parse(values, argv, __doc__)

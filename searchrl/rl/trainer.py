@@ -37,7 +37,7 @@ import numpy as np
 from tqdm import tqdm
 
 from searchrl import distributed, models
-from searchrl.checkpoint import Checkpointer
+from searchrl.checkpoint import TOKENIZER, Checkpointer
 from searchrl.episode import Env, mean_metrics, numeric_metrics
 from searchrl.metric_writer import MetricWriter
 from searchrl.rl import ppo
@@ -113,6 +113,13 @@ def fingerprint(config: TrainRun, model_cfg: models.ModelConfig, train_size: int
     return json.loads(json.dumps(values))
 
 
+def tokenizer_dir(tokenizer: Any) -> str | None:
+    """The absolute directory `tokenizer` was loaded from (None for one built in memory): checkpoints record
+    it so that an export can write the tokenizer beside the weights."""
+    path = getattr(tokenizer, "name_or_path", "")
+    return os.path.abspath(path) if path and os.path.isdir(path) else None
+
+
 def fingerprint_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
     """Each value that differs between a checkpoint's fingerprint and this run's: "train_size: 32 -> 40"."""
     return [f"{name}: {saved.get(name, 'unset')!r} -> {current.get(name, 'unset')!r}"
@@ -142,6 +149,7 @@ class Trainer:
                  train_examples: Sequence[dict], eval_examples: Sequence[dict] = (), workdir: str | None = None,
                  hooks: Sequence[TrainHook] = ()):
         self.model_cfg, self.env, self.seed = model_cfg, env, config.seed
+        self.tokenizer_dir = tokenizer_dir(tokenizer)
         self.train_config, rl, mesh, rollout = config.train, config.rl, config.mesh, config.rollout
         self.train_examples, self.eval_examples = train_examples, list(eval_examples)
         self.workdir = workdir or config.workdir
@@ -309,7 +317,8 @@ class Trainer:
         if not bool(jax.device_get(_all_finite(self.state))):
             raise NonFiniteError(f"the training state at step {self.step_count} is not finite; not saved.")
         self.checkpointer.save(self.step_count, self.state, model=self.model_cfg,
-                               record={"data_position": self.data_position, FINGERPRINT: self.fingerprint})
+                               record={"data_position": self.data_position, FINGERPRINT: self.fingerprint,
+                                       TOKENIZER: self.tokenizer_dir})
 
     def train(self, steps: int | None = None) -> list[dict[str, float]]:
         """Runs until `steps` (default: train.steps) PPO iterations are done in total; returns their metrics."""

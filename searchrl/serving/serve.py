@@ -1,8 +1,8 @@
 """Serve an index over HTTP with Search-R1's /retrieve API (see searchrl.serving.server).
 
-  python -m searchrl.serving.serve --index DIR [--host 127.0.0.1] --port 8000 [--max-batch 256]
-      [--max-hits 100000] [--max-connections 4096] [--max-client-connections 64] [--idle-timeout-s 5]
-      [--timeout-s 30] [--topk 3] ...
+  python -m searchrl.serving.serve --index DIR [--host 127.0.0.1] --port 8000 [--max_batch 256]
+      [--max_hits 100000] [--max_connections 4096] [--max_client_connections 64] [--idle_timeout_s 5]
+      [--timeout_s 30] [--topk 3] ...
 
 The bounds on requests, connections and time (`Limits` fields as flags, with their defaults) are described
 in searchrl.serving.server.
@@ -25,7 +25,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                flag_values=values)
     port = flags.DEFINE_integer("port", 8000, "port to listen on (0: any free port)", flag_values=values)
     names = {"default_topk": "topk"}  # Search-R1's retrieval server's flag; the others are the fields' names
-    limit_flags = {name: define(names.get(name, name.replace("_", "-")), getattr(Limits, name), help_text,
+    limit_flags = {name: define(names.get(name, name), getattr(Limits, name), help_text,
                                 flag_values=values)
                    for name, define, help_text in (
                        ("max_batch", flags.DEFINE_integer, "queries gathered into one search call"),

@@ -6,6 +6,7 @@ import csv
 import dataclasses
 import json
 import os
+from pathlib import Path
 import subprocess
 import sys
 import textwrap
@@ -364,7 +365,7 @@ def test_cli_end_to_end_on_a_trainer_checkpoint(world, reference, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "| dataset | n | em | f1 | cover_em | searches | format_valid |" in out.stdout
     assert "| world | 3 |" in out.stdout
-    out_dir = tmp_path / "run" / "checkpoints" / "eval" / "step_3"
+    out_dir = tmp_path / "run" / "eval" / "step_3"  # under the run, beside (not inside) its checkpoints
     for name in ("results.md", "results.csv", "results.json", "predictions.jsonl", "analysis.png"):
         assert (out_dir / name).is_file(), name
     results = json.loads((out_dir / "results.json").read_text())
@@ -372,7 +373,7 @@ def test_cli_end_to_end_on_a_trainer_checkpoint(world, reference, tmp_path):
     assert results["budgets"]["budgets"] == [0, 1] and results["depth"]["buckets"] == ["0", "1", "never"]
     got = [json.loads(line) for line in (out_dir / "predictions.jsonl").read_text().splitlines()]
     assert_same_rollouts(got, want)  # the checkpoint's params, the config's env and rollout budgets
-    with checkpoint.Checkpointer(out_dir.parent.parent, read_only=True) as ckpt:  # eval/ does not upset orbax
+    with checkpoint.Checkpointer(tmp_path / "run" / "checkpoints", read_only=True) as ckpt:
         assert ckpt.all_steps() == [3]
 
 
@@ -384,7 +385,7 @@ def test_evaluate_checkpoint_on_a_hugging_face_dir(reference, tmp_path):
                                                 side_branch=False)
     assert info["kind"] == "hf" and results["depth"] is None and results["budgets"] is None
     assert_same_rollouts(results["predictions"], want)
-    assert harness.default_out_dir(run, info) == tmp_path / "hf" / "eval"
+    assert harness.default_out_dir(run, info) == Path(run.workdir) / "eval" / "hf"  # never in the model dir
 
 
 def test_bad_inputs_are_named(world, tmp_path):

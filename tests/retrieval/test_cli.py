@@ -86,11 +86,11 @@ def test_evaluate_cli(data, capsys):
 
 @pytest.mark.parametrize("tool, flags, message", [
     ("evaluate", ["-k", "0"], "flag --k=0: 0 is not a positive integer"),
-    ("evaluate", ["--batch-size", "0"], "flag --batch-size=0: 0 is not a positive integer"),
+    ("evaluate", ["--batch-size", "0"], "flag --batch_size=0: 0 is not a positive integer"),
     ("search", ["-k", "-3"], "flag --k=-3: -3 is not a positive integer"),
-    ("search", ["--batch-size", "0"], "flag --batch-size=0: 0 is not a positive integer"),
-    ("index", ["--batch-size", "0"], "flag --batch-size=0: 0 is not a positive integer"),
-    ("index", ["--max-length", "0"], "flag --max-length=0: 0 is not a positive integer"),
+    ("search", ["--batch_size", "0"], "flag --batch_size=0: 0 is not a positive integer"),
+    ("index", ["--batch_size", "0"], "flag --batch_size=0: 0 is not a positive integer"),
+    ("index", ["--max-length", "0"], "flag --max_length=0: 0 is not a positive integer"),
     ("index", ["--threads", "0"], "--threads must be -1 (one per CPU) or a positive integer"),
     ("index", ["--b", "1.5"], "flag --b=1.5: 1.5 is not"),
 ])

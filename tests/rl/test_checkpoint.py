@@ -1,4 +1,5 @@
 """Checkpoints: exact round trips (sharded, across meshes), keep-last-k, crash safety, Hugging Face export."""
+from pathlib import Path
 import dataclasses
 import os
 import select
@@ -16,6 +17,7 @@ import torch
 import transformers
 
 from searchrl import checkpoint, models
+from searchrl.text import tokenizer as tokenizer_lib
 from searchrl.rl import kl, train_state
 from searchrl.rl.config import OptimConfig
 
@@ -169,6 +171,63 @@ def test_export_cli_gives_transformers_the_same_logits(saved, tmp_path, capsys):
     np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
     assert not np.allclose(ours, models.apply(CFG, states[2].policy, jnp.asarray(tokens),
                                               rules=models.TRAIN_RULES, attention=ATTENTION), atol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def run_with_tokenizer(tmp_path_factory) -> tuple[Path, models.ModelConfig, dict]:
+    """A run workdir whose one checkpoint (step 5: a tiny policy) records the tokenizer the run used."""
+    root = tmp_path_factory.mktemp("run")
+    texts = ["the quick brown fox jumps over the lazy dog", "a search agent answers questions"] * 20
+    tokenizer = tokenizer_lib.train_bpe_tokenizer(texts, vocab_size=300, out_dir=str(root / "tokenizer"))
+    cfg = dataclasses.replace(CFG, vocab_size=320, eos_token_id=tokenizer.eos_token_id,
+                              pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    params = models.init_params(cfg, jax.random.key(3))
+    with checkpoint.Checkpointer(root / "work" / "checkpoints") as ckpt:
+        ckpt.save(5, {"policy": params}, model=cfg, record={checkpoint.TOKENIZER: str(root / "tokenizer")})
+    return root / "work", cfg, jax.device_get(params)
+
+
+def test_export_of_a_workdir_loads_and_generates_in_transformers(run_with_tokenizer, tmp_path, capsys):
+    workdir, cfg, params = run_with_tokenizer
+    out = tmp_path / "hf"
+    checkpoint.main(["export", "--checkpoint", str(workdir), "--out", str(out)])
+    assert "exported step 5" in capsys.readouterr().out
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").float().eval()
+    prompt = tokenizer("the quick brown", return_tensors="pt")
+    with torch.no_grad():
+        generated = model.generate(**prompt, max_new_tokens=4, do_sample=False)
+    assert generated.shape[1] > prompt["input_ids"].shape[1]
+    assert isinstance(tokenizer.decode(generated[0]), str) and model.generation_config.eos_token_id is not None
+    ours = models.apply(cfg, params, jnp.asarray(prompt["input_ids"].numpy(), jnp.int32),
+                        rules=models.TRAIN_RULES, attention=ATTENTION)
+    assert int(generated[0, prompt["input_ids"].shape[1]]) == int(np.argmax(ours[0, -1]))  # greedy, as ours
+
+
+def test_export_refuses_a_non_empty_dir_unless_told_to_overwrite(run_with_tokenizer, tmp_path, capsys):
+    workdir, _, _ = run_with_tokenizer
+    out = tmp_path / "kept"
+    (out / "sub").mkdir(parents=True)
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit) as exit_info:
+        checkpoint.main(["export", "--checkpoint", str(workdir), "--out", str(out)])
+    assert exit_info.value.code == 1 and "--overwrite" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "mine" and (out / "sub").is_dir()
+    checkpoint.main(["export", "--checkpoint", str(workdir), "--out", str(out), "--overwrite"])
+    assert (out / "model.safetensors").is_file() and not (out / "notes.txt").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    checkpoint.main(["export", "--checkpoint", str(workdir), "--out", str(empty)])  # an empty dir is fine
+    assert (empty / "tokenizer.json").is_file()
+
+
+def test_export_on_the_command_line_prints_one_line(run_with_tokenizer, tmp_path):
+    workdir, _, _ = run_with_tokenizer
+    done = subprocess.run([sys.executable, "-m", "searchrl.checkpoint", "export", "--checkpoint", str(workdir),
+                           "--out", str(tmp_path / "hf")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = (done.stdout + done.stderr).splitlines()
+    assert len(lines) <= 2 and "exported step 5" in done.stdout, lines  # orbax alone logged 43 at INFO
 
 
 def test_missing_steps_are_named(saved, tmp_path):

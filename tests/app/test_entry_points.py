@@ -1,0 +1,35 @@
+"""Every command-line entry point: --help prints its usage and exits 0; flags spelled with dashes still work."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from searchrl import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+ENTRY_POINTS = sorted(
+    ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__main__")
+    for path in (ROOT / "searchrl").rglob("*.py")
+    if any(call in path.read_text() for call in ("cli.run(main)", "cli.run_app(main)")) and path.name != "cli.py")
+
+
+def test_the_entry_points_are_found():
+    assert {"searchrl.main", "searchrl.eval", "searchrl.demo", "searchrl.checkpoint"} <= set(ENTRY_POINTS)
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_help_exits_zero_with_usage(module):
+    done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--" in done.stdout and len(done.stdout.splitlines()) >= 3, done.stdout
+
+
+def test_dashed_flag_names_are_spelled_with_underscores():
+    names = {"batch_size", "no_normalize", "out"}
+    assert cli.underscored("--batch-size=8", names) == "--batch_size=8"
+    assert cli.underscored("--batch-size", names) == "--batch_size"
+    assert cli.underscored("--no-normalize", names) == "--no_normalize"
+    assert cli.underscored("--query-prefix=a-b", names) == "--query-prefix=a-b"  # not a flag of the tool
+    assert cli.underscored("a-b", names) == "a-b" and cli.underscored("--out=x-y", names) == "--out=x-y"
