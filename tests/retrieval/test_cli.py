@@ -1,4 +1,5 @@
 """The index / search / evaluate / serve command lines: in-process (main(argv)) and as `python -m`."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -125,6 +126,8 @@ def test_index_cli_errors(data, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["passages"] == 1
 
 
+@pytest.mark.skipif(importlib.util.find_spec("pyserini") is None,
+                    reason="the optional Lucene backend is not installed (make lucene)")
 def test_lucene_index_cli(data, tmp_path, capsys):
     index.main(["--kind", "lucene", "--corpus", str(data / "corpus.jsonl"),
                 "--out", str(tmp_path / "lucene")])

@@ -1,5 +1,6 @@
 """The Lucene backend (pyserini 0.22.1's Anserini, Java 17) for real: index, search, agreement with bm25s."""
 import importlib
+import importlib.util
 import inspect
 import json
 import math
@@ -7,10 +8,13 @@ import re
 
 import pytest
 
-from searchrl.retrieval import index_kind, load_retriever
-from searchrl.retrieval.bm25 import BM25Retriever
-from searchrl.retrieval import lucene
-from searchrl.retrieval.lucene import LuceneRetriever, java_major_version, require_java
+if importlib.util.find_spec("pyserini") is None:  # optional: `make install` adds it when Java is on PATH
+    pytest.skip("the optional Lucene backend is not installed (make lucene)", allow_module_level=True)
+
+from searchrl.retrieval import index_kind, load_retriever  # noqa: E402
+from searchrl.retrieval.bm25 import BM25Retriever  # noqa: E402
+from searchrl.retrieval import lucene  # noqa: E402
+from searchrl.retrieval.lucene import LuceneRetriever, java_major_version, require_java  # noqa: E402
 
 DOCS = {  # id -> (title, text); tokens after analysis in the comments
     "a": ("", "cat dog"),  # cat dog
