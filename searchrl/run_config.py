@@ -55,9 +55,9 @@ RESUME_MODES = ("", "force")
 def base_config() -> ml_collections.ConfigDict:
     """The fields every run has: seed, workdir, resume, model, mesh and distributed."""
     config = ml_collections.ConfigDict()
-    config.seed = 0
+    config.seed = RunConfig.seed
     config.workdir = DEFAULT_WORKDIR
-    config.resume = ""
+    config.resume = RunConfig.resume
     config.model = to_config(ModelSource())
     config.mesh = to_config(MeshConfig())
     config.distributed = to_config(DistributedConfig())
@@ -68,7 +68,7 @@ def experiment_config(name: str) -> ml_collections.ConfigDict:
     """Every group a training run reads: base, tokenizer, data, retrieval, the env group of task `name`, rollout,
     train, rl and sft."""
     config = base_config()
-    config.tokenizer = ""
+    config.tokenizer = RunConfig.tokenizer
     config.data = to_config(DataConfig())
     config.retrieval = to_config(RetrievalConfig())
     config.env = task.default_config(name)
