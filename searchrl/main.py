@@ -49,8 +49,8 @@ def train(config: RunConfig) -> None:
     hooks = spec.train_hooks(built.env) if spec.train_hooks is not None else []
     trainer = Trainer(config, built.model_cfg, built.policy, built.tokenizer, built.env, built.train_examples,
                       eval_examples, hooks=hooks)
-    logging.info("process %d of %d: rows %d-%d of each batch of %d", jax.process_index(), jax.process_count(),
-                 trainer.rows.start, trainer.rows.stop - 1, trainer.batch_rows)
+    print(f"process {jax.process_index()} of {jax.process_count()}: rows {trainer.rows.start}-"
+          f"{trainer.rows.stop - 1} of each batch of {trainer.batch_rows}", flush=True)  # the tool's output
     try:
         trainer.train()
     finally:
