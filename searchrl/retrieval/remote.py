@@ -13,58 +13,17 @@ from __future__ import annotations
 import http.client
 import json
 import math
-import socket
 import time
 import urllib.parse
 from typing import Any, Sequence
 
 from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.corpus import split_contents
+from searchrl.retrieval.deadline import Connection
 from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable
 
 MAX_RETRY_AFTER_S = 60.0  # the longest Retry-After honoured
 RETRIED_STATUSES = (408, 429)  # and every 5xx
-
-
-class DeadlineSocket(socket.socket):
-    """A socket whose every receive and send times out when `deadline` (a `time.monotonic()` instant, None:
-    never) passes, however slowly the peer trickles bytes."""
-
-    deadline: float | None = None
-
-    @classmethod
-    def adopt(cls, sock: socket.socket) -> DeadlineSocket:
-        """`sock`'s connection as a DeadlineSocket (`sock` is detached from it)."""
-        return cls(fileno=sock.detach())
-
-    def _arm(self) -> None:
-        if self.deadline is None:
-            return self.settimeout(None)
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("deadline passed")
-        self.settimeout(left)
-
-    def recv_into(self, *args: Any) -> int:
-        self._arm()
-        return super().recv_into(*args)
-
-    def sendall(self, *args: Any) -> None:
-        self._arm()
-        super().sendall(*args)
-
-
-class _Connection(http.client.HTTPConnection):
-    """An HTTP connection whose whole exchange must be over by `deadline`."""
-
-    def __init__(self, host: str, port: int | None, deadline: float):
-        super().__init__(host, port, timeout=max(deadline - time.monotonic(), 1e-3))
-        self.deadline = deadline
-
-    def connect(self) -> None:
-        super().connect()
-        self.sock = DeadlineSocket.adopt(self.sock)
-        self.sock.deadline = self.deadline
 
 
 class _Transient(Exception):
@@ -166,7 +125,7 @@ class RemoteRetriever:
 
     def _attempt(self, payload: bytes) -> Any:
         """One POST, over within `timeout`: the decoded JSON of a 200."""
-        connection = _Connection(self._host, self._port, time.monotonic() + self.timeout)
+        connection = Connection(self._host, self._port, time.monotonic() + self.timeout)
         try:
             connection.request("POST", self._path, payload,
                                {"Content-Type": "application/json", "Connection": "close"})

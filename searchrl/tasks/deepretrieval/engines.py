@@ -17,14 +17,12 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import email.utils
-import functools
 import http.client
 import json
 import math
 import os
 import re
 import reprlib
-import ssl
 import sys
 import threading
 import time
@@ -33,7 +31,7 @@ import warnings
 from typing import Any, Callable, Protocol, Sequence
 
 from searchrl.retrieval import RETRIEVERS, RetrievalConfig
-from searchrl.retrieval.remote import DeadlineSocket
+from searchrl.retrieval.deadline import Connection, TLSConnection
 from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable
 
 Cursor = int | str | None  # the next page: ESearch's retstart or CT.gov's pageToken; None: the first page
@@ -386,61 +384,6 @@ def retry_after_s(value: str | None, now: float | None = None) -> float | None:
     return min(max(0.0, when - (time.time() if now is None else now)), MAX_RETRY_AFTER_S)
 
 
-class _DeadlineTLSSocket(ssl.SSLSocket):
-    """A TLS socket whose every receive and send times out when `deadline` (a `time.monotonic()` instant)
-    passes, as `DeadlineSocket` for plain HTTP."""
-
-    deadline: float | None = None
-
-    def _arm(self) -> None:
-        if self.deadline is None:
-            return self.settimeout(None)
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("deadline passed")
-        self.settimeout(left)
-
-    def recv_into(self, *args: Any) -> int:
-        self._arm()
-        return super().recv_into(*args)
-
-    def sendall(self, *args: Any) -> None:
-        self._arm()
-        super().sendall(*args)
-
-
-@functools.cache
-def _tls_context() -> ssl.SSLContext:
-    context = ssl.create_default_context()
-    context.sslsocket_class = _DeadlineTLSSocket
-    return context
-
-
-class _Connection(http.client.HTTPConnection):
-    """A plain HTTP connection whose whole exchange must be over by `deadline`."""
-
-    def __init__(self, host: str, port: int | None, deadline: float):
-        super().__init__(host, port, timeout=max(deadline - time.monotonic(), 1e-3))
-        self.deadline = deadline
-
-    def connect(self) -> None:
-        super().connect()
-        self.sock = DeadlineSocket.adopt(self.sock)
-        self.sock.deadline = self.deadline
-
-
-class _TLSConnection(http.client.HTTPSConnection):
-    """An HTTPS connection whose whole exchange must be over by `deadline`."""
-
-    def __init__(self, host: str, port: int | None, deadline: float):
-        super().__init__(host, port, timeout=max(deadline - time.monotonic(), 1e-3), context=_tls_context())
-        self.deadline = deadline
-
-    def connect(self) -> None:
-        super().connect()
-        self.sock.deadline = self.deadline
-
-
 def read_body(response: http.client.HTTPResponse, max_bytes: int) -> bytes:
     """The response's body; `BodyTooLarge` when it is over `max_bytes` (said by Content-Length or found while
     reading), so that a huge body is never read whole."""
@@ -482,7 +425,7 @@ class SearchEngine:
         parts = urllib.parse.urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"{api.name}: the url must be http(s)://HOST[:PORT]/PATH, got {self.url!r}")
-        self._connection = _TLSConnection if parts.scheme == "https" else _Connection
+        self._connection = TLSConnection if parts.scheme == "https" else Connection
         self._host, self._port, self._base_path = parts.hostname, parts.port, parts.path
         self.max_body_bytes = MAX_BODY_BYTES
         self.limiter = RateLimiter(rate_per_s or api.default_rate_per_s, clock, sleep)
