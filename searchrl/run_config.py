@@ -105,7 +105,7 @@ def parse(config: ml_collections.ConfigDict) -> RunConfig:
         raise ValueError(f"config: unknown key(s) {unknown}; known: {sorted(set(GROUPS) - {'task'})}")
     env = dict(values.pop("env"))
     if "name" not in env:
-        raise ValueError("config.env: no name (the task, e.g. 'search_r1')")
+        raise ValueError("config.env: no name (the task it configures)")
     name = env.pop("name")
     spec = task.get(name)
     fields: dict[str, Any] = {"task": name, "env": from_config(spec.config, env, "config.env")}

@@ -1,6 +1,6 @@
 """The datasets a run trains and evaluates on: reading `config.data`'s files, one directory per dataset, in
 one of the data formats registered in FORMATS: "qa" (FlashRAG JSONL or Search-R1 parquet) here, the others by
-the tasks that read them (DeepRetrieval's retrieval task families).
+the tasks that read them.
 
 A run reads its examples from TFDS datasets (`searchrl.data.tfds_records`): the first run to read a split
 prepares it with the format's reader, and every run (and every process of one) then reads only the examples

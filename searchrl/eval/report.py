@@ -3,7 +3,7 @@ per search budget and the task's own analyses, written as Markdown, CSV, JSON an
 
 A question row is a plain dict (one line of `predictions.jsonl`): "dataset", "id" and the env's per-row
 results; its numbers ("em", "f1", "searches", "recall", ...) are the metrics summarised here, whatever the
-env, except the fields the task's `searchrl.task.Report` names as labels (e.g. AutoSearch's hop count).
+env, except the fields the task's `searchrl.task.Report` names as labels (e.g. a question's hop count).
 Everything here is a pure function of such rows and the task's `Report`; nothing here knows a task.
 """
 from __future__ import annotations

@@ -85,5 +85,5 @@ def remote_retriever(config: RetrievalConfig) -> Retriever:
 
 def make_retriever(config: RetrievalConfig) -> Retriever:
     """The retriever `config.retrieval` describes: its kind names an entry of RETRIEVERS (tasks register
-    theirs, e.g. DeepRetrieval's search engines)."""
+    theirs)."""
     return RETRIEVERS.get(config.kind)(config)

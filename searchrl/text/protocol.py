@@ -13,7 +13,7 @@ Text is free inside a tag; between tags only whitespace is allowed, and nothing 
 `</answer>`. Every tag is therefore balanced. As in Search-R1, new information must be followed by a
 `<think>` before the next search or answer.
 
-A single model turn (AutoSearch checks each turn on its own) is a walk from `start` that stops at
+A single model turn (an env may check each turn on its own) is a walk from `start` that stops at
 `after_search` (a search turn) or at `end` (an answer turn). `tool_or_answer` reads a turn's action the way
 every tag-speaking env does.
 """
