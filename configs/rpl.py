@@ -48,7 +48,7 @@ def paper_qwen3_8b(config):
 
 def tiny(config):
     """The CPU miniature (`python -m searchrl.demo --config configs/rpl.py:tiny`, `searchrl.tasks.rpl.demo`): two
-    RL seeds took 11 minutes on 2 shared cores; measured results in the README."""
+    RL seeds took 11 minutes on 2 shared cores; measured results in docs/rpl.md."""
     config.workdir = "runs/rpl_demo"
     config.demo = to_config(RPLDemoConfig())
     config.data.update(dict(dir=config.workdir, train="globalqa", eval="globalqa", eval_split="test"))
@@ -59,7 +59,7 @@ def tiny(config):
                              num_kv_heads=2, head_dim=32, tie_word_embeddings=True))
     # No dense index on the CPU: programs get BM25 with fuse and dedup; the search baseline gets BM25's top 3.
     # Answers cite shown documents by number (Search-R1's "Doc <n>" lines): a model trained from scratch on
-    # a CPU budget learns that, where copying multi-token ids stays at zero answer F1 (README).
+    # a CPU budget learns that, where copying multi-token ids stays at zero answer F1 (docs/rpl.md).
     config.env.update(dict(action_space="sparse", max_turns=1, prompt_template="Question: {question}\n",
                            cite="rank"))
     # A program shows at most 4 documents, fewer than the search agent's two searches of 3.
@@ -88,7 +88,7 @@ def tiny(config):
     # rounds of verified edits each: moving the shown window past the group's own passages (which BM25 ranks
     # first) takes 2 rounds for a city's group and 4 for an organisation's.
     # Distillation is SFT at twice RL's learning rate, about four passes over the kept trajectories (about
-    # 270: verified variants and the programs no edit improves). Measured (README): at 1e-3 for one pass it
+    # 270: verified variants and the programs no edit improves). Measured (docs/rpl.md): at 1e-3 for one pass it
     # lowered held-out answer F1; at 1e-4 for two passes it moved too few programs on one seed.
     config.env.mutation.update(dict(episodes=512, max_variants=16, max_shown=4, rounds=4))
     config.env.mutation.sft.update(dict(steps=64, batch_size=16, max_len=288))
