@@ -11,7 +11,6 @@ their predictions.jsonl, for `python -m searchrl.tasks.deepretrieval.rewrites`),
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -19,11 +18,11 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
 
 from searchrl import experiment, models, task
 from searchrl.data import datasets
 from searchrl.demo.config import seed_config, world_config
+from searchrl.demo.results import seed_means, write_results
 from searchrl.eval import harness, report
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.rl import sft
@@ -50,7 +49,8 @@ def build_world(config: RunConfig, demo: RewriteDemoConfig) -> rewrite_world.Rew
                                          num_candidates=demo.num_candidates)
     paths = rewrite_world.write_world(world, os.path.join(config.data.dir, DATASET))
     BM25Retriever.build(paths["corpus"], config.retrieval.index_dir, show_progress=False)
-    env = task.build(config.task, config.env, config.retrieval)  # its prompts and answers, in the tokenizer's texts
+    # its prompts and answers, in the tokenizer's texts
+    env = task.build(config.task, config.env, config.retrieval)
     queries = [{"question": q["text"], **q} for qs in world.queries.values() for q in qs]
     texts = [doc["text"] for doc in world.docs]
     texts += [env.prompt(q) + env.target_response(rewrite_world.oracle_rewrite(world, q)) for q in queries]
@@ -130,15 +130,8 @@ def run(config: RunConfig) -> dict[str, Any]:
     start = time.perf_counter()
     demo = config.demo
     per_seed = {str(seed): run_seed(world_config(seed_config(config, seed)), demo) for seed in demo.seeds}
-    means = {policy: {m: float(np.mean([r[policy][m] for r in per_seed.values()])) for m in METRICS}
-             for policy in POLICIES}
-    table = markdown(per_seed)
-    print(table)
-    os.makedirs(config.workdir, exist_ok=True)
-    with open(os.path.join(config.workdir, "results.md"), "w") as f:
-        f.write(table + "\n")
-    results = {"held_out": per_seed, "mean": means, "seconds": time.perf_counter() - start}
-    with open(os.path.join(config.workdir, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    results = {"held_out": per_seed, "mean": seed_means(per_seed, POLICIES, METRICS),
+               "seconds": time.perf_counter() - start}
+    write_results(config.workdir, markdown(per_seed), results)
     print(f"results: {config.workdir}/results.json ({results['seconds']:.0f}s)")
     return results

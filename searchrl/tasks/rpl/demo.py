@@ -39,6 +39,7 @@ from searchrl import experiment, models  # noqa: E402
 from searchrl.data import datasets  # noqa: E402
 from searchrl.demo import synthetic  # noqa: E402
 from searchrl.demo.config import seed_config, world_config  # noqa: E402
+from searchrl.demo.results import seed_means, write_results  # noqa: E402
 from searchrl.episode import Action, Observation  # noqa: E402
 from searchrl.eval import harness, report  # noqa: E402
 from searchrl.metric_writer import read_metrics  # noqa: E402
@@ -353,17 +354,9 @@ def run(config: RunConfig) -> dict[str, Any]:
     cold = cold_started(config, demo)
     print(f"cold start done ({time.perf_counter() - start:.0f}s)")
     per_seed = {str(seed): run_seed(seed_config(config, seed), demo, cold) for seed in demo.seeds}
-    means = {policy: {m: float(np.mean([r[policy][m] for r in per_seed.values()])) for m in METRICS}
-             for policy in POLICIES}
-    table = markdown(per_seed)
-    print(table)
-    os.makedirs(config.workdir, exist_ok=True)
-    with open(os.path.join(config.workdir, "results.md"), "w") as f:
-        f.write(table + "\n")
-    results = {"held_out": per_seed, "mean": means, "claims": claims(per_seed),
-               "seconds": time.perf_counter() - start}
-    with open(os.path.join(config.workdir, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    results = {"held_out": per_seed, "mean": seed_means(per_seed, POLICIES, METRICS),
+               "claims": claims(per_seed), "seconds": time.perf_counter() - start}
+    write_results(config.workdir, markdown(per_seed), results)
     plot(per_seed, os.path.join(config.workdir, "rpl.png"))
     print(json.dumps(results["claims"]))
     print(f"results: {config.workdir}/results.json, plot: {config.workdir}/rpl.png "
