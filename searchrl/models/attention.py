@@ -4,8 +4,10 @@
 Every implementation takes the same compact description of which keys a query sees, never a [T, S] mask:
 key slot s is attended by query t of row b iff `key_valid[b, s] and s <= query_slot[b, t]`. Without a cache
 that is causal attention over the row's unmasked tokens (query_slot = t); with one, each query sees the valid
-cache slots up to its own (query_slot = length[b] + t). A query with no such key gets a finite, unspecified
-output (scores of masked keys are `MASKED`, never -inf, so no row of the softmax is 0 / 0).
+cache slots up to its own (query_slot = length[b] + t). Packed rows (several sequences in one row, no cache,
+T == S) add `segment_ids` [B, T]: then query t also needs `segment_ids[b, s] == segment_ids[b, t]`. A query
+with no such key gets a finite, unspecified output (scores of masked keys are `MASKED`, never -inf, so no row
+of the softmax is 0 / 0).
 
 Shapes: q [B, T, H, hd]; k, v [B, KV, S, hd] (the cache's layout: H is a multiple of KV, each group of
 H / KV query heads shares a key head); the output is [B, T, H, hd] in v's dtype.
@@ -24,13 +26,25 @@ from searchrl.registry import Registry
 
 MASKED = -1e30  # score of a key that may not be attended (finite: fully masked rows stay NaN-free).
 
-Attention = Callable[[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, AttentionConfig], jax.Array]
+# (q, k, v, key_valid, query_slot, config, segment_ids) -> output
+Attention = Callable[..., jax.Array]
 ATTENTION: Registry[Attention] = Registry("attention implementation", "config.mesh.attention.impl")
 
 
-def attend_mask(key_valid: jax.Array, query_slot: jax.Array, slots: jax.Array) -> jax.Array:
-    """Bool [B, T, n]: whether each query may attend each of the key slots `slots` [n]."""
-    return key_valid[:, None, :] & (slots[None, None, :] <= query_slot[:, :, None])
+def attend_mask(key_valid: jax.Array, query_slot: jax.Array, slots: jax.Array,
+                segments: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
+    """Bool [B, T, n]: whether each query may attend each of the key slots `slots` [n] (key_valid [B, n]);
+    `segments` = (the queries' segment ids [B, T], the keys' [B, n]) of packed rows."""
+    allowed = key_valid[:, None, :] & (slots[None, None, :] <= query_slot[:, :, None])
+    if segments is None:
+        return allowed
+    query_segment, key_segment = segments
+    return allowed & (query_segment[:, :, None] == key_segment[:, None, :])
+
+
+def _both(segment_ids: jax.Array | None) -> tuple[jax.Array, jax.Array] | None:
+    """Packed rows' segment ids as (queries', keys'): the same array, since a packed row has no cache."""
+    return None if segment_ids is None else (segment_ids, segment_ids)
 
 
 def _grouped(q: jax.Array, kv_heads: int) -> jax.Array:
@@ -48,7 +62,7 @@ def _ungrouped(out: jax.Array) -> jax.Array:
 
 @ATTENTION.register("reference")
 def reference(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
-              config: AttentionConfig) -> jax.Array:
+              config: AttentionConfig, segment_ids: jax.Array | None = None) -> jax.Array:
     """Float32 scores [B, KV, G, T, S] and their softmax, materialised: the definition the others are tested
     against (and the HF parity tests' math). Per key head both dots are plain batched matmuls over the cache's
     own layout, so no transposed copy of the keys/values is made."""
@@ -56,7 +70,7 @@ def reference(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, qu
     qg = _grouped(q, k.shape[1])
     scores = jnp.einsum("bkgth,bksh->bkgts", qg, k, preferred_element_type=jnp.float32)
     scores = scores / math.sqrt(q.shape[-1])
-    allowed = attend_mask(key_valid, query_slot, jnp.arange(k.shape[2]))
+    allowed = attend_mask(key_valid, query_slot, jnp.arange(k.shape[2]), _both(segment_ids))
     scores = jnp.where(allowed[:, None, None], scores, MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     return _ungrouped(jnp.einsum("bkgts,bksh->bkgth", probs, v))
@@ -64,45 +78,48 @@ def reference(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, qu
 
 @ATTENTION.register("blockwise")
 def blockwise(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
-              config: AttentionConfig) -> jax.Array:
+              config: AttentionConfig, segment_ids: jax.Array | None = None) -> jax.Array:
     """Online softmax over blocks of `config.block_size` key slots (flash attention in plain XLA): the scores
     of one block, [B, KV, G, T, block] float32, are all that live at once, in the forward pass and in the
     backward pass (`_flash`, which recomputes them from q, k and each query's softmax statistics). The
     portable implementation: every backend compiles it."""
     block = min(config.block_size, k.shape[2])
-    return _ungrouped(_flash(_grouped(q, k.shape[1]), k, v, key_valid, query_slot.astype(jnp.int32), block))
+    return _ungrouped(_flash(_grouped(q, k.shape[1]), k, v, key_valid, query_slot.astype(jnp.int32),
+                             segment_ids, block))
 
 
 @ATTENTION.register("dot_product")
 def dot_product(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
-                config: AttentionConfig) -> jax.Array:
+                config: AttentionConfig, segment_ids: jax.Array | None = None) -> jax.Array:
     """`jax.nn.dot_product_attention` with cuDNN's fused kernel (GPU only; bfloat16 or float16, head_dim a
     multiple of 8 up to 128). Its API cannot express this rule in O(T + S): causal masking assumes query t is
     key slot t and the sequence lengths assume a valid prefix, but rows are left-padded and a cache has holes
     and per-row lengths. So it is given the dense bool mask [B, 1, T, S], which cuDNN turns into an additive
     bias of q's dtype: no [B, H, T, S] float32 scores or softmax, but one [B, T, S] bias a row."""
     del config
-    return _dot_product(q, k, v, key_valid, query_slot, "cudnn")
+    return _dot_product(q, k, v, key_valid, query_slot, segment_ids, "cudnn")
 
 
 def _dot_product(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
-                 implementation: str) -> jax.Array:
+                 segment_ids: jax.Array | None, implementation: str) -> jax.Array:
     """`dot_product` through jax.nn.dot_product_attention's `implementation` ("cudnn" or "xla")."""
-    mask = attend_mask(key_valid, query_slot, jnp.arange(k.shape[2]))[:, None]
+    mask = attend_mask(key_valid, query_slot, jnp.arange(k.shape[2]), _both(segment_ids))[:, None]
     k, v = (jnp.swapaxes(x, 1, 2).astype(q.dtype) for x in (k, v))  # [B, S, KV, hd]
     return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation).astype(v.dtype)
 
 
-def _block_scores(qg: jax.Array, k: jax.Array, key_valid: jax.Array, query_slot: jax.Array, start: jax.Array,
-                  first: jax.Array, block: int) -> jax.Array:
+def _block_scores(qg: jax.Array, k: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
+                  segment_ids: jax.Array | None, start: jax.Array, first: jax.Array, block: int) -> jax.Array:
     """Float32 scores [B, KV, G, T, block] of the key slots start .. start + block - 1: MASKED where a query
     may not attend, -inf on slots below `first` (an earlier block's, re-read by the last, clamped block), so
     they count for nothing even in a row with no key to attend."""
     slots = start + jnp.arange(block)
     keys = jax.lax.dynamic_slice_in_dim(k, start, block, axis=2)
     valid = jax.lax.dynamic_slice_in_dim(key_valid, start, block, axis=1)
+    segments = None if segment_ids is None else (
+        segment_ids, jax.lax.dynamic_slice_in_dim(segment_ids, start, block, axis=1))
     scores = jnp.einsum("bkgth,bksh->bkgts", qg, keys, preferred_element_type=jnp.float32)
-    scores = jnp.where(attend_mask(valid, query_slot, slots)[:, None, None],
+    scores = jnp.where(attend_mask(valid, query_slot, slots, segments)[:, None, None],
                        scores / math.sqrt(qg.shape[-1]), MASKED)
     return jnp.where(slots >= first, scores, -jnp.inf)
 
@@ -123,7 +140,8 @@ def _trips(slots: int, block: int) -> jax.Array:
 
 
 def _flash_forward(qg: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
-                   block: int) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+                   segment_ids: jax.Array | None, block: int
+                   ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     """(output [B, KV, G, T, hd] in v's dtype, (max, sum of exp(score - max)) of each query's scores, both
     [B, KV, G, T] float32). The two are kept apart: in a row with no key to attend, log(sum) is lost in
     MASKED + log(sum) at float32's precision."""
@@ -133,7 +151,7 @@ def _flash_forward(qg: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Arr
     def step(i, carry):
         m, l, acc = carry
         start, first = _block_start(i, block, S)
-        scores = _block_scores(qg, k, key_valid, query_slot, start, first, block)
+        scores = _block_scores(qg, k, key_valid, query_slot, segment_ids, start, first, block)
         m_new = jnp.maximum(m, scores.max(axis=-1))
         p = jnp.exp(scores - m_new[..., None])
         scale = jnp.exp(m - m_new)
@@ -147,22 +165,22 @@ def _flash_forward(qg: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Arr
     return (acc / l[..., None]).astype(v.dtype), (m, l)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
 def _flash(qg: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
-           block: int) -> jax.Array:
+           segment_ids: jax.Array | None, block: int) -> jax.Array:
     """Attention of grouped queries qg [B, KV, G, T, hd] over k, v [B, KV, S, hd], block by block."""
-    return _flash_forward(qg, k, v, key_valid, query_slot, block)[0]
+    return _flash_forward(qg, k, v, key_valid, query_slot, segment_ids, block)[0]
 
 
-def _flash_fwd(qg, k, v, key_valid, query_slot, block):
-    out, stats = _flash_forward(qg, k, v, key_valid, query_slot, block)
-    return out, (qg, k, v, key_valid, query_slot, out, stats)
+def _flash_fwd(qg, k, v, key_valid, query_slot, segment_ids, block):
+    out, stats = _flash_forward(qg, k, v, key_valid, query_slot, segment_ids, block)
+    return out, (qg, k, v, key_valid, query_slot, segment_ids, out, stats)
 
 
 def _flash_bwd(block, residuals, d_out):
     """FlashAttention-2's backward pass: per key block, the probabilities are recomputed from the saved
     softmax statistics; dq accumulates over blocks, each block's dk and dv are added into their slots."""
-    qg, k, v, key_valid, query_slot, out, (m, l) = residuals
+    qg, k, v, key_valid, query_slot, segment_ids, out, (m, l) = residuals
     S = k.shape[2]
     d_out = d_out.astype(jnp.float32)
     delta = jnp.sum(d_out * out.astype(jnp.float32), axis=-1)  # [B, KV, G, T]
@@ -175,7 +193,7 @@ def _flash_bwd(block, residuals, d_out):
     def step(i, carry):
         dq, dk, dv = carry
         start, first = _block_start(i, block, S)
-        scores = _block_scores(qg, k, key_valid, query_slot, start, first, block)
+        scores = _block_scores(qg, k, key_valid, query_slot, segment_ids, start, first, block)
         allowed = scores > MASKED  # attended slots: masked ones pass no gradient to q or k (as `where`)
         p = jnp.exp(scores - m[..., None]) / l[..., None]  # [B, KV, G, T, block]
         keys, values = (jax.lax.dynamic_slice_in_dim(x, start, block, axis=2) for x in (k, v))
@@ -188,13 +206,13 @@ def _flash_bwd(block, residuals, d_out):
 
     init = tuple(jnp.zeros(x.shape, jnp.float32) for x in (qg, k, v))
     dq, dk, dv = jax.lax.fori_loop(0, _trips(S, block), step, init)
-    return dq.astype(qg.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
+    return dq.astype(qg.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
-              config: AttentionConfig) -> jax.Array:
+              config: AttentionConfig, segment_ids: jax.Array | None = None) -> jax.Array:
     """Attention by the implementation `config.impl` names (see the module docstring)."""
-    return ATTENTION.get(config.impl)(q, k, v, key_valid, query_slot, config)
+    return ATTENTION.get(config.impl)(q, k, v, key_valid, query_slot, config, segment_ids)

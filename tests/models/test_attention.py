@@ -27,8 +27,8 @@ def _key_valid(rows: list[list[int]]) -> np.ndarray:
     return valid
 
 
-def _cases() -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """(key_valid [B, S], query_slot [B, T]) of each layout the decoder makes."""
+def _cases() -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+    """(key_valid [B, S], query_slot [B, T], segment_ids [B, S] or None) of each layout the decoder makes."""
     t = np.arange(T)
     no_cache = np.broadcast_to(t, (B, T))
     padded = np.zeros((B, S), bool)
@@ -39,29 +39,36 @@ def _cases() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     masked = padded.copy()
     masked[2] = False  # a row with no key at all
     masked[1, :3] = False  # and queries before any valid key
+    # Packed rows (T == S): sequences of 5, 4 and 3 tokens then padding; one sequence; one sequence a row
+    # whose second segment starts at slot 1.
+    segments = np.array([[1] * 5 + [2] * 4 + [3] * 3 + [0], [1] * 13, [1] + [2] * 10 + [0] * 2])
     return {
-        "causal_padding": (padded, no_cache),
-        "extend_cache": (cache, lengths[:, None] + t),
-        "decode_cache": (decode, np.array([[4], [9], [12]])),
-        "fully_masked": (masked, no_cache),
+        "causal_padding": (padded, no_cache, None),
+        "extend_cache": (cache, lengths[:, None] + t, None),
+        "decode_cache": (decode, np.array([[4], [9], [12]]), None),
+        "fully_masked": (masked, no_cache, None),
+        "packed": (segments > 0, np.broadcast_to(np.arange(S), (B, S)), segments),
     }
 
 
 CASES = _cases()
 
 
-def _operands(case: str, dtype) -> tuple:
-    key_valid, query_slot = CASES[case]
+def _operands(case: str, dtype) -> tuple[tuple, jax.Array | None]:
+    """((q, k, v, key_valid, query_slot), segment_ids) of a case."""
+    key_valid, query_slot, segment_ids = CASES[case]
     rng = np.random.default_rng(0)
     q = rng.standard_normal((B, query_slot.shape[1], H, HD))
     k, v = (rng.standard_normal((B, KV, S, HD)) for _ in range(2))
-    return (*(jnp.asarray(x, dtype) for x in (q, k, v)), jnp.asarray(key_valid), jnp.asarray(query_slot, jnp.int32))
+    args = (*(jnp.asarray(x, dtype) for x in (q, k, v)), jnp.asarray(key_valid),
+            jnp.asarray(query_slot, jnp.int32))
+    return args, None if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
 
 
-def _xla_dot_product(q, k, v, key_valid, query_slot, config):
+def _xla_dot_product(q, k, v, key_valid, query_slot, config, segment_ids=None):
     """`dot_product`'s mask and layout through jax.nn.dot_product_attention's XLA path (cuDNN needs a GPU)."""
     del config
-    return attention_lib._dot_product(q, k, v, key_valid, query_slot, "xla")
+    return attention_lib._dot_product(q, k, v, key_valid, query_slot, segment_ids, "xla")
 
 
 IMPLEMENTATIONS = {
@@ -72,9 +79,9 @@ IMPLEMENTATIONS = {
 }
 
 
-def _loss(fn, config, q, k, v, key_valid, query_slot):
+def _loss(fn, config, segment_ids, q, k, v, key_valid, query_slot):
     """A scalar reading every output with distinct weights (so that every gradient entry is checked)."""
-    out = fn(q, k, v, key_valid, query_slot, config).astype(jnp.float32)
+    out = fn(q, k, v, key_valid, query_slot, config, segment_ids).astype(jnp.float32)
     weights = jnp.sin(jnp.arange(out.size, dtype=jnp.float32)).reshape(out.shape)
     return jnp.sum(out * weights)
 
@@ -83,7 +90,7 @@ def test_every_implementation_is_registered_and_tested():
     assert attention_lib.ATTENTION.names() == ["blockwise", "dot_product", "reference"]
     assert {config.impl for _, config in IMPLEMENTATIONS.values()} == {"blockwise", "dot_product"}
     with pytest.raises(ValueError, match="config.mesh.attention.impl='flash'"):
-        attention_lib.attention(*_operands("causal_padding", jnp.float32), AttentionConfig("flash"))
+        attention_lib.attention(*_operands("causal_padding", jnp.float32)[0], AttentionConfig("flash"))
     with pytest.raises(ValueError, match="block_size"):
         AttentionConfig("blockwise", block_size=0)
 
@@ -92,26 +99,27 @@ def test_every_implementation_is_registered_and_tested():
 @pytest.mark.parametrize("name", sorted(IMPLEMENTATIONS))
 def test_values_and_gradients_match_the_reference_float32(name, case):
     fn, config = IMPLEMENTATIONS[name]
-    args = _operands(case, jnp.float32)
-    ref = attention_lib.reference(*args, AttentionConfig())
-    got = jax.jit(fn, static_argnums=5)(*args, config)
+    args, segment_ids = _operands(case, jnp.float32)
+    ref = attention_lib.reference(*args, AttentionConfig(), segment_ids)
+    got = jax.jit(fn, static_argnums=5)(*args, config, segment_ids)
     assert np.isfinite(np.asarray(got)).all()
     np.testing.assert_allclose(got, ref, atol=F32_TOL, rtol=F32_TOL)
-    grad = jax.jit(jax.grad(functools.partial(_loss, fn, config), argnums=(0, 1, 2)))
-    ref_grad = jax.grad(functools.partial(_loss, attention_lib.reference, AttentionConfig()), argnums=(0, 1, 2))
+    grad = jax.jit(jax.grad(functools.partial(_loss, fn, config, segment_ids), argnums=(0, 1, 2)))
+    ref_grad = jax.grad(functools.partial(_loss, attention_lib.reference, AttentionConfig(), segment_ids),
+                        argnums=(0, 1, 2))
     for g, r in zip(grad(*args), ref_grad(*args)):
         np.testing.assert_allclose(g, r, atol=F32_TOL, rtol=F32_TOL)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_blockwise_matches_the_reference_bfloat16(case):
-    args = _operands(case, jnp.bfloat16)
+    args, segment_ids = _operands(case, jnp.bfloat16)
     config = AttentionConfig("blockwise", block_size=4)
-    ref = attention_lib.reference(*args, AttentionConfig())
-    got = attention_lib.blockwise(*args, config)
+    ref = attention_lib.reference(*args, AttentionConfig(), segment_ids)
+    got = attention_lib.blockwise(*args, config, segment_ids)
     assert got.dtype == ref.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref, np.float32), atol=BF16_TOL)
-    grads = [jax.grad(functools.partial(_loss, fn, c), argnums=(0, 1, 2))(*args)
+    grads = [jax.grad(functools.partial(_loss, fn, c, segment_ids), argnums=(0, 1, 2))(*args)
              for fn, c in ((attention_lib.blockwise, config), (attention_lib.reference, AttentionConfig()))]
     for g, r in zip(*grads):
         scale = float(jnp.abs(r.astype(jnp.float32)).max())
@@ -134,6 +142,33 @@ def test_forward_with_blockwise_attention_matches_the_reference():
     positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0).astype(jnp.int32)
     ref, got = (_forward(a)(PARAMS, tokens, positions, mask)[0] for a in (AttentionConfig(), BLOCKWISE))
     np.testing.assert_allclose(np.asarray(got)[np.asarray(mask)], np.asarray(ref)[np.asarray(mask)], atol=1e-5)
+
+
+@pytest.mark.parametrize("attention", [AttentionConfig(), BLOCKWISE], ids=["reference", "blockwise"])
+def test_packed_forward_equals_each_sequence_alone(attention):
+    """Three sequences packed in one row (positions restarting per sequence, padding at the end) give each
+    the logits of its own unpadded forward pass."""
+    rng = np.random.default_rng(2)
+    lengths = (5, 7, 3)
+    sequences = [rng.integers(3, CFG.vocab_size, n) for n in lengths]
+    width = sum(lengths) + 2
+    tokens = np.zeros((1, width), np.int32)
+    tokens[0, :sum(lengths)] = np.concatenate(sequences)
+    segment_ids = np.zeros((1, width), np.int32)
+    segment_ids[0, :sum(lengths)] = np.repeat(np.arange(1, 4), lengths)
+    positions = np.zeros((1, width), np.int32)
+    positions[0, :sum(lengths)] = np.concatenate([np.arange(n) for n in lengths])
+    packed = jax.jit(functools.partial(forward, CFG, rules=TRAIN_RULES, attention=attention, remat=False))(
+        PARAMS, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segment_ids > 0),
+        segment_ids=jnp.asarray(segment_ids))[0]
+    start = 0
+    for seq in sequences:
+        alone = _forward(AttentionConfig())(PARAMS, jnp.asarray(seq[None], jnp.int32),
+                                            jnp.arange(len(seq), dtype=jnp.int32)[None],
+                                            jnp.ones((1, len(seq)), bool))[0]
+        np.testing.assert_allclose(np.asarray(packed)[0, start:start + len(seq)], np.asarray(alone)[0],
+                                   atol=1e-5)
+        start += len(seq)
 
 
 def test_cached_forward_with_blockwise_attention_matches_the_reference():
