@@ -14,7 +14,7 @@ export TOKENIZERS_PARALLELISM := false
 
 LIBTPU := .libtpu/libtpu/libtpu.so
 
-.PHONY: install lucene libtpu test test-fast demo clean-venv
+.PHONY: install lucene libtpu aot-gpu test test-fast demo clean-venv
 
 install: $(STAMP)
 
@@ -31,6 +31,16 @@ $(LIBTPU): requirements-libtpu.txt $(STAMP)
 	rm -rf .libtpu
 	$(PY) -m pip install --quiet --no-deps --target .libtpu -r requirements-libtpu.txt
 	touch $(LIBTPU)
+
+# A second venv with JAX's CUDA plugin (5.7 GB; no GPU or driver needed), for ahead-of-time GPU compilation
+# on this host: `.venv-gpu/bin/python -m searchrl.benchmarks.aot --topology a100:8 ...`.
+aot-gpu: .venv-gpu/.installed
+
+.venv-gpu/.installed: requirements.txt requirements-gpu.txt pyproject.toml
+	test -x .venv-gpu/bin/python || $(PYTHON) -m venv .venv-gpu
+	.venv-gpu/bin/python -m pip install --quiet -r requirements.txt "$$(grep '^jax\[cuda12\]' requirements-gpu.txt)"
+	.venv-gpu/bin/python -m pip install --quiet --no-deps -e .
+	touch $@
 
 $(STAMP): $(REQS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

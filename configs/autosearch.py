@@ -1,7 +1,7 @@
 """AutoSearch: Search-R1's PPO plus turn-level rewards for format, answer-quality gains of the intermediate answers
 and stopping at the minimal sufficient search depth.
 
-Usage: python -m searchrl.main --config configs/autosearch.py:PRESET train [--config.x.y=value ...]
+Usage: python -m searchrl.main --config configs/autosearch.py:PRESET[,SETUP] train [--config.x.y=value ...]
        python -m searchrl.demo  [--config configs/autosearch.py:tiny]
 Presets:
   tiny                 the CPU demo: a synthetic world, BM25, a tiny model, SFT cold start then PPO.
@@ -26,6 +26,7 @@ from searchrl.configlib import sibling, to_config
 from searchrl.tasks.autosearch.config import DemoConfig
 
 search_r1 = sibling(__file__, "search_r1")
+hardware = sibling(__file__, "hardware")
 
 DEMO_PROMPT = "Question: {question}\n"
 # The demo's intermediate answers open the way its scripted answer turns do
@@ -165,7 +166,9 @@ PRESETS = {"tiny": tiny, "tiny_no_efficiency": tiny_no_efficiency, "paper": pape
 
 
 def get_config(arg: str = "tiny"):
-    if arg not in PRESETS:
-        raise ValueError(f"Unknown preset {arg!r} for configs/autosearch.py; expected one of {sorted(PRESETS)}")
-    config = PRESETS[arg](run_config.experiment_config("autosearch"))
-    return run_config.preset_workdir(config, __file__, arg)
+    preset, setup = hardware.split(arg)
+    if preset not in PRESETS:
+        raise ValueError(f"Unknown preset {arg!r} for configs/autosearch.py; expected one of "
+                         f"{sorted(PRESETS)}, optionally followed by ',<setup>' ({sorted(hardware.SETUPS)})")
+    config = hardware.apply(PRESETS[preset](run_config.experiment_config("autosearch")), setup)
+    return run_config.preset_workdir(config, __file__, preset)

@@ -1,6 +1,6 @@
 """DeepRetrieval: RL query rewriting rewarded by a real retriever's metric, for four task families.
 
-Usage: python -m searchrl.main --config configs/deepretrieval.py:PRESET[,no_reasoning] train
+Usage: python -m searchrl.main --config configs/deepretrieval.py:PRESET[,no_reasoning][,SETUP] train
            [--config.x.y=...]
        python -m searchrl.demo  --config configs/deepretrieval.py:tiny
 Presets (",no_reasoning" appended to any: the paper's ablation without <think>):
@@ -10,6 +10,7 @@ Presets (",no_reasoning" appended to any: the paper's ablation without <think>):
   classic           BEIR (MS MARCO by default) with BM25 (NDCG@3000 reward; NDCG@10, Recall@100).
   classic_dense     the same with the dense retriever (FAISS).
   sql               Spider text-to-SQL (execution match), optional SFT cold start (`config.sft`).
+  sql_coder7b       Spider on Qwen2.5-Coder-7B-Instruct (the paper's 7B SQL model, trained on 4 A100s).
   sql_bird          BIRD (its 0.3 bonus for SQL that executes but returns other rows).
   tiny_<family>     each family at CPU size for tests (point data, index and tokenizer at local files).
   tiny              the CPU miniature: a synthetic world where users and documents use different words.
@@ -19,8 +20,10 @@ DeepRetrieval paper's Appendix B.2, [DR] pat-jj/DeepRetrieval code/scripts/train
 import os
 
 from searchrl import run_config
-from searchrl.configlib import to_config
+from searchrl.configlib import sibling, to_config
 from searchrl.tasks.deepretrieval.config import RewriteDemoConfig
+
+hardware = sibling(__file__, "hardware")
 
 RESPONSE_TOKENS = {"literature": 500, "evidence": 350, "classic": 512, "sql": 512}  # [P] B.2
 PROMPT_TOKENS = {"literature": 500, "evidence": 256, "classic": 256, "sql": 2048}  # max_prompt_length [DR]
@@ -106,6 +109,14 @@ def sql(config):
     return config
 
 
+def sql_coder7b(config):
+    """`sql` on Qwen2.5-Coder-7B-Instruct, the paper's SQL model at 7B, trained on 4 A100-80GB [P, Appendix
+    "Hardware"] (Qwen2.5-7B's architecture: preset qwen2p5_7b)."""
+    config = sql(config)
+    config.model.update(dict(preset="qwen2p5_7b", path="/data/models/Qwen2.5-Coder-7B-Instruct"))
+    return config
+
+
 def sql_bird(config):
     config = sql(config)
     config.data.update(dict(format="bird", train="bird", eval="bird"))
@@ -153,17 +164,20 @@ def tiny(config):
 
 
 FAMILIES = {"literature": literature, "literature_ctgov": literature_ctgov, "evidence": evidence,
-            "classic": classic, "classic_dense": classic_dense, "sql": sql, "sql_bird": sql_bird}
+            "classic": classic, "classic_dense": classic_dense, "sql": sql, "sql_coder7b": sql_coder7b,
+            "sql_bird": sql_bird}
 PRESETS = {**FAMILIES, **{f"tiny_{name}": (lambda c, f=f: _tiny(f(c))) for name, f in FAMILIES.items()},
            "tiny": tiny}
 
 
 def get_config(arg: str = "tiny"):
-    preset, _, variant = arg.partition(",")
+    name, setup = hardware.split(arg)
+    preset, _, variant = name.partition(",")
     if preset not in PRESETS or variant not in ("", "no_reasoning"):
         raise ValueError(f"Unknown preset {arg!r} for configs/deepretrieval.py; expected one of "
-                         f"{sorted(PRESETS)}, optionally followed by ',no_reasoning'")
+                         f"{sorted(PRESETS)}, optionally followed by ',no_reasoning' and ',<setup>' "
+                         f"({sorted(hardware.SETUPS)})")
     config = PRESETS[preset](run_config.experiment_config("deepretrieval"))
     if variant:
         config.env.reasoning = False
-    return run_config.preset_workdir(config, __file__, arg)
+    return run_config.preset_workdir(hardware.apply(config, setup), __file__, name)

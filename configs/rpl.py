@@ -1,6 +1,7 @@
 """Retrieval Program Learning: the policy writes programs over the retrieval SDK, run in the sandbox.
 
-Usage: python -m searchrl.main --config configs/rpl.py:PRESET[,SPACE][,no_thinking] train [--config.x.y=...]
+Usage: python -m searchrl.main --config configs/rpl.py:PRESET[,SPACE][,no_thinking][,SETUP] train
+           [--config.x.y=...]
 Presets:
   tiny            the CPU miniature of both claims (python -m searchrl.demo --config configs/rpl.py:tiny).
   paper_qwen3_4b  Qwen3-4B, open-domain QA (NQ + HotpotQA) and GlobalQA, BM25 + e5 dense, the full SDK.
@@ -19,6 +20,7 @@ from searchrl.tasks.rpl.config import RPLDemoConfig
 from searchrl.tasks.rpl.env import ACTION_SPACES
 
 search_r1 = sibling(__file__, "search_r1")
+hardware = sibling(__file__, "hardware")
 
 VARIANTS = (*ACTION_SPACES, "pm", "no_thinking")  # ",<variant>" suffixes of a preset
 
@@ -100,12 +102,13 @@ PRESETS = {"tiny": tiny, "paper_qwen3_4b": paper_qwen3_4b, "paper_qwen3_8b": pap
 
 
 def get_config(arg: str = "tiny"):
-    preset, *options = arg.split(",")
+    name, setup = hardware.split(arg)
+    preset, *options = name.split(",")
     spaces = [o for o in options if o in (*ACTION_SPACES, "pm")]
     if preset not in PRESETS or len(spaces) > 1 or set(options) - set(VARIANTS):
         raise ValueError(f"Unknown preset {arg!r} for configs/rpl.py; expected one of {sorted(PRESETS)}, "
                          f"optionally followed by ',<action space>' (one of {sorted(ACTION_SPACES)} or pm) "
-                         "and ',no_thinking'")
+                         f"and ',no_thinking', then ',<setup>' ({sorted(hardware.SETUPS)})")
     config = run_config.experiment_config("rpl")
     config = PRESETS[preset](config)
     if spaces:
@@ -114,4 +117,4 @@ def get_config(arg: str = "tiny"):
         config.env.mutation.at_step = 200  # mutation at step 200, then RL resumes [the RPL paper]
     if "no_thinking" in options:
         config.env.enable_thinking = False
-    return run_config.preset_workdir(config, __file__, arg)
+    return run_config.preset_workdir(hardware.apply(config, setup), __file__, name)

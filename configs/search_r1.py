@@ -1,11 +1,12 @@
 """Search-R1: PPO with an EM reward over a top-k retriever; the baseline the other configs build on.
 
-Usage: python -m searchrl.main --config configs/search_r1.py:PRESET COMMAND [--config.x.y=value ...]
+Usage: python -m searchrl.main --config configs/search_r1.py:PRESET[,SETUP] COMMAND [--config.x.y=value ...]
 Presets:
   tiny        CPU smoke runs and tests (a random tiny model; set tokenizer, data and index paths on the
               command line).
   paper       Search-R1 v0.2 (the paper's run, arXiv 2503.09516): PPO, plain EM reward, Qwen2.5-3B base,
               NQ + HotpotQA, e5 over Wikipedia-2018.
+  paper_7b    the same on Qwen2.5-7B base ([V2]'s active BASE_MODEL line).
   paper_v03   Search-R1 v0.3 (arXiv 2505.15117): the same PPO with the format-aware reward.
   paper_grpo  v0.2's GRPO run: 5 responses per prompt, KL as a loss, no critic.
 Sources cited below, all in github.com/PeterGriffinJin/Search-R1: [V2] scripts/nq_hotpotqa/v0.2/train_ppo.sh,
@@ -16,6 +17,9 @@ defaults those scripts leave unset, verl/trainer/config/ppo_trainer.yaml, [T] th
 not a paper run: NQ only, Llama-3.2-3B, max_turns=2, rollout top_p left at [Y]'s 0.95.)
 """
 from searchrl import run_config
+from searchrl.configlib import sibling
+
+hardware = sibling(__file__, "hardware")
 
 
 def paper(config):
@@ -72,6 +76,13 @@ def paper(config):
     return config
 
 
+def paper_7b(config):
+    """[V2] with its active model line: BASE_MODEL='Qwen/Qwen2.5-7B' [V2]."""
+    config = paper(config)
+    config.model.update(dict(preset="qwen2p5_7b", path="/data/models/Qwen2.5-7B"))
+    return config
+
+
 def paper_v03(config):
     """[V3]: v0.2's PPO with qa_em_format's format-aware reward (retrieval reward off)."""
     config = paper(config)
@@ -117,12 +128,13 @@ def tiny(config):
     return config
 
 
-PRESETS = {"tiny": tiny, "paper": paper, "paper_v03": paper_v03, "paper_grpo": paper_grpo}
+PRESETS = {"tiny": tiny, "paper": paper, "paper_7b": paper_7b, "paper_v03": paper_v03, "paper_grpo": paper_grpo}
 
 
 def get_config(arg: str = "tiny"):
-    if arg not in PRESETS:
+    preset, setup = hardware.split(arg)
+    if preset not in PRESETS:
         raise ValueError(f"Unknown preset {arg!r} for configs/search_r1.py; expected one of "
-                         f"{sorted(PRESETS)}")
-    config = PRESETS[arg](run_config.experiment_config("search_r1"))
-    return run_config.preset_workdir(config, __file__, arg)
+                         f"{sorted(PRESETS)}, optionally followed by ',<setup>' ({sorted(hardware.SETUPS)})")
+    config = hardware.apply(PRESETS[preset](run_config.experiment_config("search_r1")), setup)
+    return run_config.preset_workdir(config, __file__, preset)

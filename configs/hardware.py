@@ -1,0 +1,43 @@
+"""Hardware setups: a `,SETUP` suffix on any preset (e.g. `configs/autosearch.py:paper,a100x8`) lays the run
+out for the machines a paper used, at the paper's own batch, micro-batch and lengths.
+
+  a100x2, a100x4, a100x8   one host of 2, 4 or 8 A100-80GB (DeepRetrieval: 3B on 2, Coder-7B SQL on 4;
+                           Search-R1 and AutoSearch: 8)
+  h100x8                   one host of 8 H100-80GB (Search-R1's 7B; RPL's Qwen3-4B/8B)
+  v5p8                     8 TPU v5p chips (topology 2x2x2)
+
+Every setup shards the params, optimizer state and rows over all of its devices (FSDP), computes attention
+without a score matrix (`config.mesh.attention`: on GPUs JAX's fused cuDNN attention where it applies, on
+TPUs the Pallas kernels, both falling back to the blockwise XLA implementation where a case has no kernel),
+runs the LM head in chunks (`rl.logits_chunk`) and recomputes each layer in the backward pass (`rl.remat`).
+`python -m searchrl.benchmarks.aot --config configs/FILE.py:PRESET,SETUP --topology ...` compiles every
+program of the run for the setup's devices without them and reports its memory (docs/benchmarks.md).
+"""
+
+# The setup's device count and its attention implementation (names in searchrl.models.attention.ATTENTION).
+SETUPS = {
+    "a100x2": (2, "blockwise"),
+    "a100x4": (4, "blockwise"),
+    "a100x8": (8, "blockwise"),
+    "h100x8": (8, "blockwise"),
+    "v5p8": (8, "blockwise"),
+}
+# The LM head's positions per chunk: a chunk's float32 logits, 8 rows over Qwen's 151,936 words, are 4.6 GiB.
+LOGITS_CHUNK = 1024
+
+
+def split(arg: str) -> tuple[str, str | None]:
+    """`arg` without its hardware suffix, and the setup it names (None without one)."""
+    preset, _, last = arg.rpartition(",")
+    return (preset, last) if preset and last in SETUPS else (arg, None)
+
+
+def apply(config, setup: str | None):
+    """`config` laid out for `setup` (unchanged for None)."""
+    if setup is None:
+        return config
+    devices, attention = SETUPS[setup]
+    config.mesh.update(dict(data=1, fsdp=devices, tensor=1))
+    config.mesh.attention.impl = attention
+    config.rl.update(dict(logits_chunk=LOGITS_CHUNK, remat=True))
+    return config
