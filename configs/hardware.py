@@ -7,9 +7,8 @@ out for the machines a paper used, at the paper's own batch, micro-batch and len
   v5p8                     8 TPU v5p chips (topology 2x2x2)
 
 Every setup shards the params, optimizer state and rows over all of its devices (FSDP), computes attention
-without a score matrix (`config.mesh.attention`: on GPUs JAX's fused cuDNN attention where it applies, on
-TPUs the Pallas kernels, both falling back to the blockwise XLA implementation where a case has no kernel),
-runs the LM head in chunks (`rl.logits_chunk`) and recomputes each layer in the backward pass (`rl.remat`).
+without a score matrix (`config.mesh.attention`, the implementation `SETUPS` names), recomputes each layer in the backward pass (`rl.remat`) and, as every run does, computes the LM head in
+chunks of `rl.logits_chunk` positions.
 `python -m searchrl.benchmarks.aot --config configs/FILE.py:PRESET,SETUP --topology ...` compiles every
 program of the run for the setup's devices without them and reports its memory (docs/benchmarks.md).
 """
@@ -22,8 +21,6 @@ SETUPS = {
     "h100x8": (8, "blockwise"),
     "v5p8": (8, "blockwise"),
 }
-# The LM head's positions per chunk: a chunk's float32 logits, 8 rows over Qwen's 151,936 words, are 4.6 GiB.
-LOGITS_CHUNK = 1024
 
 
 def split(arg: str) -> tuple[str, str | None]:
@@ -39,5 +36,5 @@ def apply(config, setup: str | None):
     devices, attention = SETUPS[setup]
     config.mesh.update(dict(data=1, fsdp=devices, tensor=1))
     config.mesh.attention.impl = attention
-    config.rl.update(dict(logits_chunk=LOGITS_CHUNK, remat=True))
+    config.rl.remat = True
     return config

@@ -48,13 +48,16 @@ def test_config_from_source_prefers_set_fields_over_the_preset():
 
 def test_building_and_parsing_every_preset_is_instant_and_imports_no_heavy_library():
     """configs/*.py import config dataclasses only (no JAX, transformers, orbax or torch), and every preset
-    parses into its RunConfig."""
+    parses into its RunConfig, with and without each hardware setup."""
     code = ("import sys; sys.path.insert(0, 'configs'); import autosearch, deepretrieval, rpl, search_r1\n"
+            "from hardware import SETUPS\n"
             "from searchrl.run_config import parse\n"
-            "for name in autosearch.PRESETS: parse(autosearch.get_config(name))\n"
-            "for name in search_r1.PRESETS: parse(search_r1.get_config(name))\n"
-            "for name in deepretrieval.PRESETS: parse(deepretrieval.get_config(name + ',no_reasoning'))\n"
-            "for name in rpl.PRESETS: parse(rpl.get_config(name + ',dual,no_thinking'))\n"
+            "for setup in ('', *(',' + s for s in SETUPS)):\n"
+            "    for name in autosearch.PRESETS: parse(autosearch.get_config(name + setup))\n"
+            "    for name in search_r1.PRESETS: parse(search_r1.get_config(name + setup))\n"
+            "    for name in deepretrieval.PRESETS:\n"
+            "        parse(deepretrieval.get_config(name + ',no_reasoning' + setup))\n"
+            "    for name in rpl.PRESETS: parse(rpl.get_config(name + ',dual,no_thinking' + setup))\n"
             "print(sorted(m for m in ('jax', 'transformers', 'orbax', 'torch', 'tensorflow') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -12,6 +12,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "configs"))
 
 import autosearch  # noqa: E402
+import deepretrieval  # noqa: E402
+import hardware  # noqa: E402
+import rpl  # noqa: E402
 import search_r1  # noqa: E402
 
 R1 = "PeterGriffinJin/Search-R1:"
@@ -234,3 +237,20 @@ def test_ablation_presets_turn_one_component_off(preset, component):
     assert any(getattr(full, component)) and not any(getattr(off, component))
     for other in {"base", "quality", "efficiency"} - {component}:
         assert getattr(off, other) == getattr(full, other)
+
+
+@pytest.mark.parametrize("module,preset,setup", [(search_r1, "paper", "a100x8"), (autosearch, "paper", "h100x8"),
+                                                 (deepretrieval, "sql,no_reasoning", "a100x2"),
+                                                 (rpl, "paper_qwen3_4b,pm", "v5p8")])
+def test_a_hardware_setup_lays_out_the_run_and_changes_nothing_else(module, preset, setup):
+    """The setup sets the mesh, the attention and remat; the paper's batch, micro-batch, lengths and workdir
+    stay."""
+    plain, laid_out = module.get_config(preset), module.get_config(f"{preset},{setup}")
+    devices, attention = hardware.SETUPS[setup]
+    assert (laid_out.mesh.data, laid_out.mesh.fsdp, laid_out.mesh.tensor) == (1, devices, 1)
+    assert laid_out.mesh.attention.impl == attention and laid_out.rl.remat
+    for group in ("rollout", "train", "env", "data", "model"):
+        assert laid_out[group].to_dict() == plain[group].to_dict(), group
+    assert laid_out.rl.micro_batch_size == plain.rl.micro_batch_size and laid_out.workdir == plain.workdir
+    with pytest.raises(ValueError, match=r"optionally followed by .*'a100x2'"):
+        module.get_config(f"{preset},a100x3")

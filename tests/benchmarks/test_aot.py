@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from searchrl import models, run_config
-from searchrl.benchmarks import aot
+from searchrl.benchmarks import aot, aot_setups
 from searchrl.benchmarks.hardware import MEGACORE
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
@@ -109,3 +109,28 @@ def test_bad_input_is_named():
         aot.parse_mesh("2x2")
     with pytest.raises(FileNotFoundError, match="make libtpu"):
         aot.topology_devices("v5p:2x2x1", "/nonexistent/libtpu.so")
+
+
+def _setups_row(program: str, total: float | None) -> dict:
+    row = {"program": program, "hbm_gib": 80.0}
+    return row if total is None else row | {"total_gib": total}
+
+
+def test_the_setups_table_marks_what_exceeds_the_budget():
+    report = {"device_kind": "NVIDIA A100-SXM4-80GB", "mesh": {"data": 1, "fsdp": 8, "tensor": 1},
+              "programs": [_setups_row("learn", 59.5), _setups_row("extend", 61.0), _setups_row("decode", None)]}
+    results = {"date": "2026-12-03", "commit": "abc", "jax": "0", "runs": [
+        {"config": "x.py:paper,a100x8", "topology": "a100:8", "report": report}]}
+    assert aot_setups.budget_gib(report) == 60.0
+    assert aot_setups.budget_gib(report | {"device_kind": "TPU v5p"}) == 64.0
+    row = aot_setups.render(results).splitlines()[-1]
+    assert row == ("| `x.py:paper,a100x8` | a100:8 | 1, 8, 1 | 60 | 59.5 | (chunked: extend) | 61.0 (over) "
+                   "| does not compile (out of memory) | no |")
+
+
+def test_the_docs_table_of_the_papers_setups_is_the_results_files():
+    """docs/benchmarks.md quotes docs/results/aot_setups.json as `render` makes it, for runs of `RUNS` only."""
+    results = json.loads(aot_setups.RESULTS.read_text())
+    block = aot_setups.DOCS.read_text().partition(aot_setups.BEGIN)[2].partition(aot_setups.END)[0]
+    assert block == "\n" + aot_setups.render(results)
+    assert {(r["config"], r["topology"]) for r in results["runs"]} <= set(aot_setups.RUNS)
