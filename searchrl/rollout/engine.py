@@ -316,30 +316,30 @@ class RolloutEngine:
 
     def _step(self, params, state: generate.GenState, key: jax.Array, run: _Run,
               pool: concurrent.futures.Executor) -> generate.GenState:
-        """One round of the host loop: dispatch a decode chunk of the generating rows; while it runs, send the
-        rows that stopped to the env, append the observations that came back, refill free rows; then read
-        which rows the chunk stopped. With nothing to decode, wait for the env (the device idles)."""
-        decoding = run.rows_in("decode")
-        probe = None
+        """One round of the host loop: append the observations that came back and refill free rows, dispatch
+        a decode chunk of the generating rows, send the rows that stopped to the env while it runs, then
+        read which rows the chunk stopped. With nothing to decode, wait for the env (the device idles)."""
         clock = time.perf_counter()
-        if decoding:
-            state = self._dispatch(generate.decode_chunk, self.cfg, params, state, self.stops, self.eos_ids,
-                                   self.spec)
-            probe = self._dispatch(generate.progress, state)
-        stopped = run.rows_in("stopped")
-        if stopped and not (run.lockstep and decoding):
-            state = self._send_to_env(state, run, stopped, pool)
-        if run.futures and not (run.lockstep and (decoding or stopped)):
+        if run.futures and not (run.lockstep and (run.rows_in("decode") or run.rows_in("stopped"))):
             state = self._take_observations(params, state, run)
         free = [r for r, row in enumerate(run.rows) if row is None]
         if run.waiting and free and not (run.lockstep and len(free) < len(run.rows)):
             state = self._refill(params, state, key, run, free)
-        busy = probe is not None and not probe[0].is_ready()
-        if not busy:  # at most: the chunk may have ended before the host work did
-            self.stats.idle_s += time.perf_counter() - clock
+        decoding, probe = run.rows_in("decode"), None
+        if decoding:
+            state = self._dispatch(generate.decode_chunk, self.cfg, params, state, self.stops, self.eos_ids,
+                                   self.spec)
+            probe = self._dispatch(generate.progress, state)
+        dispatched = time.perf_counter()
+        stopped = run.rows_in("stopped")
+        if stopped and not (run.lockstep and decoding):
+            state = self._send_to_env(state, run, stopped, pool)
+        overlapped = probe is not None and not probe[0].is_ready()
+        # Host work counts as idle device time unless a chunk still ran at its end (so: at most).
+        self.stats.idle_s += (dispatched if overlapped else time.perf_counter()) - clock
         if probe is not None:
             self._read_stops(state, run, decoding, probe)
-        elif not run.rows_in("decode") and run.futures:
+        elif run.futures:
             self._wait_for_env(run)
         return state
 
