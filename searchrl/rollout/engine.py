@@ -1,11 +1,21 @@
-"""The host side of a rollout: turns of jitted generation, with the environment's tool calls in between.
+"""The host side of a rollout: continuous batching of episodes over a fixed set of decode rows, with the
+environment's tool calls on host threads, overlapped with decoding.
 
-Per turn: decode chunks until every generating row stops -> re-check stops on text and trim -> the env parses each
-row's action (and says whether it ends the episode) -> every row waiting on the env is served in ONE batched
-`env.observe` call -> observations are tokenised, truncated and appended to the cache with `extend`, which
-also starts the next turn. The engine knows no task: a row ends when the env says so or when its slots run
-out, and an env's side branch (`episode.SideBranch`) runs on a copy of the state after the turns it names (or
-on an emptied copy, from its own prompt).
+A rollout of N episodes keeps `rollout.decode_rows` rows (the compiled batch) busy. Each round of the host
+loop: append the observations the env returned (`extend`, one call per observation bucket in use, which
+starts those rows' next turns) and prefill the next waiting prompts into free rows (`reset_rows`, then
+`extend`) -> dispatch a decode chunk (asynchronous) -> while it runs, the rows that stopped in the last chunk
+are re-checked for stops on text, trimmed, and handed to the env (`parse_action`, then one `observe` call)
+on a worker thread -> read which rows the chunk stopped. A row ends when the env says so or when its slots
+run out; its episode goes to the finished batch and the row is refilled. An env's side branch
+(`episode.SideBranch`) runs on a copy of the state after the turns it names (or on an emptied copy, from
+its own prompt). `rollout.schedule="lockstep"` runs the same loop with every row's turn awaited together:
+the env gets the batch's actions in one call once every row stopped, observations are appended once all
+returned, rows are refilled once all are free.
+
+Scheduling never changes an episode: episode i samples with the key of global row `first_row + i` and each
+token with that key folded with its slot (`generate.init_state`), and every jitted call's shape for a row
+depends on the row's own data only. The engine knows no task.
 """
 from __future__ import annotations
 
