@@ -208,7 +208,8 @@ def bench_long_tail(preset: str, episodes: int, rows: int, passages: int, latenc
     engines["continuous"].warmup(params, episodes)
     compiled = generate.compiled_programs()
     key = jax.random.key(0)  # the same episodes every time, on both (scheduling does not change them)
-    calls = {name: (lambda engine=engine: engine.run(params, examples, key)) for name, engine in engines.items()}
+    calls = {name: (lambda engine=engine: engine.run(params, examples, key))
+             for name, engine in engines.items()}
     for engine in engines.values():  # one untimed rollout each; the stats count the timed ones
         traj = engine.run(params, examples, key)
         engine.stats = type(engine.stats)()
@@ -318,8 +319,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         r |= bench_search_rollout(preset.value, batch.value, passages.value, turns.value, rollouts.value,
                                   dtype.value, retriever.value, encoder.value)
     if "d" in parts.value:
-        r |= bench_long_tail(preset.value, episodes.value, decode_rows.value, passages.value, latency_ms.value,
-                             rounds.value, dtype.value)
+        r |= bench_long_tail(preset.value, episodes.value, decode_rows.value, passages.value,
+                             latency_ms.value, rounds.value, dtype.value)
     if as_json.value:
         print(json.dumps(r))
         return
@@ -354,12 +355,12 @@ def _print_search_rollout(r: dict, passages: int, turns: int) -> None:
 
 def _print_long_tail(r: dict, episodes: int, rows: int, latency_ms: float) -> None:
     mix = "/".join(f"{m:.0%}" for m in r["long_tail_calls_mix"])
-    print(f"(d) long tail: {episodes} episodes of 1-4 tool calls (measured mix {mix}), BM25 + {latency_ms:g} ms "
-          f"a call, {rows} decode rows")
+    print(f"(d) long tail: {episodes} episodes of 1-4 tool calls (measured mix {mix}), "
+          f"BM25 + {latency_ms:g} ms a call, {rows} decode rows")
     for name in ("continuous", "lockstep"):
-        print(f"    {name:<12}{r[f'long_tail_{name}_episodes_per_s']:>8.2f} episodes/s, decode slot utilisation "
-              f"{r[f'long_tail_{name}_utilisation']:.1%}, device idle waiting for the host "
-              f"{r[f'long_tail_{name}_idle_share']:.1%} (at most)")
+        rate, used, idle = (r[f"long_tail_{name}_{k}"] for k in ("episodes_per_s", "utilisation", "idle_share"))
+        print(f"    {name:<12}{rate:>8.2f} episodes/s, decode slot utilisation {used:.1%}, "
+              f"device idle waiting for the host {idle:.1%} (at most)")
     print(f"    {describe(r, 'long_tail').replace('searchrl / peer', 'continuous / lock-step')}")
     print(f"    compiled after warm-up: {r['long_tail_compiles_after_warmup']}")
 

@@ -24,9 +24,9 @@ class RolloutConfig:
     # call: the same rollout, with the prefill's attention scores bounded by that width, not the prompt's.
     chunked_prefill: bool = False
     sampling: SamplingParams = SamplingParams()
-    # Scheduling (`RolloutEngine`): "continuous" keeps `decode_rows` rows decoding, refills a row as soon as its
-    # episode ends and appends each observation when it arrives; "lockstep" runs the rows' turns together (a
-    # row waits for the batch's slowest) and refills only once every row is free. Episodes are the same.
+    # Scheduling (`RolloutEngine`): "continuous" keeps `decode_rows` rows decoding, refills a row as soon as
+    # its episode ends and appends each observation when it arrives; "lockstep" runs the rows' turns together
+    # (a row waits for the batch's slowest) and refills only once every row is free. Episodes are the same.
     schedule: str = "continuous"
     decode_rows: int = 0  # rows decoded at once (the compiled batch); 0: one row per episode of a rollout
     env_workers: int = 8  # host threads running the env's `parse_action` / `observe` calls concurrently

@@ -164,7 +164,7 @@ class RolloutEngine:
                           self._replicated(np.int32(first_row)), dtype, self.rules)
 
     def warmup(self, params, episodes: int) -> None:
-        """Compiles every program a rollout of `episodes` episodes can use, so that none compiles afterwards."""
+        """Compiles every program a rollout of `episodes` episodes can use: none compiles afterwards."""
         params = self.sampling_params(params)
         batch = self.rows(episodes)
         key = self._replicated(self._warmup_key)
@@ -260,8 +260,8 @@ class RolloutEngine:
         """The side branch's text for `rows`, sampled after their observation chunk and the branch's prompt,
         or after the env's separate branch prompt alone.
 
-        Runs on a copy of the state (emptied for a separate prompt) in which only `rows` generate, batched over
-        them; the main state is untouched.
+        Runs on a copy of the state (emptied for a separate prompt) in which only `rows` generate, batched
+        over them; the main state is untouched.
         """
         batch = state.tokens.shape[0]
         branch = self._device(generate.branch_state, state, self._to_device(np.isin(np.arange(batch), rows)))
@@ -306,9 +306,8 @@ class RolloutEngine:
         prompts = [self._encode(chat.render(self.tokenizer, self.env.prompt(ex))) for ex in examples]
         for b, ids in enumerate(prompts):
             if len(ids) > self.config.max_prompt_tokens:
-                raise ValueError(
-                    f"Example {b}: prompt has {len(ids)} tokens > max_prompt_tokens={self.config.max_prompt_tokens}."
-                )
+                raise ValueError(f"Example {b}: prompt has {len(ids)} tokens > "
+                                 f"max_prompt_tokens={self.config.max_prompt_tokens}.")
         return prompts
 
     def _run(self, params, examples: Sequence[dict], key: jax.Array, first_row: int) -> Trajectory:
@@ -354,7 +353,7 @@ class RolloutEngine:
         return state
 
     def _dispatch(self, fn: Callable, *args) -> Any:
-        """Starts a jitted call under the engine's mesh without waiting for it (JAX dispatches asynchronously)."""
+        """Starts a jitted call under the engine's mesh without waiting for it (dispatch is asynchronous)."""
         with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
             return fn(*args)
 
@@ -412,7 +411,8 @@ class RolloutEngine:
         """On a worker thread: the env's action for each (turn text, turn index, room for an observation),
         and the observation of each that goes on, from one `env.observe` call."""
         actions = [self.env.parse_action(text, index) for text, index, _ in turns]
-        asked = [k for k, ((_, _, room), action) in enumerate(zip(turns, actions)) if room and not action.done]
+        asked = [k for k, ((_, _, room), action) in enumerate(zip(turns, actions))
+                 if room and not action.done]
         observations = self.env.observe([actions[k] for k in asked]) if asked else []
         if len(observations) != len(asked):
             raise ValueError(f"The environment returned {len(observations)} observations for "
@@ -453,7 +453,7 @@ class RolloutEngine:
 
     def _refill(self, params, state: generate.GenState, key: jax.Array, run: _Run, free: list[int]
                 ) -> generate.GenState:
-        """Starts the next waiting episodes in the `free` rows: emptied, keyed by episode, prompt prefilled."""
+        """Starts the next waiting episodes in the `free` rows: emptied, keyed by episode, prefilled."""
         starts = dict(zip(free, (run.waiting.popleft() for _ in range(min(len(free), len(run.waiting))))))
         mask = np.isin(np.arange(len(run.rows)), list(starts))
         episodes = np.zeros(len(run.rows), np.int32)
@@ -563,10 +563,10 @@ class _Run:
     def finish(self, r: int, reason: str) -> None:
         """Moves row r's episode, ended at its last turn, to the finished episodes and frees the row."""
         row, out = self.rows[r], self.episodes
-        tokens, sampled, logprobs = row.snapshot
-        out.tokens[row.episode], out.sampled[row.episode], out.logprobs[row.episode] = tokens, sampled, logprobs
-        out.prompt_lengths[row.episode] = len(self.prompts[row.episode])
-        out.lengths[row.episode], out.turns[row.episode], out.finish[row.episode] = row.end, row.turns, reason
+        e = row.episode
+        out.tokens[e], out.sampled[e], out.logprobs[e] = row.snapshot
+        out.prompt_lengths[e], out.lengths[e] = len(self.prompts[e]), row.end
+        out.turns[e], out.finish[e] = row.turns, reason
         self.rows[r] = None
 
 

@@ -262,8 +262,8 @@ def branch_state(state: GenState, rows: jax.Array) -> GenState:
     stop generating in it), with its own row keys: the branch's draws are independent of the main
     trajectory's."""
     state = jax.tree.map(jnp.copy, state)
-    return state._replace(key=jax.vmap(jax.random.fold_in, (0, None))(state.key, 1), active=state.active & rows,
-                          pending=state.pending & rows)
+    return state._replace(key=jax.vmap(jax.random.fold_in, (0, None))(state.key, 1),
+                          active=state.active & rows, pending=state.pending & rows)
 
 
 def compiled_programs() -> int:

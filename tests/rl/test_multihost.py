@@ -33,7 +33,8 @@ EVAL_QUESTIONS = 12  # two eval batches of 8 rows, the second padded: process 1 
 
 
 def overrides(world: Path, workdir: Path, steps: int, decode_rows: int) -> list[str]:
-    return [f"--config.rollout.decode_rows={decode_rows}", f"--config.workdir={workdir}", f"--config.tokenizer={world / 'tokenizer'}",
+    return [f"--config.rollout.decode_rows={decode_rows}",
+            f"--config.workdir={workdir}", f"--config.tokenizer={world / 'tokenizer'}",
             f"--config.data.dir={world}", f"--config.retrieval.index_dir={world / 'index'}",
             "--config.model.num_layers=2", "--config.rollout.obs_buckets=(64,)",
             "--config.env.max_turns=2", "--config.rollout.max_len=264",  # shorter episodes than the demo's

@@ -266,7 +266,7 @@ def test_nothing_compiles_after_warmup(model, tokenizer, branch_prompt, separate
 
 
 def assert_same_episodes(got, want, rows=None):
-    """Episodes `rows` of `got` equal `want`'s bit for bit: tokens, log-probs, turns (texts, side branches)."""
+    """Episodes `rows` of `got` equal `want`'s bit for bit: tokens, log-probs, turns and side branches."""
     rows = range(len(want.turns)) if rows is None else rows
     np.testing.assert_array_equal(got.tokens[rows], want.tokens)
     np.testing.assert_array_equal(got.logprobs[rows], want.logprobs)
@@ -302,8 +302,8 @@ def test_refilled_rows_run_each_episode_as_it_runs_alone(model, tokenizer, separ
 def test_a_sharded_continuous_rollout_runs_each_episode_as_it_runs_alone(model, tokenizer):
     """The same on the (data 2, fsdp 2, tensor 2) mesh: 8 episodes on 4 decode rows (one per row block)."""
     examples = [{"q": w} for w in WORDS[:8]]
-    engine = make_engine(model, tokenizer, ScriptedEnv(branch_prompt=" <answer>"), mesh=models.make_mesh(2, 2, 2),
-                         decode_rows=4)
+    engine = make_engine(model, tokenizer, ScriptedEnv(branch_prompt=" <answer>"),
+                         mesh=models.make_mesh(2, 2, 2), decode_rows=4)
     key = jax.random.key(2)
     traj = engine.run(model[1], examples, key)
     assert len({len(t) for t in traj.turns}) > 1
