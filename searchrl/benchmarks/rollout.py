@@ -8,8 +8,15 @@
     generated corpus: the share of wall time spent outside jitted compute (host: parsing, retrieval,
     tokenising, Python), and the largest gap between the sampler's log-probabilities and the trainer's
     recomputation of them;
-(c) programs compiled after `RolloutEngine.warmup` (should be 0).
-Run: `python -m searchrl.benchmarks.rollout [--json] [--parts ab] [--preset bench_small] [--passages 20000]
+(c) programs compiled after `RolloutEngine.warmup` (should be 0);
+(d) a long tail: `--episodes` multi-turn episodes whose number of tool calls is 1, 2, 3 or 4 with
+    probabilities 40/30/20/10% (drawn per turn from a hash of the turn's text, so both engines see the same
+    episodes), each call a BM25 search behind `--latency_ms` of waiting (as a remote server adds), on
+    `--decode_rows` decode rows: the lock-step schedule (a row waits for its batch's slowest; rows refilled
+    only once all are free) against continuous batching (a row refilled as soon as its episode ends, its
+    tool calls overlapped with decoding), in interleaved rounds: episodes/s (median ratio and range), decode
+    slot utilisation, the device's idle share waiting for the host, compiles after warm-up.
+Run: `python -m searchrl.benchmarks.rollout [--json] [--parts abd] [--preset bench_small] [--passages 20000]
 [--retriever dense] [--encoder DIR] [--dtype bfloat16]` (`--parts a` measures generation only; b and c share
 one run).
 """
@@ -19,6 +26,8 @@ import dataclasses
 import json
 import os
 import tempfile
+import time
+import zlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -147,6 +156,74 @@ def searches(turns: Sequence[Turn]) -> int:
     return sum(turn.action.kind == tags.SEARCH for turn in turns)
 
 
+@dataclasses.dataclass
+class SlowRetriever:
+    """A retriever whose every `search` call first waits `latency_s`, as a call to a remote server does."""
+
+    retriever: Any
+    latency_s: float
+
+    def search(self, queries: Sequence[str], k: int) -> list:
+        time.sleep(self.latency_s)
+        return self.retriever.search(queries, k)
+
+
+# P(the episode ends after its t-th tool call | it made t), for 1..4 calls with probabilities 40/30/20/10%.
+LONG_TAIL_STOP = (0.4, 0.3 / 0.6, 0.2 / 0.3, 1.0)
+
+
+@dataclasses.dataclass
+class LongTailEnv(SearchEveryTurnEnv):
+    """Every episode searches with its first turn; after its t-th search, a turn answers (ending the episode)
+    with probability `LONG_TAIL_STOP[t - 1]`, decided by a hash of the turn's text: 1 to 4 tool calls."""
+
+    max_turns: int = len(LONG_TAIL_STOP)
+
+    def parse_action(self, turn_text: str, turn_index: int) -> Action:
+        draw = zlib.crc32(turn_text.encode()) % 1000 / 1000
+        if turn_index > 0 and draw < LONG_TAIL_STOP[turn_index - 1]:
+            return Action(tags.ANSWER, turn_text, done=True)
+        return Action(tags.SEARCH, turn_text)
+
+
+def bench_long_tail(preset: str, episodes: int, rows: int, passages: int, latency_ms: float, rounds: int,
+                    dtype: str) -> dict:
+    """Part (d): the lock-step and continuous schedules of one engine on the long-tail workload."""
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "corpus.jsonl"
+        docs = synthetic_corpus(corpus, passages, seed=0)
+        bm25 = BM25Retriever.build(corpus, Path(tmp) / "bm25", show_progress=False)
+        tokenizer = train_bpe_tokenizer((" ".join(d) for d in docs[:5000]), vocab_size=4000)
+    cfg = dataclasses.replace(models.get_preset(preset), vocab_size=len(tokenizer),
+                              eos_token_id=tokenizer.eos_token_id)
+    params = models.init_params(cfg, jax.random.key(0), jnp.dtype(dtype))
+    env = LongTailEnv(SlowRetriever(bm25, latency_ms / 1000), topk=3)
+    turns = len(LONG_TAIL_STOP) + 1
+    config = RolloutConfig(max_prompt_tokens=64, max_len=64 + turns * (64 + 96), max_turn_tokens=64,
+                           max_obs_tokens=96, obs_buckets=(96,), chunk_steps=4, decode_rows=rows)
+    examples = [{"question": q} for q in make_queries(docs, episodes, seed=1)]
+    engines = {schedule: RolloutEngine(cfg, tokenizer, env, dataclasses.replace(config, schedule=schedule),
+                                       rules=_SAMPLE_RULES, attention=_ATTENTION)
+               for schedule in ("continuous", "lockstep")}
+    engines["continuous"].warmup(params, episodes)
+    compiled = generate.compiled_programs()
+    key = jax.random.key(0)  # the same episodes every time, on both (scheduling does not change them)
+    calls = {name: (lambda engine=engine: engine.run(params, examples, key))
+             for name, engine in engines.items()}
+    for engine in engines.values():  # one untimed rollout each; the stats count the timed ones
+        traj = engine.run(params, examples, key)
+        engine.stats = type(engine.stats)()
+    timed = compare(calls["continuous"], calls["lockstep"], rounds, warmup=0).summary("long_tail")
+    mix = np.bincount([searches(t) for t in traj.turns], minlength=len(LONG_TAIL_STOP) + 1)[1:] / episodes
+    out = {**timed, "long_tail_compiles_after_warmup": generate.compiled_programs() - compiled,
+           "long_tail_calls_mix": [round(float(m), 3) for m in mix]}
+    for name, engine in engines.items():
+        out |= {f"long_tail_{name}_utilisation": engine.stats.utilisation,
+                f"long_tail_{name}_idle_share": engine.stats.idle_share,
+                f"long_tail_{name}_episodes_per_s": engine.stats.episodes_per_s}
+    return out
+
+
 def build_retriever(kind: str, corpus: Path, work: Path, docs: list[list[str]], encoder: str | None
                     ) -> tuple[Any, str]:
     """(retriever, its description) over `corpus`: BM25, or dense with a FAISS Flat index on the GPU where
@@ -221,9 +298,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                                     flag_values=values)
     dtype = flags.DEFINE_enum("dtype", "float32", ("float32", "bfloat16"), "parameter and compute dtype",
                               flag_values=values)
-    parts = flags.DEFINE_enum("parts", "ab", ("a", "b", "ab"),
-                              "a: generation against transformers; b: search rollout (with c)",
+    parts = flags.DEFINE_enum("parts", "abd", ("a", "b", "d", "ab", "ad", "bd", "abd"),
+                              "a: generation against transformers; b: search rollout (with c); d: long tail",
                               flag_values=values)
+    episodes = flags.DEFINE_integer("episodes", 128, "episodes per long-tail rollout (d)", flag_values=values)
+    decode_rows = flags.DEFINE_integer("decode_rows", 16, "decode rows of the long-tail engines (d)",
+                                       flag_values=values)
+    latency_ms = flags.DEFINE_float("latency_ms", 50.0, "waiting added to every search call (d)",
+                                    flag_values=values)
     as_json = flags.DEFINE_boolean("json", False, "print one JSON object instead of a table",
                                    flag_values=values)
     cli.parse(values, argv, __doc__)
@@ -236,6 +318,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "b" in parts.value:
         r |= bench_search_rollout(preset.value, batch.value, passages.value, turns.value, rollouts.value,
                                   dtype.value, retriever.value, encoder.value)
+    if "d" in parts.value:
+        r |= bench_long_tail(preset.value, episodes.value, decode_rows.value, passages.value,
+                             latency_ms.value, rounds.value, dtype.value)
     if as_json.value:
         print(json.dumps(r))
         return
@@ -243,6 +328,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         _print_generate(r, prompt_len.value, new_tokens.value)
     if "b" in parts.value:
         _print_search_rollout(r, passages.value, turns.value)
+    if "d" in parts.value:
+        _print_long_tail(r, episodes.value, decode_rows.value, latency_ms.value)
 
 
 def _print_generate(r: dict, prompt_len: int, new_tokens: int) -> None:
@@ -263,6 +350,19 @@ def _print_search_rollout(r: dict, passages: int, turns: int) -> None:
     print(f"    wall {r['rollout_wall_s']:.2f}s, jitted {r['rollout_device_s']:.2f}s, "
           f"host fraction {r['host_fraction']:.1%}, sampler vs trainer log-prob gap {r['logprob_gap_max']:.2e}")
     print(f"(c) compiled programs {r['compiled_programs']}, after warm-up {r['compiles_after_warmup']}")
+
+
+
+def _print_long_tail(r: dict, episodes: int, rows: int, latency_ms: float) -> None:
+    mix = "/".join(f"{m:.0%}" for m in r["long_tail_calls_mix"])
+    print(f"(d) long tail: {episodes} episodes of 1-4 tool calls (measured mix {mix}), "
+          f"BM25 + {latency_ms:g} ms a call, {rows} decode rows")
+    for name in ("continuous", "lockstep"):
+        rate, used, idle = (r[f"long_tail_{name}_{k}"] for k in ("episodes_per_s", "utilisation", "idle_share"))
+        print(f"    {name:<12}{rate:>8.2f} episodes/s, decode slot utilisation {used:.1%}, "
+              f"device idle waiting for the host {idle:.1%} (at most)")
+    print(f"    {describe(r, 'long_tail').replace('searchrl / peer', 'continuous / lock-step')}")
+    print(f"    compiled after warm-up: {r['long_tail_compiles_after_warmup']}")
 
 
 if __name__ == "__main__":

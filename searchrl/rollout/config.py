@@ -7,6 +7,9 @@ import dataclasses
 from searchrl.episode import SamplingParams
 
 
+SCHEDULES = ("continuous", "lockstep")
+
+
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
     """Token budgets and sampling of a rollout."""
@@ -21,6 +24,12 @@ class RolloutConfig:
     # call: the same rollout, with the prefill's attention scores bounded by that width, not the prompt's.
     chunked_prefill: bool = False
     sampling: SamplingParams = SamplingParams()
+    # Scheduling (`RolloutEngine`): "continuous" keeps `decode_rows` rows decoding, refills a row as soon as
+    # its episode ends and appends each observation when it arrives; "lockstep" runs the rows' turns together
+    # (a row waits for the batch's slowest) and refills only once every row is free. Episodes are the same.
+    schedule: str = "continuous"
+    decode_rows: int = 0  # rows decoded at once (the compiled batch); 0: one row per episode of a rollout
+    env_workers: int = 8  # host threads running the env's `parse_action` / `observe` calls concurrently
 
     def slots(self, widest_chunk: int) -> int:
         """Token slots per row: `max_len`, plus room for the widest chunk that may be appended at the last
@@ -28,6 +37,11 @@ class RolloutConfig:
         return self.max_len + max(widest_chunk, self.max_prompt_tokens)
 
     def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"rollout.schedule={self.schedule!r} is not one of {SCHEDULES}.")
+        if self.decode_rows < 0 or self.env_workers < 1:
+            raise ValueError(f"rollout.decode_rows={self.decode_rows} must be >= 0 and "
+                             f"rollout.env_workers={self.env_workers} >= 1.")
         if max(self.obs_buckets) < self.max_obs_tokens:
             raise ValueError(f"rollout.obs_buckets {self.obs_buckets} must cover "
                              f"rollout.max_obs_tokens={self.max_obs_tokens}.")

@@ -35,6 +35,7 @@ class GenState(NamedTuple):
     active: jax.Array  # [B] bool: the row is generating its current turn
     turn_start: jax.Array  # [B] int32: slot of the current turn's first sampled token
     key: jax.Array  # [B] keys: a row's token at slot s is drawn with fold_in(key[b], s) (`_row_keys`)
+    decoded: jax.Array  # [B] int32: tokens the row's decode steps wrote so far (the engine's utilisation)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +67,7 @@ def state_logical_axes() -> GenState:
     tensor axis under the sampling rules (`MeshConfig.sample_rules`)."""
     rows, slots = ("batch",), ("batch", "length")
     return GenState(cache=models.KVCache.logical_axes(), tokens=slots, sampled=slots, logprobs=slots,
-                    pending=rows, active=rows, turn_start=rows, key=rows)
+                    pending=rows, active=rows, turn_start=rows, key=rows, decoded=rows)
 
 
 def _placed(state: GenState, rules: models.ShardingRules) -> GenState:
@@ -92,8 +93,14 @@ def init_state(cfg: models.ModelConfig, batch: int, slots: int, key: jax.Array, 
         pending=jnp.zeros((batch,), bool),
         active=jnp.zeros((batch,), bool),
         turn_start=jnp.zeros((batch,), jnp.int32),
-        key=jax.vmap(jax.random.fold_in, (None, 0))(key, first_row + jnp.arange(batch)),
+        key=_episode_keys(key, first_row + jnp.arange(batch)),
+        decoded=jnp.zeros((batch,), jnp.int32),
     )
+
+
+def _episode_keys(key: jax.Array, episodes: jax.Array) -> jax.Array:
+    """The sampling key of each episode [B] of a rollout with key `key`: its draws depend on it alone."""
+    return jax.vmap(jax.random.fold_in, (None, 0))(key, episodes)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "batch", "slots", "dtype", "rules"))
@@ -194,7 +201,8 @@ def decode_chunk(
                                         rules=spec.rules, attention=spec.attention, remat=False,
                                         unrolled=True)
         cache = cache._replace(length=written + rows.astype(jnp.int32))
-        state = state._replace(cache=cache, pending=state.pending & ~rows)
+        state = state._replace(cache=cache, pending=state.pending & ~rows,
+                               decoded=state.decoded + rows.astype(jnp.int32))
         turn_tokens = cache.length - state.turn_start
         done = _stopped(state, stops, eos_ids, written) | (turn_tokens >= spec.max_turn_tokens)
         done |= cache.length >= spec.max_len
@@ -225,14 +233,39 @@ def truncate(state: GenState, length: jax.Array) -> GenState:
                           logprobs=jnp.where(keep, state.logprobs, 0.0))
 
 
+@functools.partial(jax.jit, static_argnames=("rules",), donate_argnums=(0,))
+def reset_rows(state: GenState, rows: jax.Array, key: jax.Array, episodes: jax.Array,
+               rules: models.ShardingRules) -> GenState:
+    """Empties `rows` [B] bool for new episodes: no slot valid, length 0, buffers cleared, and the key of
+    episode `episodes[b]` of the rollout with key `key` (as `init_state` gives row `first_row + b`), so an
+    episode samples the same tokens whichever row it runs in. The other rows keep their state."""
+    def clear(x):
+        return jnp.where(rows.reshape(rows.shape + (1,) * (x.ndim - 1)), jnp.zeros((), x.dtype), x)
+
+    cache = state.cache._replace(valid=clear(state.cache.valid), length=clear(state.cache.length))
+    return _placed(state._replace(
+        cache=cache, tokens=clear(state.tokens), sampled=clear(state.sampled), logprobs=clear(state.logprobs),
+        pending=state.pending & ~rows, active=state.active & ~rows, turn_start=clear(state.turn_start),
+        key=jnp.where(rows, _episode_keys(key, episodes), state.key),
+    ), rules)
+
+
 @jax.jit
-def branch_state(state: GenState) -> GenState:
-    """An independent copy for a side branch (the original stays donatable), with its own row keys: the
-    branch's draws are independent of the main trajectory's."""
+def progress(state: GenState) -> tuple[jax.Array, jax.Array]:
+    """Copies of (active, decoded): read on the host while later calls take the state (donated)."""
+    return jnp.copy(state.active), jnp.copy(state.decoded)
+
+
+@jax.jit
+def branch_state(state: GenState, rows: jax.Array) -> GenState:
+    """An independent copy for a side branch of `rows` [B] bool (the original stays donatable; the other rows
+    stop generating in it), with its own row keys: the branch's draws are independent of the main
+    trajectory's."""
     state = jax.tree.map(jnp.copy, state)
-    return state._replace(key=jax.vmap(jax.random.fold_in, (0, None))(state.key, 1))
+    return state._replace(key=jax.vmap(jax.random.fold_in, (0, None))(state.key, 1),
+                          active=state.active & rows, pending=state.pending & rows)
 
 
 def compiled_programs() -> int:
     """How many programs the rollout's jitted functions have compiled so far in this process."""
-    return sum(f._cache_size() for f in (extend, decode_chunk, truncate, branch_state))
+    return sum(f._cache_size() for f in (extend, decode_chunk, truncate, branch_state, reset_rows, progress))

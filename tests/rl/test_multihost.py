@@ -4,7 +4,8 @@ process with 8 devices; and the row split of a global batch on one process. (Pro
 processes: tests/app/test_program_mutation.py.)
 
 The run is AutoSearch's tiny preset on a small synthetic world: side-branch intermediate answers, BM25 over a
-local index (each process opens its own), PPO with a critic and a reference on a (2, 2, 2) mesh.
+local index (each process opens its own), PPO with a critic and a reference on a (2, 2, 2) mesh. Rollouts run
+on fewer decode rows than episodes, refilled as episodes end, and still give the one-process run's episodes.
 """
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ TIMING = ("rollout/seconds", "rollout/host_fraction")  # wall-clock figures, not
 EVAL_QUESTIONS = 12  # two eval batches of 8 rows, the second padded: process 1 has no real row in it
 
 
-def overrides(world: Path, workdir: Path, steps: int) -> list[str]:
-    return [f"--config.workdir={workdir}", f"--config.tokenizer={world / 'tokenizer'}",
+def overrides(world: Path, workdir: Path, steps: int, decode_rows: int) -> list[str]:
+    return [f"--config.rollout.decode_rows={decode_rows}",
+            f"--config.workdir={workdir}", f"--config.tokenizer={world / 'tokenizer'}",
             f"--config.data.dir={world}", f"--config.retrieval.index_dir={world / 'index'}",
             "--config.model.num_layers=2", "--config.rollout.obs_buckets=(64,)",
             "--config.env.max_turns=2", "--config.rollout.max_len=264",  # shorter episodes than the demo's
@@ -50,14 +52,16 @@ def overrides(world: Path, workdir: Path, steps: int) -> list[str]:
 
 def launch(world: Path, workdir: Path, steps: int, processes: int, cache: Path) -> subprocess.Popen:
     """`bash launch/local.sh` with `processes` processes over 8 CPU devices in all; output in workdir/log.
-    XLA_FLAGS are the suite's (tests/conftest.py: cheaper code generation): local.sh sets the device count."""
+    XLA_FLAGS are the suite's (tests/conftest.py: cheaper code generation): local.sh sets the device count.
+    Each process rolls out its rows of a batch of 8 on half as many decode rows (one per row block of its
+    mesh), refilled as episodes end."""
     workdir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO),
            "JAX_COMPILATION_CACHE_DIR": str(cache), "PROCESSES": str(processes), "DEVICES": "4",
            "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])}  # this python
     with open(workdir / "log", "a") as log:
         return subprocess.Popen(["bash", "launch/local.sh", "configs/autosearch.py:tiny",
-                                 *overrides(world, workdir, steps)],
+                                 *overrides(world, workdir, steps, decode_rows=4 // processes)],
                                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 

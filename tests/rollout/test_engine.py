@@ -250,16 +250,65 @@ def test_a_chunked_prefill_samples_the_same_tokens(model, tokenizer, branch_prom
     assert runs[1].turns == runs[0].turns
 
 
-@pytest.mark.parametrize("branch_prompt,separate", [(None, False), (" <answer>", False), (" <answer>", True)])
-def test_nothing_compiles_after_warmup(model, tokenizer, branch_prompt, separate):
-    engine = make_engine(model, tokenizer, ScriptedEnv(branch_prompt=branch_prompt, separate=separate))
+@pytest.mark.parametrize("branch_prompt,separate,rows", [(None, False, 0), (" <answer>", False, 0),
+                                                        (" <answer>", True, 0), (" <answer>", False, 4)])
+def test_nothing_compiles_after_warmup(model, tokenizer, branch_prompt, separate, rows):
+    engine = make_engine(model, tokenizer, ScriptedEnv(branch_prompt=branch_prompt, separate=separate),
+                         decode_rows=rows)
     before = generate.compiled_programs()
     engine.warmup(model[1], len(EXAMPLES))
     warm = generate.compiled_programs()
-    assert warm - before <= 12  # (3 chunk widths + prompt) x 2 samplers + 2 decoders + truncate + copy, at most
+    # (3 chunk widths + prompt) x 2 samplers + 2 decoders + truncate + copy + reset + progress, at most
+    assert warm - before <= 14
     for seed in range(4):  # multi-turn runs over every observation bucket, side branches included
         engine.run(model[1], EXAMPLES, jax.random.key(seed))
     assert generate.compiled_programs() == warm
+
+
+def assert_same_episodes(got, want, rows=None):
+    """Episodes `rows` of `got` equal `want`'s bit for bit: tokens, log-probs, turns and side branches."""
+    rows = range(len(want.turns)) if rows is None else rows
+    np.testing.assert_array_equal(got.tokens[rows], want.tokens)
+    np.testing.assert_array_equal(got.logprobs[rows], want.logprobs)
+    np.testing.assert_array_equal(got.loss_mask[rows], want.loss_mask)
+    assert [got.turns[b] for b in rows] == want.turns
+    assert [got.finish_reasons[b] for b in rows] == want.finish_reasons
+
+
+@pytest.mark.parametrize("separate", [False, True])
+def test_refilled_rows_run_each_episode_as_it_runs_alone(model, tokenizer, separate):
+    """At temperature 1, 8 episodes on 3 decode rows (rows refilled as episodes end, observations appended
+    as they arrive) are, one by one, the episode run alone on the same 3 rows, side branch included; the
+    lock-step schedule runs the same episodes; nothing compiles past the warm-up."""
+    examples = [{"q": w} for w in WORDS[:8]]
+    key = jax.random.key(6)
+    runs = {}
+    for schedule in ("continuous", "lockstep"):
+        engine = make_engine(model, tokenizer, ScriptedEnv(branch_prompt=" <answer>", separate=separate),
+                             decode_rows=3, schedule=schedule)
+        engine.warmup(model[1], len(examples))
+        warm = generate.compiled_programs()
+        runs[schedule] = engine.run(model[1], examples, key)
+        assert generate.compiled_programs() == warm
+        assert 0 < engine.stats.utilisation <= 1 and engine.stats.episodes == len(examples)
+    traj = runs["continuous"]
+    assert len({len(t) for t in traj.turns}) > 1 and any("note" in t.info for row in traj.turns for t in row)
+    assert_same_episodes(runs["lockstep"], traj)
+    for b in range(len(examples)):
+        alone = engine.run(model[1], examples[b:b + 1], key, first_row=b)
+        assert_same_episodes(traj, alone, [b])
+
+
+def test_a_sharded_continuous_rollout_runs_each_episode_as_it_runs_alone(model, tokenizer):
+    """The same on the (data 2, fsdp 2, tensor 2) mesh: 8 episodes on 4 decode rows (one per row block)."""
+    examples = [{"q": w} for w in WORDS[:8]]
+    engine = make_engine(model, tokenizer, ScriptedEnv(branch_prompt=" <answer>"),
+                         mesh=models.make_mesh(2, 2, 2), decode_rows=4)
+    key = jax.random.key(2)
+    traj = engine.run(model[1], examples, key)
+    assert len({len(t) for t in traj.turns}) > 1
+    for b in (0, 5, 7):
+        assert_same_episodes(traj, engine.run(model[1], examples[b:b + 1], key, first_row=b), [b])
 
 
 def test_prompt_too_long_is_a_clear_error(model, tokenizer):

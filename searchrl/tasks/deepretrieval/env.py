@@ -20,6 +20,7 @@ side by side.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -39,6 +40,7 @@ REWRITE, INVALID = "rewrite", "invalid"  # the action kinds: a parsed query (or 
 _TIERED = ("literature", "evidence")  # the tasks with tiered rewards; the others are gated
 _HIT_KS = (1, 5, 20)  # evidence: hit@k of the first passage that holds an answer
 _RECALL_KS = (10, 100)  # classic: recall@k next to ndcg@ndcg_k_eval
+_SCORING_THREADS = 8  # rows scored at once (their SQL runs in that many sandbox workers at most)
 DATE_FLOOR = "1970/01/01"  # a literature search's earliest publication date (the public code's mindate)
 log = logging.getLogger(__name__)
 
@@ -222,14 +224,15 @@ class QueryRewriteEnv:
         searches = [None if p.value is None else (p.value, self.max_date(ex))
                     for p, ex in zip(parsed, examples)]
         hits = self._search([s for s in searches if s is not None]) if self.retriever else {}
-        out = []
-        for answer, search, example in zip(parsed, searches, examples):
+
+        def result(answer: dr.ParsedAnswer, search, example: Mapping[str, Any]) -> RowResult:
             if answer.value is None:
-                out.append(RowResult(answer, None, self._missing_metrics(example)))
-                continue
-            metric, metrics = self._score(answer.value, example, hits.get(search))
-            out.append(RowResult(answer, metric, metrics))
-        return out
+                return RowResult(answer, None, self._missing_metrics(example))
+            return RowResult(answer, *self._score(answer.value, example, hits.get(search)))
+
+        # Rows score concurrently: SQL runs in a pool of sandbox workers (`sql_sandbox.WORKER`).
+        with concurrent.futures.ThreadPoolExecutor(_SCORING_THREADS) as pool:
+            return list(pool.map(result, parsed, searches, examples))
 
     def _batch_results(self, trajectory: Trajectory,
                        examples: Sequence[Mapping[str, Any]]) -> list[RowResult]:

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import os
 import pickle
+import queue
 import resource
 import socket
 import sqlite3
@@ -206,7 +207,37 @@ class Worker:
         self._proc, self._conn = None, None
 
 
-WORKER = Worker()
+class WorkerPool:
+    """Up to `size` workers, so that concurrent callers (a batch's rewards) run their queries in parallel:
+    each query takes an idle worker, starting one while fewer than `size` exist."""
+
+    def __init__(self, size: int, **worker_settings: Any):
+        self.size, self.worker_settings = size, worker_settings
+        self._idle: queue.SimpleQueue[Worker] = queue.SimpleQueue()
+        self._workers: list[Worker] = []
+        self._lock = threading.Lock()
+
+    def _take(self) -> Worker:
+        with self._lock:
+            if self._idle.empty() and len(self._workers) < self.size:
+                self._workers.append(Worker(**self.worker_settings))
+                return self._workers[-1]
+        return self._idle.get()
+
+    def run(self, db_uri: str, sql: str, limits: Limits) -> list[tuple]:
+        """`Worker.run` on an idle worker."""
+        worker = self._take()
+        try:
+            return worker.run(db_uri, sql, limits)
+        finally:
+            self._idle.put(worker)
+
+    def close(self) -> None:
+        for worker in self._workers:
+            worker.close()
+
+
+WORKER = WorkerPool(min(os.cpu_count() or 1, 8))
 atexit.register(WORKER.close)
 
 if __name__ == "__main__":

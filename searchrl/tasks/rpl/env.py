@@ -22,6 +22,7 @@ which SDK functions the programs called.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from typing import Any, Mapping, Sequence
 
@@ -218,10 +219,14 @@ class ProgramEnv:
                 for outcome, first in zip(outcomes, numbers)]
 
     def observe(self, actions: Sequence[Action]) -> list[Observation]:
+        """Each action's observation: the searches in one batched call, the programs each in its own sandbox,
+        run concurrently (a program waits on its retrieval calls; the sandboxes share nothing)."""
         searches = [a for a in actions if a.kind == SEARCH]
         searched = iter(self.search([a.content for a in searches], [_first_number(a) for a in searches]))
-        return [self.run(a.content, _first_number(a)) if a.kind == PROGRAM else next(searched)
-                if a.kind == SEARCH else
+        programs = [a for a in actions if a.kind == PROGRAM]
+        with concurrent.futures.ThreadPoolExecutor(max(len(programs), 1)) as pool:
+            ran = iter(list(pool.map(lambda a: self.run(a.content, _first_number(a)), programs)))
+        return [next(ran) if a.kind == PROGRAM else next(searched) if a.kind == SEARCH else
                 Observation(f"\n\n{tags.block(tags.INFORMATION, 'invalid action: ' + a.content)}\n\n")
                 for a in actions]
 
