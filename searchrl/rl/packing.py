@@ -35,8 +35,8 @@ class Packing(NamedTuple):
 
 def _micro_batches(rows_of: np.ndarray, lengths: np.ndarray, width: int, rows: int, sequences: int
                    ) -> list[list[tuple[int, int, int]]]:
-    """The rows `rows_of` of one minibatch first-fit-decreasing into packed rows of `width`, `rows` packed rows
-    and at most `sequences` sequences a micro-batch: per micro-batch, (batch row, packed row, offset)."""
+    """The rows `rows_of` of one minibatch first-fit-decreasing into packed rows of `width`, `rows` packed
+    rows and at most `sequences` sequences a micro-batch: per micro-batch, (batch row, packed row, offset)."""
     fill = np.zeros(0, np.int64)  # tokens in each packed row so far; row r is in micro-batch r // rows
     count: list[int] = []  # sequences in each micro-batch
     placed: list[list[tuple[int, int, int]]] = []

@@ -164,7 +164,9 @@ def _policy_logprobs(config: PPOConfig, params: dict, rows: _Rows, width: int, t
                                 temperature=temperature, rules=config.spec.rules, attention=config.attention,
                                 remat=config.rl.remat, logits_chunk=config.rl.logits_chunk,
                                 segment_ids=rows.segment_ids)
-    return tuple(_per_sequence(rows, x, width) for x in out) if with_entropy else _per_sequence(rows, out, width)
+    if with_entropy:
+        return tuple(_per_sequence(rows, x, width) for x in out)
+    return _per_sequence(rows, out, width)
 
 
 def _state_values(config: PPOConfig, params: dict, rows: _Rows, width: int) -> jax.Array:
@@ -378,8 +380,8 @@ def _check_rows(batch: NamedTuple, config: PPOConfig) -> None:
         if (sources[:2], sources[-1], sequences) != ((epochs, minibatches), shape[1],
                                                      (*sources[:3], config.rl.micro_batch_size)):
             raise ValueError(f"{name}.packing has sources {sources} and sequences {sequences}; expected "
-                             f"[{epochs}, {minibatches}, K, rows, {shape[1]}] and [{epochs}, {minibatches}, K, "
-                             f"{config.rl.micro_batch_size}] (`packing.pack` for this config and batch)")
+                             f"[{epochs}, {minibatches}, K, rows, {shape[1]}] and [{epochs}, {minibatches}, "
+                             f"K, {config.rl.micro_batch_size}] (`packing.pack` for this config and batch)")
 
 
 def _check_update_batch(batch: PPOBatch, config: PPOConfig) -> None:

@@ -304,8 +304,8 @@ class Trainer:
         plan = packing.pack(lengths, orders, rl.minibatch_size, rl.micro_batch_size, self.shards, width)
         if (width, plan.micro_batches) not in self.packed_shapes:
             self.packed_shapes.add((width, plan.micro_batches))
-            log.info("learn step for packed micro-batches of %d x %d tokens, %d a minibatch (%d shapes so far)",
-                     self.shards, width, plan.micro_batches, len(self.packed_shapes))
+            log.info("learn step for packed micro-batches of %d x %d tokens, %d a minibatch "
+                     "(%d shapes so far)", self.shards, width, plan.micro_batches, len(self.packed_shapes))
         return plan
 
     def evaluate(self, examples: Sequence[dict] | None = None) -> dict[str, float]:
