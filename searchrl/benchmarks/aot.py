@@ -13,7 +13,8 @@ config's shapes and dtypes, on a (data, fsdp, tensor) mesh over the topology's d
 
   learn    the PPO step (`searchrl.rl.ppo.learn`: scoring by policy, critic and reference, advantages, the
            PPO epochs) on train.batch_size x rl.responses_per_prompt rows of rollout.max_len tokens (the
-           widest the trainer pads a batch to);
+           widest the trainer pads a batch to); with rl.pack (the default), as the trainer runs it, on those
+           rows packed (`searchrl.rl.packing`) with a Search-R1-like mix of lengths (`lengths`);
   prefill  the rollout's first `extend`: every row's prompt (rollout.max_prompt_tokens); none with
            rollout.chunked_prefill, whose prompt chunks run the extend program;
   extend   an observation appended at the widest of rollout.obs_buckets;
@@ -49,6 +50,7 @@ from ml_collections import config_flags
 from searchrl import cli, models, run_config
 from searchrl.benchmarks.hardware import GPU_TARGETS, MEGACORE, GiB, Chip, GpuTarget, chip_of
 from searchrl.benchmarks.jaxpr_cost import MatmulCost, matmul_cost
+from searchrl.benchmarks.lengths import packing_of, search_r1_lengths
 from searchrl.rl import ppo
 from searchrl.rl.config import batch_rows as rl_batch_rows
 from searchrl.rl.train_state import abstract_train_state
@@ -135,6 +137,12 @@ def learn_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh):
                       loss_mask=per_token(jnp.float32), sampler_logprobs=per_token(jnp.float32),
                       token_rewards=per_token(jnp.float32),
                       group_ids=_rows_sharded((rows,), jnp.int32, mesh, rules))
+    if config.rl.pack:
+        shards = mesh.shape["data"] * mesh.shape["fsdp"]
+        plan = packing_of(search_r1_lengths(rows, config.rollout), config.rl, width, shards)
+        replicated = NamedSharding(mesh, PartitionSpec())
+        batch = batch._replace(packing=jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), plan))
     program, batch = ppo.learn_program(batch, ppo_config, mesh)
     return program, (abstract_train_state(ppo_config.spec, mesh), batch)
 

@@ -44,6 +44,7 @@ from searchrl.rl import kl as kl_lib
 from searchrl.rl import losses
 from searchrl.rl.config import RLConfig
 from searchrl.rl.optim import apply_gradients, learning_rate, make_optimizer
+from searchrl.rl.packing import Packing
 from searchrl.rl.train_state import StateSpec, TrainState, state_shardings
 
 _ROWS = ("batch", "length")
@@ -59,6 +60,7 @@ class Batch(NamedTuple):
     token_rewards: jax.Array  # float32: the env's turn rewards on each turn's last token
     group_ids: jax.Array  # int32 [B]: rows sampled from the same prompt share an id (GRPO, RLOO)
     temperature: float | jax.Array = 1.0  # the sampler's `SamplingParams.logprob_temperature`
+    packing: Packing | None = None  # run the models on these packed rows (`packing.pack`), else on the B rows
 
 
 class PPOBatch(NamedTuple):
@@ -73,6 +75,7 @@ class PPOBatch(NamedTuple):
     old_values: jax.Array | None = None  # float32, critic runs only
     ref_logprobs: jax.Array | None = None  # float32, KL-loss runs only
     temperature: float | jax.Array = 1.0
+    packing: Packing | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,22 +122,59 @@ def _cast(params: dict | None, dtype: str) -> dict | None:
     return None if params is None else jax.tree.map(lambda p: p.astype(dtype), params)
 
 
-def _positions(tokens: jax.Array) -> jax.Array:
-    return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+class _Rows(NamedTuple):
+    """The rows a model pass runs on, [R, W], and where its sequences are in them: with `starts` [Q] (packed
+    rows), sequence q's slot s is flat slot starts[q] + s; without, sequence q is row q (W = S)."""
+
+    tokens: jax.Array
+    attention_mask: jax.Array
+    positions: jax.Array
+    segment_ids: jax.Array | None = None
+    starts: jax.Array | None = None
 
 
-def _policy_logprobs(config: PPOConfig, params: dict, tokens, mask, temperature, with_entropy: bool):
-    return models.token_logprobs(config.spec.model, _cast(params, config.rl.compute_dtype), tokens,
-                                 _positions(tokens), mask, with_entropy=with_entropy, temperature=temperature,
-                                 rules=config.spec.rules, attention=config.attention, remat=config.rl.remat,
-                                 logits_chunk=config.rl.logits_chunk)
+def _padded_rows(tokens: jax.Array, mask: jax.Array) -> _Rows:
+    """One sequence a row, at positions 0 .. S-1."""
+    return _Rows(tokens, mask, jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape))
 
 
-def _state_values(config: PPOConfig, params: dict, tokens, mask) -> jax.Array:
-    """Critic values aligned with tokens: index t holds V(tokens[:t]), index 0 is 0."""
-    v = models.values(config.spec.model, _cast(params, config.rl.compute_dtype), tokens, _positions(tokens),
-                      mask, rules=config.spec.rules, attention=config.attention, remat=config.rl.remat)
-    return jnp.concatenate([jnp.zeros_like(v[:, :1]), v[:, :-1]], axis=1)
+def _packed_rows(tokens: jax.Array, sources: jax.Array, starts: jax.Array) -> _Rows:
+    """The batch's tokens [B, S] laid out as a micro-batch's packed rows (`Packing.sources` [R, S] and
+    `.starts`): a sequence's segment is its batch row, its positions restart at 0."""
+    width = tokens.shape[1]
+    packed = jnp.take(tokens.reshape(-1), sources, mode="fill", fill_value=0)
+    return _Rows(packed, sources < tokens.size, sources % width, sources // width, starts)
+
+
+def _per_sequence(rows: _Rows, x: jax.Array, width: int) -> jax.Array:
+    """A per-token output [R, W] of a model pass on `rows` as the sequences' rows [Q, width]. A packed
+    sequence's index 0 reads the previous sequence's last slot: it is 0, as in a row of its own."""
+    if rows.starts is None:
+        return x
+    slots = jnp.arange(width)
+    y = jnp.take(x.reshape(-1), rows.starts[:, None] + slots, mode="fill", fill_value=0)
+    return jnp.where(slots > 0, y, jnp.zeros_like(y))
+
+
+def _policy_logprobs(config: PPOConfig, params: dict, rows: _Rows, width: int, temperature,
+                     with_entropy: bool):
+    """Log-probs [Q, width] (and entropies, with `with_entropy`) of the sequences in `rows`."""
+    out = models.token_logprobs(config.spec.model, _cast(params, config.rl.compute_dtype), rows.tokens,
+                                rows.positions, rows.attention_mask, with_entropy=with_entropy,
+                                temperature=temperature, rules=config.spec.rules, attention=config.attention,
+                                remat=config.rl.remat, logits_chunk=config.rl.logits_chunk,
+                                segment_ids=rows.segment_ids)
+    if with_entropy:
+        return tuple(_per_sequence(rows, x, width) for x in out)
+    return _per_sequence(rows, out, width)
+
+
+def _state_values(config: PPOConfig, params: dict, rows: _Rows, width: int) -> jax.Array:
+    """Critic values [Q, width] of the sequences in `rows`: index t holds V(tokens[:t]), index 0 is 0."""
+    v = models.values(config.spec.model, _cast(params, config.rl.compute_dtype), rows.tokens, rows.positions,
+                      rows.attention_mask, rules=config.spec.rules, attention=config.attention,
+                      remat=config.rl.remat, segment_ids=rows.segment_ids)
+    return _per_sequence(rows, jnp.concatenate([jnp.zeros_like(v[:, :1]), v[:, :-1]], axis=1), width)
 
 
 class _Share(NamedTuple):
@@ -160,10 +200,20 @@ def _share(config: PPOConfig, loss_mask: jax.Array, minibatch: _Share) -> _Share
     return _Share(tokens, mine.loss / jnp.maximum(minibatch.loss, 1.0))
 
 
-def _loss(config: PPOConfig, policy: dict, critic: dict | None, x: dict, temperature, share: _Share):
-    """(actor + critic loss of one micro-batch scaled to its minibatch share, metric contributions)."""
-    mask, loss_mask = x["attention_mask"], x["loss_mask"].astype(jnp.float32)
-    logp, entropy = _policy_logprobs(config, policy, x["tokens"], mask, temperature, True)
+def _rows(x: dict, tokens: jax.Array | None) -> _Rows:
+    """A micro-batch's model rows: its packed rows of the batch's `tokens` where it has `sources`, else its
+    own [Q, S] rows."""
+    if "sources" in x:
+        return _packed_rows(tokens, x["sources"], x["starts"])
+    return _padded_rows(x["tokens"], x["attention_mask"])
+
+
+def _loss(config: PPOConfig, policy: dict, critic: dict | None, x: dict, temperature, share: _Share,
+          tokens: jax.Array | None = None):
+    """(actor + critic loss of one micro-batch scaled to its minibatch share, metric contributions). `x` holds
+    the micro-batch's per-token arrays [Q, S] (and its packed rows of the batch's `tokens`, `_rows`)."""
+    loss_mask, rows, width = x["loss_mask"].astype(jnp.float32), _rows(x, tokens), x["loss_mask"].shape[1]
+    logp, entropy = _policy_logprobs(config, policy, rows, width, temperature, True)
     pg_loss, pg_metrics = losses.POLICY_LOSSES.get(config.rl.policy_loss).run(
         logp, x["old_logprobs"], x["advantages"], loss_mask, config.rl)
     ent, _ = losses.entropy_bonus(loss_mask, entropy=entropy, loss_agg_mode=config.rl.loss_agg_mode)
@@ -177,7 +227,7 @@ def _loss(config: PPOConfig, policy: dict, critic: dict | None, x: dict, tempera
         metrics["actor/kl_loss"] = kl * share.loss
     total = actor_loss * share.loss
     if critic is not None:
-        v = _state_values(config, critic, x["tokens"], mask)
+        v = _state_values(config, critic, rows, width)
         vf_loss, vf_metrics = losses.value_loss(v, x["old_values"], x["returns"], loss_mask,
                                                 value_clip=config.rl.value_clip,
                                                 loss_agg_mode=config.rl.loss_agg_mode)
@@ -187,10 +237,10 @@ def _loss(config: PPOConfig, policy: dict, critic: dict | None, x: dict, tempera
     return total, metrics
 
 
-def _split(x: jax.Array, parts: int, rules) -> jax.Array:
-    """[N, ...] -> [parts, N / parts, ...], rows of each part spread over the batch mesh axes."""
-    y = x.reshape(parts, x.shape[0] // parts, *x.shape[1:])
-    return constrain(y, (None,) + _ROWS[:y.ndim - 1], rules)
+def _split(x: jax.Array, parts: tuple[int, ...], rules) -> jax.Array:
+    """[N, ...] -> [*parts, N / prod(parts), ...], rows of each part spread over the batch mesh axes."""
+    y = x.reshape(*parts, -1, *x.shape[1:])
+    return constrain(y, (None,) * len(parts) + _ROWS[:x.ndim], rules)
 
 
 def all_finite(tree) -> jax.Array:
@@ -206,23 +256,21 @@ def _keep_if(ok: jax.Array, new, old):
     return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
 
-def _minibatch_step(config: PPOConfig, temperature, lrs, carry, mb: dict):
-    """Accumulates gradients over the minibatch's micro-batches, then takes one optimizer step per model,
-    unless this or an earlier minibatch of the update (or the rewards) were non-finite: `carry` ends with
-    that flag."""
+def _minibatch_step(config: PPOConfig, temperature, lrs, tokens: jax.Array, carry, micro: dict):
+    """Accumulates gradients over the minibatch's micro-batches (`micro`: [micro-batches, ...] each, packed
+    rows of the batch's `tokens` or rows of their own), then takes one optimizer step per model, unless this
+    or an earlier minibatch of the update (or the rewards) were non-finite: `carry` ends with that flag."""
     *before, ok = carry
     policy, critic, actor_opt, critic_opt = before
-    n_micro = config.rl.minibatch_size // config.rl.micro_batch_size
-    minibatch = _counts(mb["loss_mask"].astype(jnp.float32))
+    minibatch = _counts(micro["loss_mask"].astype(jnp.float32))
     grad_fn = jax.grad(functools.partial(_loss, config), argnums=(0, 1), has_aux=True)
 
     def micro_grads(x):
-        return grad_fn(policy, critic, x, temperature, _share(config, x["loss_mask"], minibatch))
+        return grad_fn(policy, critic, x, temperature, _share(config, x["loss_mask"], minibatch), tokens)
 
     def micro_step(acc, x):
         return jax.tree.map(jnp.add, acc, micro_grads(x)), None
 
-    micro = jax.tree.map(lambda a: _split(a, n_micro, config.spec.rules), mb)
     zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(micro_grads, jax.tree.map(lambda a: a[0], micro)))
     ((policy_grads, critic_grads), metrics), _ = jax.lax.scan(micro_step, zeros, micro)
 
@@ -240,22 +288,30 @@ def _minibatch_step(config: PPOConfig, temperature, lrs, carry, mb: dict):
 def _ppo_update(config: PPOConfig, state: TrainState, batch: PPOBatch,
                 finite_inputs: jax.Array | bool = True) -> tuple[TrainState, dict]:
     """The update; `finite_inputs` False (non-finite rewards) skips every optimizer step."""
-    arrays = {k: v for k, v in batch._asdict().items() if k != "temperature" and v is not None}
-    num_rows = batch.tokens.shape[0]
-    n_mini = num_rows // config.rl.minibatch_size
-    key, shuffle_key = jax.random.split(jax.random.wrap_key_data(state.rng))
+    arrays = {k: v for k, v in batch._asdict().items()
+              if k not in ("temperature", "packing") and v is not None}
+    rl, num_rows = config.rl, batch.tokens.shape[0]
+    parts = (num_rows // rl.minibatch_size, rl.minibatch_size // rl.micro_batch_size)
+    key, shuffle_key = _update_keys(state.rng)
     lrs = (learning_rate(config.spec.actor)(state.step),
            learning_rate(config.spec.critic)(state.step) if config.spec.critic else None)
 
-    def epoch(carry, epoch_key):
-        order = jax.random.permutation(epoch_key, num_rows) if config.rl.shuffle else jnp.arange(num_rows)
-        minibatches = jax.tree.map(lambda a: _split(a[order], n_mini, config.spec.rules), arrays)
-        step = functools.partial(_minibatch_step, config, batch.temperature, lrs)
-        return jax.lax.scan(step, carry, minibatches)
+    def padded(order):  # [minibatches, micro-batches, rows, ...]
+        return jax.tree.map(lambda a: _split(a[order], parts, config.spec.rules), arrays)
+
+    def packed(packing: Packing):  # the same, each micro-batch's sequences with their packed rows
+        per_token = {k: v for k, v in arrays.items() if k not in ("tokens", "attention_mask")}
+        sequences = {k: jnp.take(a, packing.sequences, axis=0, mode="fill", fill_value=0)
+                     for k, a in per_token.items()}
+        return sequences | {"sources": packing.sources, "starts": packing.starts}
+
+    def epoch(carry, xs):
+        step = functools.partial(_minibatch_step, config, batch.temperature, lrs, batch.tokens)
+        return jax.lax.scan(step, carry, padded(xs) if batch.packing is None else packed(xs))
 
     carry = (state.policy, state.critic, state.actor_opt, state.critic_opt, jnp.asarray(finite_inputs))
-    (policy, critic, actor_opt, critic_opt, finite), metrics = jax.lax.scan(
-        epoch, carry, jax.random.split(shuffle_key, config.rl.ppo_epochs))
+    epochs = _orders(config, shuffle_key, num_rows) if batch.packing is None else batch.packing
+    (policy, critic, actor_opt, critic_opt, finite), metrics = jax.lax.scan(epoch, carry, epochs)
     metrics = jax.tree.map(jnp.mean, metrics)
     metrics["train/nonfinite"] = 1.0 - finite.astype(jnp.float32)
     metrics["actor/lr"] = jnp.asarray(lrs[0], jnp.float32)
@@ -266,14 +322,39 @@ def _ppo_update(config: PPOConfig, state: TrainState, batch: PPOBatch,
     return state, metrics
 
 
+def _update_keys(rng: jax.Array) -> jax.Array:
+    """(the state's next RNG key, the key of this update's shuffles) from the state's RNG data."""
+    return jax.random.split(jax.random.wrap_key_data(rng))
+
+
+def _orders(config: PPOConfig, shuffle_key: jax.Array, rows: int) -> jax.Array:
+    """[ppo_epochs, rows]: each epoch's batch rows in update order, shuffled with `rl.shuffle`."""
+    if not config.rl.shuffle:
+        return jnp.broadcast_to(jnp.arange(rows), (config.rl.ppo_epochs, rows))
+    return jnp.stack([jax.random.permutation(k, rows) for k in jax.random.split(shuffle_key,
+                                                                               config.rl.ppo_epochs)])
+
+
+@functools.lru_cache(maxsize=None)
+def _orders_program(config: PPOConfig, rows: int) -> Callable:
+    return jax.jit(lambda rng: _orders(config, _update_keys(rng)[1], rows))
+
+
+def update_orders(state: TrainState, rows: int, config: PPOConfig) -> np.ndarray:
+    """[ppo_epochs, rows]: the batch rows of each epoch of `state`'s next update in the order it takes them
+    (consecutive `rl.minibatch_size` make a minibatch), on the host: the orders `packing.pack` lays out."""
+    return np.asarray(jax.device_get(_orders_program(config, rows)(state.rng)))
+
+
 def batch_shardings(batch: NamedTuple, mesh: Mesh, config: PPOConfig) -> NamedTuple:
     """NamedShardings of a batch (a `Batch` or `PPOBatch`): arrays sharded on their rows over the batch mesh
-    axes, scalars replicated."""
+    axes, scalars and the packing replicated."""
     def sharding(x):
         if x is None:
             return None
-        shape = jnp.shape(x)
-        return models.rows_sharding(shape, mesh, config.spec.rules)
+        if isinstance(x, Packing):
+            return Packing(*(NamedSharding(mesh, PartitionSpec()) for _ in x))
+        return models.rows_sharding(jnp.shape(x), mesh, config.spec.rules)
 
     return type(batch)(*(sharding(x) for x in batch))
 
@@ -287,11 +368,20 @@ def _check_rows(batch: NamedTuple, config: PPOConfig) -> None:
         raise ValueError(f"{name}.tokens must be [B, S], got shape {shape}")
     for field, x in batch._asdict().items():
         expected = shape[:1] if field == "group_ids" else shape
-        if field != "temperature" and x is not None and tuple(jnp.shape(x)) != expected:
+        if field not in ("temperature", "packing") and x is not None and tuple(jnp.shape(x)) != expected:
             raise ValueError(f"{name}.{field} has shape {tuple(jnp.shape(x))}, expected {expected}")
     if shape[0] % config.rl.minibatch_size:
         raise ValueError(f"batch of {shape[0]} rows is not a multiple of "
                          f"rl.minibatch_size={config.rl.minibatch_size}")
+    packing = getattr(batch, "packing", None)
+    if packing is not None:
+        epochs, minibatches = config.rl.ppo_epochs, shape[0] // config.rl.minibatch_size
+        sources, sequences = tuple(packing.sources.shape), tuple(packing.sequences.shape)
+        if (sources[:2], sources[-1], sequences) != ((epochs, minibatches), shape[1],
+                                                     (*sources[:3], config.rl.micro_batch_size)):
+            raise ValueError(f"{name}.packing has sources {sources} and sequences {sequences}; expected "
+                             f"[{epochs}, {minibatches}, K, rows, {shape[1]}] and [{epochs}, {minibatches}, "
+                             f"K, {config.rl.micro_batch_size}] (`packing.pack` for this config and batch)")
 
 
 def _check_update_batch(batch: PPOBatch, config: PPOConfig) -> None:
@@ -342,23 +432,31 @@ def ppo_update(state: TrainState, batch: PPOBatch, config: PPOConfig, mesh: Mesh
     return _run(_ppo_update, state, batch, config, mesh, donate=True)
 
 
-def _score(config: PPOConfig, state: TrainState, tokens, attention_mask, temperature):
+def _score(config: PPOConfig, state: TrainState, tokens, attention_mask, temperature,
+           packing: Packing | None = None):
     """(policy log-probs, critic values or None, reference log-probs or None) of the rollout, [B, S] each,
-    computed `rl.micro_batch_size` rows at a time."""
-    rows = tokens.shape[0]
-    parts = rows // config.rl.micro_batch_size if rows % config.rl.micro_batch_size == 0 else 1
+    computed `rl.micro_batch_size` rows at a time, or on the first epoch's packed micro-batches of
+    `packing` (each sequence once)."""
+    rows, width = tokens.shape
 
     def one(x):
-        tokens, mask = x
-        logprobs = _policy_logprobs(config, state.policy, tokens, mask, temperature, False)
-        values = None if state.critic is None else _state_values(config, state.critic, tokens, mask)
-        ref = None if state.ref is None else _policy_logprobs(config, state.ref, tokens, mask,
+        model_rows = _rows(x, tokens)
+        logprobs = _policy_logprobs(config, state.policy, model_rows, width, temperature, False)
+        values = None if state.critic is None else _state_values(config, state.critic, model_rows, width)
+        ref = None if state.ref is None else _policy_logprobs(config, state.ref, model_rows, width,
                                                               temperature, False)
         return logprobs, values, ref
 
-    split = [_split(x, parts, config.spec.rules) for x in (tokens, attention_mask)]
-    scored = jax.lax.map(one, tuple(split))
-    return jax.tree.map(lambda y: y.reshape(rows, *y.shape[2:]), scored)
+    if packing is None:
+        parts = rows // config.rl.micro_batch_size if rows % config.rl.micro_batch_size == 0 else 1
+        split = {"tokens": tokens, "attention_mask": attention_mask}
+        scored = jax.lax.map(one, {k: _split(x, (parts,), config.spec.rules) for k, x in split.items()})
+        return jax.tree.map(lambda y: y.reshape(rows, *y.shape[2:]), scored)
+    first = {"sources": packing.sources[0], "starts": packing.starts[0]}
+    scored = jax.lax.map(one, {k: x.reshape(-1, *x.shape[2:]) for k, x in first.items()})
+    sequences = packing.sequences[0].reshape(-1)  # B (no sequence) is dropped
+    return jax.tree.map(lambda y: jnp.zeros((rows, width), y.dtype).at[sequences].set(
+        y.reshape(-1, width), mode="drop"), scored)
 
 
 class _Tokens(NamedTuple):
@@ -390,7 +488,8 @@ def _learn(config: PPOConfig, state: TrainState, batch: Batch) -> tuple[TrainSta
     """One RL step (the module docstring's pipeline), pure."""
     rl = config.rl
     mask = batch.loss_mask.astype(jnp.float32)
-    logprobs, values, ref = _score(config, state, batch.tokens, batch.attention_mask, batch.temperature)
+    logprobs, values, ref = _score(config, state, batch.tokens, batch.attention_mask, batch.temperature,
+                                   batch.packing)
     rewards, metrics, kl_state = batch.token_rewards, {}, state.kl
     if rl.kl_in_reward:
         rewards, kl = kl_lib.apply_kl_penalty(rewards, logprobs, ref, mask, state.kl.coef,
@@ -405,7 +504,8 @@ def _learn(config: PPOConfig, state: TrainState, batch: Batch) -> tuple[TrainSta
     critic = values is not None
     new_state, update_metrics = _ppo_update(config, state, PPOBatch(
         batch.tokens, batch.attention_mask, mask, logprobs, advantages, returns=returns if critic else None,
-        old_values=values, ref_logprobs=ref, temperature=batch.temperature), all_finite(rewards))
+        old_values=values, ref_logprobs=ref, temperature=batch.temperature, packing=batch.packing),
+        all_finite(rewards))
     state = new_state._replace(kl=_keep_if(update_metrics["train/nonfinite"] == 0, kl_state, state.kl))
     gap = jnp.where(mask > 0, jnp.abs(logprobs - batch.sampler_logprobs), 0.0)
     metrics |= update_metrics | {"rollout/logprob_gap_max": jnp.max(gap)}

@@ -40,7 +40,7 @@ from searchrl import distributed, models
 from searchrl.checkpoint import TOKENIZER, Checkpointer
 from searchrl.episode import Env, mean_metrics, numeric_metrics
 from searchrl.metric_writer import MetricWriter
-from searchrl.rl import ppo
+from searchrl.rl import packing, ppo
 from searchrl.rl.config import RLConfig, TrainConfig, batch_rows
 from searchrl.rl.train_state import abstract_train_state, init_train_state
 from searchrl.rollout.config import RolloutConfig, SamplingParams
@@ -156,7 +156,7 @@ class Trainer:
         self.mesh = models.mesh_of(mesh)
         self.ppo = ppo.PPOConfig.create(rl, model_cfg, models.rules_named(mesh.train_rules), mesh.attention)
         self.batch_rows = batch_rows(self.train_config, rl)
-        shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        self.shards = shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         if self.batch_rows % shards or self.batch_rows % rl.minibatch_size:
             raise ValueError(f"train.batch_size x rl.responses_per_prompt = {self.batch_rows} rows must be a "
                              f"multiple of the data-parallel size {shards} and of "
@@ -184,6 +184,7 @@ class Trainer:
                 self.lock.release()
             raise
         self.nonfinite_in_a_row = 0
+        self.packed_shapes: set[tuple[int, int]] = set()  # (width, micro-batches) of the learn steps so far
         self.hooks = list(hooks)
 
     def _restore_or_init(self, policy: dict):
@@ -268,7 +269,8 @@ class Trainer:
             tokens=traj.tokens, attention_mask=traj.attention_mask, loss_mask=traj.loss_mask,
             sampler_logprobs=traj.logprobs, token_rewards=traj.turn_rewards_to_tokens(turn_rewards),
             group_ids=group_ids))
-        batch = ppo.Batch(**arrays, temperature=traj.logprob_temperature)
+        batch = ppo.Batch(**arrays, temperature=traj.logprob_temperature,
+                          packing=self._packing(traj.lengths, traj.tokens.shape[1]))
         self.state, learned = ppo.learn(self.state, batch, self.ppo, self.mesh)
         metrics = {k: float(v) for k, v in jax.device_get(learned).items()}
         self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if metrics["train/nonfinite"] else 0
@@ -290,6 +292,21 @@ class Trainer:
                 f"gradients {self.nonfinite_in_a_row} steps in a row (train.max_nonfinite_steps="
                 f"{self.train_config.max_nonfinite_steps}); no update applied them. Stopping.")
         return metrics
+
+    def _packing(self, lengths: np.ndarray, width: int) -> packing.Packing | None:
+        """The step's packed layout (with `rl.pack`) of the batch's rows, of which this process holds those
+        of `lengths`, in rows of `width`: one packed row a data-parallel shard a micro-batch."""
+        rl = self.ppo.rl
+        if not rl.pack:
+            return None
+        lengths = np.concatenate([np.asarray(x) for x in distributed.all_processes(lengths.tolist())])
+        orders = ppo.update_orders(self.state, self.batch_rows, self.ppo)
+        plan = packing.pack(lengths, orders, rl.minibatch_size, rl.micro_batch_size, self.shards, width)
+        if (width, plan.micro_batches) not in self.packed_shapes:
+            self.packed_shapes.add((width, plan.micro_batches))
+            log.info("learn step for packed micro-batches of %d x %d tokens, %d a minibatch "
+                     "(%d shapes so far)", self.shards, width, plan.micro_batches, len(self.packed_shapes))
+        return plan
 
     def evaluate(self, examples: Sequence[dict] | None = None) -> dict[str, float]:
         """Greedy rollouts of `examples` (default: the eval set) in training-sized batches, each process

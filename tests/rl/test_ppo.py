@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from searchrl import models
-from searchrl.rl import advantages, kl, losses, ppo, train_state
+from searchrl.rl import advantages, kl, losses, packing, ppo, train_state
 from searchrl.rl.config import RLConfig
 
 ATTENTION = models.AttentionConfig()  # the default: `MeshConfig.attention`
@@ -325,3 +325,69 @@ def test_learn_is_score_then_kl_then_advantages_then_the_update(overrides):
         r, v = np.asarray(returns)[data["loss_mask"] > 0], np.asarray(values)[data["loss_mask"] > 0]
         explained = 1 - np.var(r - v, ddof=1) / (np.var(r, ddof=1) + 1e-5)  # verl's vf_explained_var
         np.testing.assert_allclose(metrics["critic/vf_explained_var"], explained, rtol=1e-4)
+
+
+def short_rows_data(seed: int = 0) -> dict:
+    """Rows of 5 to 11 tokens in 16 slots (two of them often share a packed row), prompts of 3 tokens."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(5, 12, size=B)
+    attention = np.arange(S)[None] < lengths[:, None]
+    loss_mask = ((np.arange(S)[None] >= 3) & attention).astype(np.float32)
+    rewards = np.zeros((B, S), np.float32)
+    rewards[np.arange(B), lengths - 1] = rng.normal(size=B)
+    rewards[np.arange(B), 3] = 0.5 * rng.normal(size=B)  # a turn reward mid-sequence
+    return dict(tokens=rng.integers(0, CFG.vocab_size, (B, S)).astype(np.int32), attention_mask=attention,
+                loss_mask=loss_mask, token_rewards=rewards,
+                sampler_logprobs=(-rng.uniform(0, 3, (B, S)) * loss_mask).astype(np.float32),
+                group_ids=np.repeat(np.arange(B // 2, dtype=np.int32), 2))
+
+
+def test_pack_places_every_sequence_once_whole_and_within_budget():
+    lengths = np.array([5, 11, 7, 16, 3, 9, 8, 2])
+    orders = np.stack([np.arange(B), np.random.default_rng(0).permutation(B)])
+    packed = packing.pack(lengths, orders, minibatch_size=4, sequences=2, rows=2, width=S)
+    assert packed.sources.shape[:2] == (2, 2) and packed.sources.shape[3:] == (2, S)
+    for e in range(2):
+        seqs = packed.sequences[e]
+        assert sorted(seqs[seqs < B].tolist()) == list(range(B))  # each sequence once an epoch
+        for m in range(2):
+            assert set(seqs[m][seqs[m] < B].tolist()) == set(orders[e, 4 * m:4 * m + 4].tolist())
+            for k in range(packed.micro_batches):
+                flat = packed.sources[e, m, k].reshape(-1)
+                for b, start in zip(packed.sequences[e, m, k], packed.starts[e, m, k]):
+                    if b < B:  # whole, in one packed row, in order
+                        assert start % S + lengths[b] <= S
+                        np.testing.assert_array_equal(flat[start:start + lengths[b]],
+                                                      b * S + np.arange(lengths[b]))
+                held = packed.sequences[e, m, k]
+                assert np.sum(flat < B * S) == np.sum(lengths[held[held < B]])
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(loss_agg_mode="token-mean", use_reference=True, kl_in_reward=True, lam=0.9, gamma=0.99,
+         entropy_coef=0.01),
+    dict(loss_agg_mode="seq-mean-token-mean", shuffle=False, micro_batch_size=4),
+    dict(loss_agg_mode="seq-mean-token-sum", advantage="grpo", use_critic=False, use_reference=True,
+         kl_loss_coef=0.1),
+    dict(loss_agg_mode="seq-mean-token-sum-norm", advantage="grpo", use_critic=False, micro_batch_size=4),
+])
+def test_packed_learn_equals_padded_learn(overrides):
+    """On the (2, 2, 2) mesh, `learn` on packed rows (segments, positions restarting, per-sequence
+    advantages and loss aggregation) gives the padded layout's parameters, optimizer states and metrics."""
+    config = rl_config(**overrides)
+    mesh = make_mesh_8()
+    data = short_rows_data(3)
+    batch = ppo.Batch(**data, temperature=0.9)
+    orders = ppo.update_orders(new_state(config, mesh), B, config)
+    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    plan = packing.pack(data["attention_mask"].sum(1), orders, config.rl.minibatch_size,
+                        config.rl.micro_batch_size, shards, S)
+    assert np.sum(plan.sources < B * S) // config.rl.ppo_epochs == data["attention_mask"].sum()
+    assert np.any(plan.starts[plan.sequences < B] % S > 0)  # some row holds two sequences
+    padded, padded_metrics = ppo.learn(new_state(config, mesh), batch, config, mesh)
+    packed, packed_metrics = ppo.learn(new_state(config, mesh), batch._replace(packing=plan), config, mesh)
+    scale = max(float(np.max(np.abs(x))) for x in jax.tree.leaves(host(padded.policy)))
+    assert max_abs_diff(host(packed), host(padded)) < 1e-5 * scale
+    assert padded_metrics.keys() == packed_metrics.keys()
+    for name, value in padded_metrics.items():
+        np.testing.assert_allclose(packed_metrics[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
