@@ -1,0 +1,28 @@
+"""What every attention implementation module shares: the registry `ATTENTION` that `AttentionConfig.impl`
+selects from, the score of a masked key, and the backend each accelerator-only implementation needs.
+(`searchrl.models.attention` holds the implementations in plain XLA and the visibility rule they all follow;
+`searchrl.models.attention_pallas` the Pallas kernels.)"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+
+from searchrl.registry import Registry
+
+MASKED = -1e30  # score of a key that may not be attended (finite: fully masked rows stay NaN-free).
+
+# (q, k, v, key_valid, query_slot, config, segment_ids) -> output
+Attention = Callable[..., jax.Array]
+ATTENTION: Registry[Attention] = Registry("attention implementation", "config.mesh.attention.impl")
+
+# Implementations that compile only for one backend ("gpu" or "tpu"); CPU runs the Pallas ones interpreted.
+BACKEND: dict[str, str] = {}
+
+
+def runs_here(name: str, interpreted: bool = False) -> bool:
+    """Whether implementation `name` compiles for this process's backend (or, with `interpreted`, runs at all:
+    Pallas kernels run on CPU in interpret mode, cuDNN's kernel only on a GPU)."""
+    needs = BACKEND.get(name)
+    here = jax.default_backend()
+    return needs in (None, here) or (interpreted and here == "cpu" and name != "dot_product")
