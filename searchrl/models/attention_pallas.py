@@ -21,6 +21,7 @@ dimension to a power of two (at least 16: Triton's smallest dot); padded key slo
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from typing import NamedTuple
@@ -92,7 +93,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, kpos_ref, kseg_ref, slot_ref, seg_ref, 
 
     def step(j, carry):
         m, l, acc = carry
-        s, _ = _scores(q, k_ref, kpos_ref, kseg_ref, query_slot, query_segment, j * block, block, scale, slots)
+        s, _ = _scores(q, k_ref, kpos_ref, kseg_ref, query_slot, query_segment, j * block, block, scale,
+                       slots)
         m_new = jnp.maximum(m, s.max(axis=-1))
         p = jnp.exp(s - m_new[:, None])
         rescale = jnp.exp(m - m_new)
@@ -186,15 +188,17 @@ def _specs(tiling: _Tiling, q_shape: tuple[int, ...], k_shape: tuple[int, ...], 
     keys = pl.BlockSpec((None, None, S, hd), lambda b, h, i: (b, h // tiling.group, 0, 0))
     key_info = pl.BlockSpec((None, S), lambda b, h, i: (b, 0))
     query_info = pl.BlockSpec((None, rows), query)
-    return ([pl.BlockSpec((None, None, rows, hd), tile), keys, keys, key_info, key_info, query_info, query_info],
-            pl.BlockSpec((None, None, rows, hd), tile), pl.BlockSpec((None, None, rows), stat))
+    per_query = pl.BlockSpec((None, None, rows, hd), tile)
+    return ([per_query, keys, keys, key_info, key_info, query_info, query_info], per_query,
+            pl.BlockSpec((None, None, rows), stat))
 
 
 def _forward(tiling: _Tiling, q, k, v, kpos, kseg, slot, seg):
     """(output [B, H, Tp, hd], max [B, H, Tp], sum [B, H, Tp]) of the laid-out operands."""
     B, H, Tp, _ = q.shape
     inputs, tile, stat = _specs(tiling, q.shape, k.shape, per_key_block=False)
-    kernel = functools.partial(_forward_kernel, scale=tiling.scale, slots=tiling.slots, block=tiling.key_block)
+    kernel = functools.partial(_forward_kernel, scale=tiling.scale, slots=tiling.slots,
+                               block=tiling.key_block)
     stats = jax.ShapeDtypeStruct((B, H, Tp), jnp.float32)
     return pl.pallas_call(
         kernel, grid=(B, H, Tp // tiling.query_block), in_specs=inputs, out_specs=[tile, stat, stat],
@@ -225,13 +229,15 @@ def _flash_bwd(tiling, residuals, d_out):
     inputs, tile, stat = _specs(tiling, q.shape, k.shape, per_key_block=False)
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, **common), grid=(B, H, Tp // tiling.query_block),
-        in_specs=[*inputs, tile, stat, stat, stat], out_specs=tile, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        in_specs=[*inputs, tile, stat, stat, stat], out_specs=tile,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         interpret=tiling.interpret, name="searchrl_attention_dq")(*operands)
     inputs, tile, stat = _specs(tiling, q.shape, k.shape, per_key_block=True)
     key_tile = pl.BlockSpec((None, None, tiling.key_block, k.shape[3]), lambda b, h, j: (b, h, j, 0))
     grads = jax.ShapeDtypeStruct((B, H, Sp, k.shape[3]), jnp.float32)
     dk, dv = pl.pallas_call(
-        functools.partial(_dkv_kernel, **common, query_block=tiling.query_block), grid=(B, H, Sp // tiling.key_block),
+        functools.partial(_dkv_kernel, **common, query_block=tiling.query_block),
+        grid=(B, H, Sp // tiling.key_block),
         in_specs=[*inputs, tile, stat, stat, stat], out_specs=[key_tile, key_tile], out_shape=[grads, grads],
         interpret=tiling.interpret, name="searchrl_attention_dkv")(*operands)
     dk, dv = (x.reshape(B, KV, H // KV, Sp, -1).sum(axis=2) for x in (dk, dv))
@@ -267,3 +273,91 @@ def pallas(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query
 
 
 BACKEND["pallas"] = "gpu"
+
+
+def _library_segments(key_valid: jax.Array, segment_ids: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+    """(queries', keys') segment ids [B, T] of a row without a cache for a kernel that knows only causal
+    masking and segments: an invalid key gets -1 - its slot, an id no valid query has."""
+    T = key_valid.shape[1]
+    queries = jnp.zeros(key_valid.shape, jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
+    return queries, jnp.where(key_valid, queries, -1 - jnp.arange(T, dtype=jnp.int32))
+
+
+def _repeat_heads(x: jax.Array, group: int) -> jax.Array:
+    """Keys or values [B, KV, S, hd] as [B, H, S, hd]: each key head repeated for its query heads (the
+    gradient sums back over them)."""
+    return jnp.repeat(x, group, axis=1)
+
+
+@ATTENTION.register("pallas_mha")
+def pallas_mha(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
+               config: AttentionConfig, segment_ids: jax.Array | None = None) -> jax.Array:
+    """JAX's Triton flash attention (`mha`, causal, tiles of `config.kernel_block`) for a row without a cache
+    (T == S); "pallas" against a cache. `mha` takes one segment-id array for queries and keys, so an invalid
+    key's unique id also isolates the invalid query in its slot: padding queries are unspecified."""
+    B, T, H, hd = q.shape
+    if T != k.shape[2]:
+        return pallas(q, k, v, key_valid, query_slot, config, segment_ids)
+    block = _tile(T, config.kernel_block)
+    Tp = _round_up(T, block)
+    ids = _pad(_library_segments(key_valid, segment_ids)[1], 1, Tp)
+    ids = jnp.where(jnp.arange(Tp) < T, ids, -1 - jnp.arange(Tp, dtype=jnp.int32))
+    k, v = (jnp.swapaxes(_repeat_heads(x, H // k.shape[1]), 1, 2) for x in (k, v))
+    sizes = gpu_attention.BlockSizes(block, block, block, block, block, block)
+    out = gpu_attention.mha(*(_pad(x, 1, Tp) for x in (q, k, v)), ids, sm_scale=1 / math.sqrt(hd),
+                            causal=True, block_sizes=sizes, interpret=interpret())
+    return out[:, :T].astype(v.dtype)
+
+
+BACKEND["pallas_mha"] = "gpu"
+
+
+@ATTENTION.register("pallas_tpu")
+def pallas_tpu(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
+               config: AttentionConfig, segment_ids: jax.Array | None = None) -> jax.Array:
+    """JAX's TPU flash attention (causal, separate query and key segment ids, tiles of 128) for a row without
+    a cache (T == S); "blockwise" against a cache."""
+    B, T, H, hd = q.shape
+    if T != k.shape[2]:
+        return ATTENTION.get("blockwise")(q, k, v, key_valid, query_slot, config, segment_ids)
+    Tp, hdp = _round_up(T, TPU_TILE), _round_up(hd, TPU_TILE)
+    queries, keys = (_pad(x, 1, Tp, -1) for x in _library_segments(key_valid, segment_ids))
+    qt = _pad(_pad(jnp.swapaxes(q, 1, 2), 2, Tp), 3, hdp)
+    kt, vt = (_pad(_pad(_repeat_heads(x, H // k.shape[1]), 2, Tp), 3, hdp) for x in (k, v))
+    out = _tpu_flash(qt, kt, vt, queries, keys, 1 / math.sqrt(hd), interpret())
+    return jnp.swapaxes(out[:, :, :T, :hd], 1, 2).astype(v.dtype)
+
+
+BACKEND["pallas_tpu"] = "tpu"
+
+
+def _tpu_flash_call(scale: float, q, k, v, queries, keys) -> jax.Array:
+    return tpu_attention.flash_attention(q, k, v, segment_ids=tpu_attention.SegmentIds(queries, keys),
+                                         causal=True, sm_scale=scale)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _tpu_flash(q, k, v, queries, keys, scale: float, interpreted: bool) -> jax.Array:
+    """`flash_attention` of laid-out operands, its forward and backward kernels both traced in TPU interpret
+    mode when `interpreted` (the library kernel has no interpret argument; the mode is read when a kernel is
+    traced, and its backward pass is traced outside this call)."""
+    return _tpu_flash_fwd(q, k, v, queries, keys, scale, interpreted)[0]
+
+
+def _tpu_mode(interpreted: bool):
+    return pltpu.force_tpu_interpret_mode() if interpreted else contextlib.nullcontext()
+
+
+def _tpu_flash_fwd(q, k, v, queries, keys, scale, interpreted):
+    with _tpu_mode(interpreted):
+        out, backward = jax.vjp(functools.partial(_tpu_flash_call, scale), q, k, v, queries, keys)
+    return out, backward
+
+
+def _tpu_flash_bwd(scale, interpreted, backward, d_out):
+    del scale
+    with _tpu_mode(interpreted):
+        return backward(d_out)[:3] + (None, None)
+
+
+_tpu_flash.defvjp(_tpu_flash_fwd, _tpu_flash_bwd)
