@@ -16,13 +16,14 @@ MASKED = -1e30  # score of a key that may not be attended (finite: fully masked 
 Attention = Callable[..., jax.Array]
 ATTENTION: Registry[Attention] = Registry("attention implementation", "config.mesh.attention.impl")
 
-# Implementations that compile only for one backend ("gpu" or "tpu"); CPU runs the Pallas ones interpreted.
+# Implementations that compile only for one backend ("gpu" or "tpu"), and those of them (the Pallas kernels)
+# that CPU runs in Pallas' interpret mode.
 BACKEND: dict[str, str] = {}
+INTERPRETED: set[str] = set()
 
 
 def runs_here(name: str, interpreted: bool = False) -> bool:
-    """Whether implementation `name` compiles for this process's backend (or, with `interpreted`, runs at all:
-    Pallas kernels run on CPU in interpret mode, cuDNN's kernel only on a GPU)."""
-    needs = BACKEND.get(name)
+    """Whether implementation `name` compiles for this process's backend (or, with `interpreted`, runs here
+    at all: on CPU, interpreted)."""
     here = jax.default_backend()
-    return needs in (None, here) or (interpreted and here == "cpu" and name != "dot_product")
+    return BACKEND.get(name) in (None, here) or (interpreted and here == "cpu" and name in INTERPRETED)

@@ -16,8 +16,16 @@ long) have, and there query_slot[b, t] = t. Invalid keys get a segment id no val
 the reference for every valid query with a key to attend (the ones a loss reads); the outputs of padding
 queries are unspecified, as the module docstring of `attention` allows. Segment ids are >= 0 (0: padding).
 
-Kernels need aligned shapes, so each wrapper pads: queries and key slots to a multiple of the tile, the head
-dimension to a power of two (at least 16: Triton's smallest dot); padded key slots count for nothing.
+Kernels need aligned shapes, so each wrapper pads (padded key slots count for nothing): "pallas" and
+"pallas_mha" the lengths to a multiple of the tile (`AttentionConfig.kernel_block`), "pallas" the head
+dimension to a power of two of at least 16 (Triton's smallest dot; `mha` pads its own); "pallas_tpu" both to
+multiples of 128. Key heads: "pallas" maps each query head to its key head in the kernels' index maps; the
+library kernels get the key heads repeated.
+
+With `AttentionConfig.interpret` (what CPU can run) the kernels run in Pallas' interpret mode: "pallas" and
+"pallas_mha" as plain XLA loops, "pallas_tpu" in the TPU simulator (`force_tpu_interpret_mode`, far slower).
+Interpretation checks the arithmetic and the indexing, not what a compiler accepts (Triton's or Mosaic's
+shape rules) nor speed.
 """
 from __future__ import annotations
 
@@ -33,16 +41,11 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.gpu import attention as gpu_attention
 from jax.experimental.pallas.ops.tpu import flash_attention as tpu_attention
 
-from searchrl.models.attention_base import ATTENTION, BACKEND, MASKED
+from searchrl.models.attention_base import ATTENTION, BACKEND, INTERPRETED, MASKED
 from searchrl.models.config import AttentionConfig
 
 UNSEEN = jnp.iinfo(jnp.int32).max  # slot of an invalid key: after every query's slot
 TPU_TILE = 128  # the TPU kernel's tile: its lengths and head dimension are padded to multiples of it
-
-
-def interpret() -> bool:
-    """Pallas kernels run interpreted on CPU (tests) and compiled on accelerators."""
-    return jax.default_backend() == "cpu"
 
 
 def _tile(n: int, block: int) -> int:
@@ -80,7 +83,7 @@ def _key_blocks(query_slot: jax.Array, m: jax.Array, block: int, blocks: int) ->
     """(the key blocks that may hold a visible key, all of them if some query has none): a query sees no
     slot after its own, so blocks past the tile's last slot only matter to queries with no key at all, whose
     output (as the reference's) averages every slot's value."""
-    reach = jnp.clip(jnp.max(query_slot) // block + 1, 0, blocks)
+    reach = jnp.clip(jax.lax.div(jnp.max(query_slot), block) + 1, 0, blocks)
     return reach, jnp.where(jnp.min(m) > MASKED, reach, blocks)
 
 
@@ -257,7 +260,7 @@ def pallas(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query
     KV, S = k.shape[1], k.shape[2]
     bq, bk = _tile(T, config.kernel_block), _tile(S, config.kernel_block)
     Tp, Sp, hdp = _round_up(T, bq), _round_up(S, bk), max(16, pl.next_power_of_2(hd))
-    tiling = _Tiling(1 / math.sqrt(hd), S, bq, bk, H // KV, interpret())
+    tiling = _Tiling(1 / math.sqrt(hd), S, bq, bk, H // KV, config.interpret)
     if segment_ids is None:
         query_segment, key_segment = jnp.zeros((B, T), jnp.int32), jnp.zeros((B, S), jnp.int32)
     else:
@@ -273,14 +276,18 @@ def pallas(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query
 
 
 BACKEND["pallas"] = "gpu"
+INTERPRETED.add("pallas")
 
 
-def _library_segments(key_valid: jax.Array, segment_ids: jax.Array | None) -> tuple[jax.Array, jax.Array]:
-    """(queries', keys') segment ids [B, T] of a row without a cache for a kernel that knows only causal
-    masking and segments: an invalid key gets -1 - its slot, an id no valid query has."""
-    T = key_valid.shape[1]
-    queries = jnp.zeros(key_valid.shape, jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
-    return queries, jnp.where(key_valid, queries, -1 - jnp.arange(T, dtype=jnp.int32))
+def _library_segments(key_valid: jax.Array, segment_ids: jax.Array | None, length: int
+                       ) -> tuple[jax.Array, jax.Array]:
+    """(queries', keys') segment ids [B, length] of rows without a cache padded to `length`, for a kernel
+    that knows only causal masking and segments: an invalid or padding key gets -1 - its slot, an id no
+    valid query has."""
+    key_valid = _pad(key_valid, 1, length, False)
+    queries = (jnp.zeros(key_valid.shape, jnp.int32) if segment_ids is None
+               else _pad(segment_ids.astype(jnp.int32), 1, length))
+    return queries, jnp.where(key_valid, queries, -1 - jnp.arange(length, dtype=jnp.int32))
 
 
 def _repeat_heads(x: jax.Array, group: int) -> jax.Array:
@@ -300,16 +307,16 @@ def pallas_mha(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, q
         return pallas(q, k, v, key_valid, query_slot, config, segment_ids)
     block = _tile(T, config.kernel_block)
     Tp = _round_up(T, block)
-    ids = _pad(_library_segments(key_valid, segment_ids)[1], 1, Tp)
-    ids = jnp.where(jnp.arange(Tp) < T, ids, -1 - jnp.arange(Tp, dtype=jnp.int32))
+    ids = _library_segments(key_valid, segment_ids, Tp)[1]
     k, v = (jnp.swapaxes(_repeat_heads(x, H // k.shape[1]), 1, 2) for x in (k, v))
     sizes = gpu_attention.BlockSizes(block, block, block, block, block, block)
     out = gpu_attention.mha(*(_pad(x, 1, Tp) for x in (q, k, v)), ids, sm_scale=1 / math.sqrt(hd),
-                            causal=True, block_sizes=sizes, interpret=interpret())
+                            causal=True, block_sizes=sizes, interpret=config.interpret)
     return out[:, :T].astype(v.dtype)
 
 
 BACKEND["pallas_mha"] = "gpu"
+INTERPRETED.add("pallas_mha")
 
 
 @ATTENTION.register("pallas_tpu")
@@ -321,14 +328,15 @@ def pallas_tpu(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, q
     if T != k.shape[2]:
         return ATTENTION.get("blockwise")(q, k, v, key_valid, query_slot, config, segment_ids)
     Tp, hdp = _round_up(T, TPU_TILE), _round_up(hd, TPU_TILE)
-    queries, keys = (_pad(x, 1, Tp, -1) for x in _library_segments(key_valid, segment_ids))
+    queries, keys = _library_segments(key_valid, segment_ids, Tp)
     qt = _pad(_pad(jnp.swapaxes(q, 1, 2), 2, Tp), 3, hdp)
     kt, vt = (_pad(_pad(_repeat_heads(x, H // k.shape[1]), 2, Tp), 3, hdp) for x in (k, v))
-    out = _tpu_flash(qt, kt, vt, queries, keys, 1 / math.sqrt(hd), interpret())
+    out = _tpu_flash(qt, kt, vt, queries, keys, 1 / math.sqrt(hd), config.interpret)
     return jnp.swapaxes(out[:, :, :T, :hd], 1, 2).astype(v.dtype)
 
 
 BACKEND["pallas_tpu"] = "tpu"
+INTERPRETED.add("pallas_tpu")
 
 
 def _tpu_flash_call(scale: float, q, k, v, queries, keys) -> jax.Array:

@@ -84,10 +84,10 @@ IMPLEMENTATIONS = {
     "blockwise_4": _registered("blockwise", block_size=4),
     "blockwise_whole": _registered("blockwise", block_size=64),
     "dot_product_xla": (_xla_dot_product, AttentionConfig("dot_product")),
-    "pallas_4": _registered("pallas", kernel_block=4),  # tiles of 4 queries and 4 key slots
-    "pallas_16": _registered("pallas"),  # one tile of 16 (at least a Triton dot's side)
-    "pallas_mha_4": _registered("pallas_mha", kernel_block=4),
-    "pallas_tpu": _registered("pallas_tpu"),
+    "pallas_4": _registered("pallas", kernel_block=4, interpret=True),  # tiles of 4 queries and 4 key slots
+    "pallas_16": _registered("pallas", interpret=True),  # one tile of 16 (at least a Triton dot's side)
+    "pallas_mha_4": _registered("pallas_mha", kernel_block=4, interpret=True),
+    "pallas_tpu": _registered("pallas_tpu", interpret=True),
 }
 # The library kernels serve rows without a cache (T == S) and leave the output of padding queries (and of
 # queries with no key) unspecified: there they are compared on the queries a loss reads.
@@ -168,7 +168,7 @@ def test_kernels_match_the_reference_bfloat16(name, case):
 CFG = get_preset("tiny")
 PARAMS = init_params(CFG, jax.random.key(0))
 BLOCKWISE = AttentionConfig("blockwise", block_size=4)
-PALLAS = AttentionConfig("pallas", kernel_block=4)
+PALLAS = AttentionConfig("pallas", kernel_block=4, interpret=True)
 
 
 def _forward(attention: AttentionConfig):
