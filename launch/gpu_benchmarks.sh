@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # searchrl's figures on one GPU host, in one run:
 #   - a bf16 training step (forward+backward) against PyTorch/transformers on the same GPU, at two sizes, and
-#     each attention implementation (blockwise, cuDNN's) against the reference attention at those shapes;
+#     each attention implementation (blockwise, cuDNN's, the Pallas Triton kernels) against the reference
+#     attention at those shapes, and again alone at a Search-R1 shape (Qwen2.5-3B heads, 4 rows of 4096
+#     tokens);
 #   - greedy generation against transformers' generate, and the decode steps' share of the HBM bandwidth;
 #   - a 4-turn search rollout's host share, retrieving with FAISS on the GPU (dense), and with BM25;
 #   - the PPO step of Qwen2.5-1.5B- and 3B-shaped models (policy, critic and reference on this one GPU, bf16
@@ -20,6 +22,8 @@ python3 -m searchrl.benchmarks.model --preset bench_small --batch 16 --seq 1024 
   | tee "$OUT_DIR/model_bench_small.json"
 python3 -m searchrl.benchmarks.model --preset qwen2p5_0p5b --batch 8 --seq 2048 --rounds 5 --steps 1 --dtype bfloat16 --json \
   | tee "$OUT_DIR/model_qwen2p5_0p5b.json"
+python3 -m searchrl.benchmarks.attention --preset qwen2p5_3b --batch 4 --seq 4096 --rounds 5 --calls 3 \
+  --dtype bfloat16 --json | tee "$OUT_DIR/attention_qwen2p5_3b.json"
 python3 -m searchrl.benchmarks.rollout --preset bench_small --dtype bfloat16 --passages 100000 --retriever dense --json \
   | tee "$OUT_DIR/rollout_dense.json"
 python3 -m searchrl.benchmarks.rollout --preset bench_small --dtype bfloat16 --passages 100000 --parts b --json \

@@ -5,7 +5,7 @@ kind of device (JAX's default backend; PyTorch on CUDA when JAX runs on a GPU), 
 JAX), in interleaved rounds (`interleave`: the median ratio and its range). The same rounds time one matmul
 of the MLP's shape on each side ([batch * seq, hidden] x [hidden, intermediate]): the matmul libraries' own
 ratio (XLA's against PyTorch's BLAS), the ceiling for a step made mostly of matmuls. And they time the
-attention implementations (`searchrl.models.attention`) the backend runs, each against the reference:
+attention implementations (`searchrl.models.attention`) the backend compiles, each against the reference:
 forward and backward of one layer's causal attention at the step's shape. Run:
 `python -m searchrl.benchmarks.model [--json] [--preset bench_small] [--batch 4] [--seq 256] [--rounds 5]
 [--steps 2] [--dtype float32|bfloat16]`.
@@ -24,11 +24,11 @@ import torch
 import transformers
 
 from searchrl import cli
+from searchrl.benchmarks.attention import attention_impls, compare_impls
 from searchrl.benchmarks.hardware import device_name
 from searchrl.benchmarks.interleave import compare, describe
-from searchrl.models import (AttentionConfig, MeshConfig, ModelConfig, get_preset, init_params, rules_named,
+from searchrl.models import (MeshConfig, ModelConfig, get_preset, init_params, rules_named,
                              to_hf_config, token_logprobs)
-from searchrl.models import attention as attention_lib
 from searchrl.rl.config import RLConfig
 
 
@@ -95,30 +95,6 @@ def matmul_calls(cfg: ModelConfig, rows: int, dtype: str) -> tuple[Callable[[], 
     return lambda: jax.block_until_ready(matmul(xj, wj)), torch_matmul
 
 
-def attention_call(cfg: ModelConfig, batch: int, seq: int, dtype: str, config: AttentionConfig
-                   ) -> Callable[[], None]:
-    """A jitted forward and backward of one layer's causal attention over `seq` tokens by `config.impl`."""
-    rng = np.random.default_rng(0)
-    q = jnp.asarray(rng.standard_normal((batch, seq, cfg.num_heads, cfg.head_dim)), dtype)
-    k, v = (jnp.asarray(rng.standard_normal((batch, cfg.num_kv_heads, seq, cfg.head_dim)), dtype)
-            for _ in range(2))
-    key_valid = jnp.ones((batch, seq), bool)
-    query_slot = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
-
-    def loss(q, k, v):
-        return attention_lib.attention(q, k, v, key_valid, query_slot, config).astype(jnp.float32).sum()
-
-    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-    return lambda: jax.block_until_ready(grad(q, k, v))
-
-
-def attention_impls() -> list[AttentionConfig]:
-    """The implementations besides the reference that this backend runs (cuDNN's needs a GPU)."""
-    names = [name for name in attention_lib.ATTENTION if name != "reference"]
-    on_gpu = jax.default_backend() == "gpu"
-    return [AttentionConfig(name) for name in names if name != "dot_product" or on_gpu]
-
-
 def run(preset: str, batch: int, seq: int, rounds: int, steps: int, dtype: str = "float32") -> dict:
     cfg = get_preset(preset)
     threads = len(os.sched_getaffinity(0))
@@ -127,15 +103,14 @@ def run(preset: str, batch: int, seq: int, rounds: int, steps: int, dtype: str =
     timed = compare(searchrl_step(cfg, tokens, dtype), torch_step(cfg, tokens, dtype), rounds, steps,
                     warmup=2).summary("step")
     timed |= compare(*matmul_calls(cfg, batch * seq, dtype), rounds, calls=10).summary("matmul")
-    reference = attention_call(cfg, batch, seq, dtype, AttentionConfig())
-    for config in attention_impls():  # each against the reference: its ratio is reference s / its s
-        timed |= compare(attention_call(cfg, batch, seq, dtype, config), reference, rounds,
-                         calls=steps).summary(f"attention_{config.impl}")
+    # Each attention implementation against the reference: its ratio is reference s / its s.
+    attention, attention_failed = compare_impls(cfg, batch, seq, dtype, rounds, steps, attention_impls())
+    timed |= attention
     shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
     n_params = sum(x.size for x in jax.tree.leaves(shapes))
     return {
         "preset": preset, "params": n_params, "batch": batch, "seq": seq, "steps": steps, "threads": threads,
-        "device": device_name(), "dtype": dtype, **timed,
+        "device": device_name(), "dtype": dtype, "attention_failed": attention_failed, **timed,
         "searchrl_tokens_per_s": batch * seq / timed["step_searchrl_s"],
         "torch_tokens_per_s": batch * seq / timed["step_peer_s"],
     }
@@ -171,6 +146,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("  " + describe(r, "matmul"))
     for config in attention_impls():
         prefix = f"attention_{config.impl}"
+        if config.impl in r["attention_failed"]:
+            print(f"one layer's attention, {config.impl}: failed: {r['attention_failed'][config.impl]}")
+            continue
         print(f"one layer's attention forward+backward, {config.impl} against the reference: "
               f"{r[f'{prefix}_searchrl_s'] * 1e3:.2f} against {r[f'{prefix}_peer_s'] * 1e3:.2f} ms")
         print("  " + describe(r, prefix))

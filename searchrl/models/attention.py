@@ -16,19 +16,13 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
+import searchrl.models.attention_pallas  # noqa: F401  (registers the Pallas kernels)
+from searchrl.models.attention_base import ATTENTION, BACKEND, MASKED
 from searchrl.models.config import AttentionConfig
-from searchrl.registry import Registry
-
-MASKED = -1e30  # score of a key that may not be attended (finite: fully masked rows stay NaN-free).
-
-# (q, k, v, key_valid, query_slot, config, segment_ids) -> output
-Attention = Callable[..., jax.Array]
-ATTENTION: Registry[Attention] = Registry("attention implementation", "config.mesh.attention.impl")
 
 
 def attend_mask(key_valid: jax.Array, query_slot: jax.Array, slots: jax.Array,
@@ -98,6 +92,9 @@ def dot_product(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, 
     bias of q's dtype: no [B, H, T, S] float32 scores or softmax, but one [B, T, S] bias a row."""
     del config
     return _dot_product(q, k, v, key_valid, query_slot, segment_ids, "cudnn")
+
+
+BACKEND["dot_product"] = "gpu"
 
 
 def _dot_product(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,

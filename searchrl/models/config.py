@@ -344,14 +344,23 @@ class AttentionConfig:
     """`config.mesh.attention`: how the decoder computes attention on this backend (not what: every
     implementation computes the same function). `impl` is a name in `searchrl.models.attention.ATTENTION`:
     "reference" materialises the float32 scores [B, H, T, S]; "blockwise" never does (an online softmax over
-    `block_size` key slots at a time, forward and backward); "dot_product" is cuDNN's fused kernel (GPU)."""
+    `block_size` key slots at a time, forward and backward; every backend, every case); "dot_product" is
+    cuDNN's fused kernel with a dense mask (GPU). The Pallas kernels (`searchrl.models.attention_pallas`;
+    on CPU with `interpret`): "pallas" is searchrl's own flash attention, forward and backward, for every case
+    (training, packed rows, extend and decode against the cache; GPU via Triton); "pallas_mha" is JAX's Triton
+    flash attention for rows without a cache, "pallas" otherwise (GPU); "pallas_tpu" is JAX's TPU flash
+    attention for rows without a cache, "blockwise" otherwise (TPU)."""
 
     impl: str = "reference"
     block_size: int = 512  # key slots per block of "blockwise"
+    kernel_block: int = 64  # queries and key slots per tile of "pallas", "pallas_mha" (2^n; >= 16 on a GPU)
+    interpret: bool = False  # run the Pallas kernels in Pallas' interpret mode (what CPU can run)
 
     def __post_init__(self):
         if self.block_size < 1:
             raise ValueError(f"attention.block_size must be >= 1, got {self.block_size}")
+        if self.kernel_block < 1 or self.kernel_block & (self.kernel_block - 1):
+            raise ValueError(f"attention.kernel_block must be a power of two, got {self.kernel_block}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""Every attention implementation against the reference (values and gradients), the decoder with blockwise
-attention against the reference decoder, and the memory blockwise attention saves."""
+"""Every attention implementation against the reference (values and gradients; the Pallas kernels interpreted
+on CPU), the decoder with blockwise and Pallas attention against the reference decoder, and the memory
+blockwise attention saves."""
 from __future__ import annotations
 
 import functools
@@ -39,6 +40,8 @@ def _cases() -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
     masked = padded.copy()
     masked[2] = False  # a row with no key at all
     masked[1, :3] = False  # and queries before any valid key
+    square = np.zeros((B, S), bool)  # rows without a cache, T == S (the library kernels' case)
+    square[0], square[1, 4:], square[2, :9] = True, True, True  # full, left- and right-padded
     # Packed rows (T == S): sequences of 5, 4 and 3 tokens then padding; one sequence; one sequence a row
     # whose second segment starts at slot 1.
     segments = np.array([[1] * 5 + [2] * 4 + [3] * 3 + [0], [1] * 13, [1] + [2] * 10 + [0] * 2])
@@ -47,6 +50,7 @@ def _cases() -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
         "extend_cache": (cache, lengths[:, None] + t, None),
         "decode_cache": (decode, np.array([[4], [9], [12]]), None),
         "fully_masked": (masked, no_cache, None),
+        "square_padding": (square, np.broadcast_to(np.arange(S), (B, S)), None),
         "packed": (segments > 0, np.broadcast_to(np.arange(S), (B, S)), segments),
     }
 
@@ -71,28 +75,60 @@ def _xla_dot_product(q, k, v, key_valid, query_slot, config, segment_ids=None):
     return attention_lib._dot_product(q, k, v, key_valid, query_slot, segment_ids, "xla")
 
 
+def _registered(name: str, **kwargs) -> tuple:
+    return attention_lib.ATTENTION.get(name), AttentionConfig(name, **kwargs)
+
+
 IMPLEMENTATIONS = {
-    "blockwise_3": (attention_lib.blockwise, AttentionConfig("blockwise", block_size=3)),  # 13 = 4 x 3 + 1
-    "blockwise_4": (attention_lib.blockwise, AttentionConfig("blockwise", block_size=4)),
-    "blockwise_whole": (attention_lib.blockwise, AttentionConfig("blockwise", block_size=64)),
+    "blockwise_3": _registered("blockwise", block_size=3),  # 13 = 4 x 3 + 1
+    "blockwise_4": _registered("blockwise", block_size=4),
+    "blockwise_whole": _registered("blockwise", block_size=64),
     "dot_product_xla": (_xla_dot_product, AttentionConfig("dot_product")),
+    "pallas_4": _registered("pallas", kernel_block=4, interpret=True),  # tiles of 4 queries and 4 key slots
+    "pallas_16": _registered("pallas", interpret=True),  # one tile of 16 (at least a Triton dot's side)
+    "pallas_mha_4": _registered("pallas_mha", kernel_block=4, interpret=True),
+    "pallas_tpu": _registered("pallas_tpu", interpret=True),
 }
+# The library kernels serve rows without a cache (T == S) and leave the output of padding queries (and of
+# queries with no key) unspecified: there they are compared on the queries a loss reads.
+LIBRARY = {"pallas_mha", "pallas_tpu"}
 
 
-def _loss(fn, config, segment_ids, q, k, v, key_valid, query_slot):
-    """A scalar reading every output with distinct weights (so that every gradient entry is checked)."""
+def _read(config: AttentionConfig, case: str) -> np.ndarray:
+    """Bool [B, T]: the queries whose outputs (and their gradients) are compared with the reference."""
+    key_valid, query_slot, segment_ids = CASES[case]
+    if config.impl not in LIBRARY or query_slot.shape[1] != S:
+        return np.ones(query_slot.shape, bool)
+    segments = None if segment_ids is None else (segment_ids, segment_ids)
+    sees = np.asarray(attention_lib.attend_mask(jnp.asarray(key_valid), jnp.asarray(query_slot),
+                                                jnp.arange(S), segments)).any(axis=-1)
+    return sees & key_valid
+
+
+def _loss(fn, config, segment_ids, read, q, k, v, key_valid, query_slot):
+    """A scalar reading every output of the queries `read` [B, T] with distinct weights (so that every
+    gradient entry is checked)."""
     out = fn(q, k, v, key_valid, query_slot, config, segment_ids).astype(jnp.float32)
     weights = jnp.sin(jnp.arange(out.size, dtype=jnp.float32)).reshape(out.shape)
-    return jnp.sum(out * weights)
+    return jnp.sum(jnp.where(read[:, :, None, None], out * weights, 0.0))
+
+
+def _gradients(fn, config, args, segment_ids, read):
+    loss = functools.partial(_loss, fn, config, segment_ids, jnp.asarray(read))
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*args)
 
 
 def test_every_implementation_is_registered_and_tested():
-    assert attention_lib.ATTENTION.names() == ["blockwise", "dot_product", "reference"]
-    assert {config.impl for _, config in IMPLEMENTATIONS.values()} == {"blockwise", "dot_product"}
+    assert attention_lib.ATTENTION.names() == ["blockwise", "dot_product", "pallas", "pallas_mha",
+                                               "pallas_tpu", "reference"]
+    tested = {config.impl for _, config in IMPLEMENTATIONS.values()}
+    assert tested == set(attention_lib.ATTENTION) - {"reference"}
     with pytest.raises(ValueError, match="config.mesh.attention.impl='flash'"):
         attention_lib.attention(*_operands("causal_padding", jnp.float32)[0], AttentionConfig("flash"))
     with pytest.raises(ValueError, match="block_size"):
         AttentionConfig("blockwise", block_size=0)
+    with pytest.raises(ValueError, match="kernel_block"):
+        AttentionConfig("pallas", kernel_block=48)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -100,27 +136,30 @@ def test_every_implementation_is_registered_and_tested():
 def test_values_and_gradients_match_the_reference_float32(name, case):
     fn, config = IMPLEMENTATIONS[name]
     args, segment_ids = _operands(case, jnp.float32)
+    read = _read(config, case)
     ref = attention_lib.reference(*args, AttentionConfig(), segment_ids)
     got = jax.jit(fn, static_argnums=5)(*args, config, segment_ids)
     assert np.isfinite(np.asarray(got)).all()
-    np.testing.assert_allclose(got, ref, atol=F32_TOL, rtol=F32_TOL)
-    grad = jax.jit(jax.grad(functools.partial(_loss, fn, config, segment_ids), argnums=(0, 1, 2)))
-    ref_grad = jax.grad(functools.partial(_loss, attention_lib.reference, AttentionConfig(), segment_ids),
-                        argnums=(0, 1, 2))
-    for g, r in zip(grad(*args), ref_grad(*args)):
+    np.testing.assert_allclose(np.asarray(got)[read], np.asarray(ref)[read], atol=F32_TOL, rtol=F32_TOL)
+    grads = (_gradients(f, c, args, segment_ids, read)
+             for f, c in ((fn, config), (attention_lib.reference, AttentionConfig())))
+    for g, r in zip(*grads):
         np.testing.assert_allclose(g, r, atol=F32_TOL, rtol=F32_TOL)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_blockwise_matches_the_reference_bfloat16(case):
+@pytest.mark.parametrize("name", ["blockwise_4", "pallas_4", "pallas_mha_4", "pallas_tpu"])
+def test_kernels_match_the_reference_bfloat16(name, case):
+    fn, config = IMPLEMENTATIONS[name]
     args, segment_ids = _operands(case, jnp.bfloat16)
-    config = AttentionConfig("blockwise", block_size=4)
+    read = _read(config, case)
     ref = attention_lib.reference(*args, AttentionConfig(), segment_ids)
-    got = attention_lib.blockwise(*args, config, segment_ids)
+    got = jax.jit(fn, static_argnums=5)(*args, config, segment_ids)
     assert got.dtype == ref.dtype == jnp.bfloat16
-    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref, np.float32), atol=BF16_TOL)
-    grads = [jax.grad(functools.partial(_loss, fn, c, segment_ids), argnums=(0, 1, 2))(*args)
-             for fn, c in ((attention_lib.blockwise, config), (attention_lib.reference, AttentionConfig()))]
+    np.testing.assert_allclose(np.asarray(got, np.float32)[read], np.asarray(ref, np.float32)[read],
+                               atol=BF16_TOL)
+    grads = (_gradients(f, c, args, segment_ids, read)
+             for f, c in ((fn, config), (attention_lib.reference, AttentionConfig())))
     for g, r in zip(*grads):
         scale = float(jnp.abs(r.astype(jnp.float32)).max())
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r, np.float32), atol=BF16_TOL * scale)
@@ -129,6 +168,7 @@ def test_blockwise_matches_the_reference_bfloat16(case):
 CFG = get_preset("tiny")
 PARAMS = init_params(CFG, jax.random.key(0))
 BLOCKWISE = AttentionConfig("blockwise", block_size=4)
+PALLAS = AttentionConfig("pallas", kernel_block=4, interpret=True)
 
 
 def _forward(attention: AttentionConfig):
@@ -144,7 +184,8 @@ def test_forward_with_blockwise_attention_matches_the_reference():
     np.testing.assert_allclose(np.asarray(got)[np.asarray(mask)], np.asarray(ref)[np.asarray(mask)], atol=1e-5)
 
 
-@pytest.mark.parametrize("attention", [AttentionConfig(), BLOCKWISE], ids=["reference", "blockwise"])
+@pytest.mark.parametrize("attention", [AttentionConfig(), BLOCKWISE, PALLAS],
+                         ids=["reference", "blockwise", "pallas"])
 def test_packed_forward_equals_each_sequence_alone(attention):
     """Three sequences packed in one row (positions restarting per sequence, padding at the end) give each
     the logits of its own unpadded forward pass."""
@@ -171,10 +212,11 @@ def test_packed_forward_equals_each_sequence_alone(attention):
         start += len(seq)
 
 
-def test_cached_forward_with_blockwise_attention_matches_the_reference():
+@pytest.mark.parametrize("tested", [BLOCKWISE, PALLAS], ids=["blockwise", "pallas"])
+def test_cached_forward_matches_the_reference(tested):
     """A prompt, an observation of per-row length and a decode step against a partially filled cache."""
     outputs = {}
-    for attention in (AttentionConfig(), BLOCKWISE):
+    for attention in (AttentionConfig(), tested):
         step = _forward(attention)
         cache = KVCache.init(CFG, 2, 24)
         logits = []
@@ -186,7 +228,7 @@ def test_cached_forward_with_blockwise_attention_matches_the_reference():
             cache = cache._replace(length=cache.length - width + jnp.asarray(lengths))
             logits.append(np.asarray(out)[np.asarray(mask)])
         outputs[attention.impl] = logits
-    for ref, got in zip(outputs["reference"], outputs["blockwise"]):
+    for ref, got in zip(outputs["reference"], outputs[tested.impl]):
         np.testing.assert_allclose(got, ref, atol=1e-5)
 
 
