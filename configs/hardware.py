@@ -7,7 +7,9 @@ out for the machines a paper used, at the paper's own batch, micro-batch and len
   v5p8                     8 TPU v5p chips (topology 2x2x2)
 
 Every setup shards the params, optimizer state and rows over all of its devices (FSDP), computes attention
-without a score matrix (`config.mesh.attention`, the implementation `SETUPS` names), recomputes each layer in the backward pass (`rl.remat`) and, as every run does, computes the LM head in
+without a score matrix (`config.mesh.attention`: JAX's Pallas flash attention kernels, Triton on GPUs and
+Mosaic on TPUs, for the PPO step's rows; the blockwise XLA implementation against the rollout's KV cache),
+recomputes each layer in the backward pass (`rl.remat`) and, as every run does, computes the LM head in
 chunks of `rl.logits_chunk` positions.
 `python -m searchrl.benchmarks.aot --config configs/FILE.py:PRESET,SETUP --topology ...` compiles every
 program of the run for the setup's devices without them and reports its memory (docs/benchmarks.md).
@@ -15,11 +17,11 @@ program of the run for the setup's devices without them and reports its memory (
 
 # The setup's device count and its attention implementation (names in searchrl.models.attention.ATTENTION).
 SETUPS = {
-    "a100x2": (2, "blockwise"),
-    "a100x4": (4, "blockwise"),
-    "a100x8": (8, "blockwise"),
-    "h100x8": (8, "blockwise"),
-    "v5p8": (8, "blockwise"),
+    "a100x2": (2, "pallas_mha"),
+    "a100x4": (4, "pallas_mha"),
+    "a100x8": (8, "pallas_mha"),
+    "h100x8": (8, "pallas_mha"),
+    "v5p8": (8, "pallas_tpu"),
 }
 
 

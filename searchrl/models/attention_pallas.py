@@ -4,9 +4,11 @@
 - "pallas": searchrl's own flash attention, forward and backward (FlashAttention-2: one kernel for dq, one for
   dk and dv), with the rule itself in the kernel, so it serves every case: training rows (padded or packed),
   extend and decode against a cache with per-row lengths and holes. Written for Triton (GPU); on CPU it runs
-  in Pallas' interpret mode. It equals "reference" everywhere, fully masked queries included.
+  in Pallas' interpret mode. It equals "reference" everywhere, fully masked queries included. Each program
+  holds a head's whole keys and values in shared memory, so it compiles for GPUs only at short lengths (at
+  8,548 slots of 128 dimensions an H100 compile asks for 3.2 MB of its 227 KB).
 - "pallas_mha": JAX's Triton flash attention (`pallas.ops.gpu.attention.mha`, causal with segment ids) for
-  rows without a cache, "pallas" for the cache (GPU).
+  rows without a cache, "blockwise" for the cache (GPU).
 - "pallas_tpu": JAX's TPU flash attention (`pallas.ops.tpu.flash_attention`, causal with separate query and
   key segment ids) for rows without a cache, "blockwise" for the cache (TPU).
 
@@ -300,11 +302,11 @@ def _repeat_heads(x: jax.Array, group: int) -> jax.Array:
 def pallas_mha(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
                config: AttentionConfig, segment_ids: jax.Array | None = None) -> jax.Array:
     """JAX's Triton flash attention (`mha`, causal, tiles of `config.kernel_block`) for a row without a cache
-    (T == S); "pallas" against a cache. `mha` takes one segment-id array for queries and keys, so an invalid
+    (T == S); "blockwise" against a cache. `mha` takes one segment-id array for queries and keys, so an invalid
     key's unique id also isolates the invalid query in its slot: padding queries are unspecified."""
     B, T, H, hd = q.shape
     if T != k.shape[2]:
-        return pallas(q, k, v, key_valid, query_slot, config, segment_ids)
+        return ATTENTION.get("blockwise")(q, k, v, key_valid, query_slot, config, segment_ids)
     block = _tile(T, config.kernel_block)
     Tp = _round_up(T, block)
     ids = _library_segments(key_valid, segment_ids, Tp)[1]

@@ -347,8 +347,9 @@ class AttentionConfig:
     `block_size` key slots at a time, forward and backward; every backend, every case); "dot_product" is
     cuDNN's fused kernel with a dense mask (GPU). The Pallas kernels (`searchrl.models.attention_pallas`;
     on CPU with `interpret`): "pallas" is searchrl's own flash attention, forward and backward, for every case
-    (training, packed rows, extend and decode against the cache; GPU via Triton); "pallas_mha" is JAX's Triton
-    flash attention for rows without a cache, "pallas" otherwise (GPU); "pallas_tpu" is JAX's TPU flash
+    (training, packed rows, extend and decode against the cache; GPU via Triton, short lengths: a program
+    holds a head's keys in shared memory); "pallas_mha" is JAX's Triton flash attention for rows without a
+    cache, "blockwise" otherwise (GPU); "pallas_tpu" is JAX's TPU flash
     attention for rows without a cache, "blockwise" otherwise (TPU)."""
 
     impl: str = "reference"
