@@ -19,10 +19,12 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 import searchrl.models.attention_pallas  # noqa: F401  (registers the Pallas kernels)
-from searchrl.models.attention_base import ATTENTION, BACKEND, MASKED
+from searchrl.models.attention_base import ATTENTION, BACKEND, INTERPRETED, MASKED
 from searchrl.models.config import AttentionConfig
+from searchrl.models.sharding import ShardingRules, logical_to_spec
 
 
 def attend_mask(key_valid: jax.Array, query_slot: jax.Array, slots: jax.Array,
@@ -213,3 +215,31 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, qu
               config: AttentionConfig, segment_ids: jax.Array | None = None) -> jax.Array:
     """Attention by the implementation `config.impl` names (see the module docstring)."""
     return ATTENTION.get(config.impl)(q, k, v, key_valid, query_slot, config, segment_ids)
+
+
+def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
+                      config: AttentionConfig, segment_ids: jax.Array | None, rules: ShardingRules
+                      ) -> jax.Array:
+    """`attention` in the decoder's layout under a mesh (`jax.set_mesh`). XLA partitions the plain-XLA
+    implementations itself, but not a Pallas kernel (a custom call): that runs under `shard_map`, each device
+    on its own rows and, where queries and keys split alike, its own heads (`rules`: rows over the data axes,
+    heads over the tensor axis)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if config.impl not in INTERPRETED or mesh.empty:
+        return attention(q, k, v, key_valid, query_slot, config, segment_ids)
+    shape = dict(mesh.shape)
+    rows = logical_to_spec(("batch",), rules, shape, q.shape[:1])[0]
+    heads, kv_heads = (logical_to_spec((name,), rules, shape, (n,))[0]
+                       for name, n in (("heads", q.shape[2]), ("kv_heads", k.shape[1])))
+    if heads != kv_heads:  # a key head's query heads would sit on other devices: every device takes all
+        heads = kv_heads = None
+    per_row = PartitionSpec(rows, None)
+    specs = (PartitionSpec(rows, None, heads, None), PartitionSpec(rows, kv_heads, None, None),
+             PartitionSpec(rows, kv_heads, None, None), per_row, per_row,
+             None if segment_ids is None else per_row)
+
+    def local(q, k, v, key_valid, query_slot, segment_ids):
+        return attention(q, k, v, key_valid, query_slot, config, segment_ids)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=specs[0], check_vma=False)(
+        q, k, v, key_valid, query_slot, segment_ids)

@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from searchrl.models import layout
-from searchrl.models.attention import attention
+from searchrl.models.attention import sharded_attention
 from searchrl.models.config import AttentionConfig, ModelConfig
 from searchrl.models.kv_cache import KVCache, write_layer, write_rows
 from searchrl.models.layout import (HEADS, HEADS_IN, HEADS_OUT, TRANSPOSED, ParamSpec, Table, normal, ones,
@@ -278,7 +278,8 @@ def _attention(cfg: ModelConfig, lp: dict, x: jax.Array, positions: jax.Array,
         keys, values = (jax.lax.dynamic_index_in_dim(c, layer, keepdims=False).astype(x.dtype) for c in kv)
     B, T, H, hd = q.shape
     key_valid, query_slot, segment_ids = visible
-    out = attention(q, keys, values, key_valid, query_slot, config, segment_ids).reshape(B, T, H * hd)
+    out = sharded_attention(q, keys, values, key_valid, query_slot, config, segment_ids, rules)
+    out = out.reshape(B, T, H * hd)
     # One flat contraction: the weight reshape is free, the heads keep their order (no per-call weight copy).
     y = _dense(out, lp["o"].reshape(H * hd, -1))
     if cfg.o_bias:

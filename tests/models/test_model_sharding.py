@@ -58,13 +58,20 @@ def test_param_table_mirrors_params(value):
     assert (("value_head", "kernel") in table) == value and (("lm_head",) in table) != value
 
 
-def _mesh_cfg():
+def _mesh_cfg(kv_heads: int = 1):
     # One KV head: `kv_heads` cannot split over tensor=2 and must fall back to replication.
-    return dataclasses.replace(get_preset("tiny"), num_kv_heads=1, tie_word_embeddings=False)
+    return dataclasses.replace(get_preset("tiny"), num_kv_heads=kv_heads, tie_word_embeddings=False)
 
 
-def test_sharded_forward_equals_single_device():
-    cfg = _mesh_cfg()
+# A Pallas kernel (interpreted) runs per shard (`sharded_attention`): with one key head for every query head
+# (heads replicated) and with two (each device its heads).
+PALLAS = AttentionConfig("pallas", kernel_block=4, interpret=True)
+SHARDED_CASES = [(ATTENTION, 1), (PALLAS, 1), (PALLAS, 2)]
+
+
+@pytest.mark.parametrize("attention,kv_heads", SHARDED_CASES, ids=["reference", "pallas", "pallas_2kv"])
+def test_sharded_forward_equals_single_device(attention, kv_heads):
+    cfg = _mesh_cfg(kv_heads)
     params = random_params(cfg)
     tokens = random_tokens(cfg, (8, 12), seed=0)
     mask = np.ones((8, 12), bool)
@@ -75,10 +82,10 @@ def test_sharded_forward_equals_single_device():
 
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
     shardings = param_shardings(cfg, mesh, TRAIN_RULES)
-    assert shardings["layers"]["k"].spec == P(None, "fsdp", None, None)
+    assert shardings["layers"]["k"].spec == P(None, "fsdp", None if kv_heads == 1 else "tensor", None)
     assert shardings["layers"]["q"].spec == P(None, "fsdp", "tensor", None)
     batch = logical_to_sharding(("batch", "length"), mesh, TRAIN_RULES)
-    step = jax.jit(lambda p, t, pos, m: forward(cfg, p, t, pos, m, rules=TRAIN_RULES, attention=ATTENTION,
+    step = jax.jit(lambda p, t, pos, m: forward(cfg, p, t, pos, m, rules=TRAIN_RULES, attention=attention,
                                                         remat=False)[0],
                    in_shardings=(shardings, batch, batch, batch))
     with jax.set_mesh(mesh):
@@ -87,8 +94,9 @@ def test_sharded_forward_equals_single_device():
     np.testing.assert_allclose(np.asarray(logits), ref, atol=1e-5, rtol=0)
 
 
-def test_sharded_cached_decode_equals_single_device():
-    cfg = _mesh_cfg()
+@pytest.mark.parametrize("attention,kv_heads", SHARDED_CASES, ids=["reference", "pallas", "pallas_2kv"])
+def test_sharded_cached_decode_equals_single_device(attention, kv_heads):
+    cfg = _mesh_cfg(kv_heads)
     params = random_params(cfg)
     tokens = random_tokens(cfg, (4, 6), seed=1)
     positions = np.broadcast_to(np.arange(6, dtype=np.int32), (4, 6))
@@ -107,7 +115,7 @@ def test_sharded_cached_decode_equals_single_device():
     assert cache_sh.k.spec == P(None, "data", None, None, None)
     batch = logical_to_sharding(("batch", "length"), mesh, SAMPLE_RULES)
     sharded = jax.jit(lambda p, t, pos, m, c: forward(cfg, p, t, pos, m, c, rules=SAMPLE_RULES,
-                                                              attention=ATTENTION, remat=False),
+                                                              attention=attention, remat=False),
                       in_shardings=(shardings, batch, batch, batch, cache_sh), donate_argnums=4)
     with jax.set_mesh(mesh):
         cache = jax.device_put(KVCache.init(cfg, 4, 8), cache_sh)
