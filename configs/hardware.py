@@ -10,18 +10,21 @@ Every setup shards the params, optimizer state and rows over all of its devices 
 without a score matrix (`config.mesh.attention`: JAX's Pallas flash attention kernels, Triton on GPUs and
 Mosaic on TPUs, for the PPO step's rows; the blockwise XLA implementation against the rollout's KV cache),
 recomputes each layer in the backward pass (`rl.remat`) and, as every run does, computes the LM head in
-chunks of `rl.logits_chunk` positions.
+chunks of `rl.logits_chunk` positions and packs the PPO step's rows (`rl.pack`). On 2 A100s the reference
+model waits in host memory between scoring passes (`rl.offload_reference`).
 `python -m searchrl.benchmarks.aot --config configs/FILE.py:PRESET,SETUP --topology ...` compiles every
 program of the run for the setup's devices without them and reports its memory (docs/benchmarks.md).
 """
 
-# The setup's device count and its attention implementation (names in searchrl.models.attention.ATTENTION).
+# The setup's device count, its attention implementation (names in searchrl.models.attention.ATTENTION) and
+# whether the reference model waits in host memory between scoring passes (`rl.offload_reference`: on 2
+# A100s a 3B run's float32 masters, Adam moments and reference leave 60 GiB no room otherwise).
 SETUPS = {
-    "a100x2": (2, "pallas_mha"),
-    "a100x4": (4, "pallas_mha"),
-    "a100x8": (8, "pallas_mha"),
-    "h100x8": (8, "pallas_mha"),
-    "v5p8": (8, "pallas_tpu"),
+    "a100x2": (2, "pallas_mha", True),
+    "a100x4": (4, "pallas_mha", False),
+    "a100x8": (8, "pallas_mha", False),
+    "h100x8": (8, "pallas_mha", False),
+    "v5p8": (8, "pallas_tpu", False),
 }
 
 
@@ -35,8 +38,8 @@ def apply(config, setup: str | None):
     """`config` laid out for `setup` (unchanged for None)."""
     if setup is None:
         return config
-    devices, attention = SETUPS[setup]
+    devices, attention, offload_reference = SETUPS[setup]
     config.mesh.update(dict(data=1, fsdp=devices, tensor=1))
     config.mesh.attention.impl = attention
-    config.rl.remat = True
+    config.rl.update(dict(remat=True, offload_reference=offload_reference))
     return config

@@ -100,6 +100,9 @@ class RLConfig:
     # > 0: log-probs from the LM head this many positions at a time (memory, not math): a chunk's float32
     # logits, 8 rows of 1,024 over Qwen's 151,936 words, are 4.6 GiB, the whole 8,548-token rows' 38.7 GiB
     logits_chunk: int = 1024
+    # Keep the reference model in host memory (JAX's memory kinds), copied to the devices for the scoring
+    # pass only: its params no longer take device memory through the PPO epochs.
+    offload_reference: bool = False
     actor: OptimConfig = OptimConfig(lr=1e-6)
     critic: OptimConfig = OptimConfig(lr=1e-5)
 

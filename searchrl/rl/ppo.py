@@ -99,7 +99,8 @@ class PPOConfig:
         if adv_lib.ADVANTAGES.get(rl.advantage).needs_critic and not rl.use_critic:
             raise ValueError(f"rl.advantage={rl.advantage!r} needs a critic: set rl.use_critic=True.")
         spec = StateSpec(model=model, actor=rl.actor, critic=rl.critic if rl.use_critic else None,
-                             reference=rl.use_reference, ref_dtype=rl.compute_dtype, rules=rules)
+                             reference=rl.use_reference, ref_dtype=rl.compute_dtype,
+                             offload_reference=rl.offload_reference, rules=rules)
         return cls(rl, spec, attention)
 
 
@@ -415,7 +416,8 @@ def _program(fn: Callable, batch: NamedTuple, config: PPOConfig, mesh: Mesh, don
 def _run(fn: Callable, state: TrainState, batch: NamedTuple, config: PPOConfig, mesh: Mesh, donate: bool):
     """`fn` on (state, batch); host arrays of `batch` are put on the mesh explicitly."""
     jitted, batch, shardings = _program(fn, batch, config, mesh, donate)
-    batch = jax.tree.map(lambda x, s: x if isinstance(x, jax.Array) else jax.device_put(x, s), batch, shardings)
+    batch = jax.tree.map(lambda x, s: x if isinstance(x, jax.Array) else jax.device_put(x, s), batch,
+                         shardings)
     with jax.set_mesh(mesh):
         return jitted(state, batch)
 
@@ -438,13 +440,16 @@ def _score(config: PPOConfig, state: TrainState, tokens, attention_mask, tempera
     computed `rl.micro_batch_size` rows at a time, or on the first epoch's packed micro-batches of
     `packing` (each sequence once)."""
     rows, width = tokens.shape
+    ref_params = state.ref
+    if config.spec.offload_reference and ref_params is not None:  # in host memory: a device copy for now
+        ref_params = jax.device_put(ref_params, jax.memory.Space.Device)
 
     def one(x):
         model_rows = _rows(x, tokens)
         logprobs = _policy_logprobs(config, state.policy, model_rows, width, temperature, False)
         values = None if state.critic is None else _state_values(config, state.critic, model_rows, width)
-        ref = None if state.ref is None else _policy_logprobs(config, state.ref, model_rows, width,
-                                                              temperature, False)
+        ref = None if ref_params is None else _policy_logprobs(config, ref_params, model_rows, width,
+                                                               temperature, False)
         return logprobs, values, ref
 
     if packing is None:

@@ -44,6 +44,7 @@ class StateSpec:
     critic: OptimConfig | None = None  # None: no value model
     reference: bool = False  # keep a frozen copy of the initial policy
     ref_dtype: str = "float32"  # the reference is only evaluated: store it in the compute dtype
+    offload_reference: bool = False  # the reference in host memory (`RLConfig.offload_reference`)
     rules: ShardingRules = dataclasses.field(kw_only=True)  # the params' layout: `MeshConfig.train_rules`
 
 
@@ -76,8 +77,8 @@ def _unsharded_abstract(spec: StateSpec) -> TrainState:
 
 @functools.lru_cache(maxsize=None)
 def state_shardings(spec: StateSpec, mesh: Mesh) -> TrainState:
-    """NamedShardings of every state leaf: params per `param_shardings(rules)`, optimizer moments like their
-    params, scalars and the RNG replicated."""
+    """NamedShardings of every state leaf: params per `param_shardings(rules)` (the reference's in pinned host
+    memory with `offload_reference`), optimizer moments like their params, scalars and the RNG replicated."""
     abstract = _unsharded_abstract(spec)
     replicated = NamedSharding(mesh, PartitionSpec())
     policy = models.param_shardings(spec.model, mesh, spec.rules)
@@ -93,12 +94,19 @@ def state_shardings(spec: StateSpec, mesh: Mesh) -> TrainState:
         step=replicated,
         policy=policy,
         critic=critic,
-        ref=policy if spec.reference else None,
+        ref=_reference_shardings(spec, policy),
         actor_opt=opt(spec.actor, abstract.actor_opt, policy),
         critic_opt=opt(spec.critic, abstract.critic_opt, critic),
         rng=replicated,
         kl=KLState(replicated),
     )
+
+
+def _reference_shardings(spec: StateSpec, policy: dict) -> dict | None:
+    """The reference's shardings: the policy's, in pinned host memory with `spec.offload_reference`."""
+    if not spec.reference or not spec.offload_reference:
+        return policy if spec.reference else None
+    return jax.tree.map(lambda s: s.with_memory_kind("pinned_host"), policy)
 
 
 def abstract_train_state(spec: StateSpec, mesh: Mesh) -> TrainState:

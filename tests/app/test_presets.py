@@ -246,9 +246,10 @@ def test_a_hardware_setup_lays_out_the_run_and_changes_nothing_else(module, pres
     """The setup sets the mesh, the attention and remat; the paper's batch, micro-batch, lengths and workdir
     stay."""
     plain, laid_out = module.get_config(preset), module.get_config(f"{preset},{setup}")
-    devices, attention = hardware.SETUPS[setup]
+    devices, attention, offload_reference = hardware.SETUPS[setup]
     assert (laid_out.mesh.data, laid_out.mesh.fsdp, laid_out.mesh.tensor) == (1, devices, 1)
     assert laid_out.mesh.attention.impl == attention and laid_out.rl.remat
+    assert laid_out.rl.offload_reference == offload_reference
     for group in ("rollout", "train", "env", "data", "model"):
         assert laid_out[group].to_dict() == plain[group].to_dict(), group
     assert laid_out.rl.micro_batch_size == plain.rl.micro_batch_size and laid_out.workdir == plain.workdir

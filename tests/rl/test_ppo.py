@@ -391,3 +391,25 @@ def test_packed_learn_equals_padded_learn(overrides):
     assert padded_metrics.keys() == packed_metrics.keys()
     for name, value in padded_metrics.items():
         np.testing.assert_allclose(packed_metrics[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_a_reference_in_host_memory_gives_the_same_step():
+    """`rl.offload_reference` keeps the reference's params in pinned host memory (before and after the step)
+    and changes no number of the step, on the (2, 2, 2) mesh."""
+    mesh = make_mesh_8()
+    data = short_rows_data(3)
+    batch = ppo.Batch(**data, temperature=0.9)
+    results = {}
+    for offload in (False, True):
+        config = rl_config(**FULL, offload_reference=offload)
+        state = new_state(config, mesh)
+        assert {x.sharding.memory_kind for x in jax.tree.leaves(state.ref)} == {
+            "pinned_host" if offload else "device"}
+        results[offload] = ppo.learn(state, batch, config, mesh)
+        assert {x.sharding.memory_kind for x in jax.tree.leaves(results[offload][0].ref)} == {
+            "pinned_host" if offload else "device"}
+    (plain, plain_metrics), (offloaded, offloaded_metrics) = results[False], results[True]
+    assert max_abs_diff(host(offloaded), host(plain)) == 0.0
+    assert offloaded_metrics.keys() == plain_metrics.keys()
+    for name, value in plain_metrics.items():
+        np.testing.assert_array_equal(offloaded_metrics[name], value, err_msg=name)
