@@ -71,9 +71,10 @@ def model_flops(cfg: models.ModelConfig, rl: RLConfig, rows: int, width: int) ->
 
 
 def executed_flops(config: RunConfig, cfg: models.ModelConfig, mesh) -> float:
-    """Matmul FLOPs of one PPO step (all devices together) as its program runs them, counted on its
-    jaxpr."""
-    program, args = aot.learn_inputs(config, cfg, mesh)
+    """Matmul FLOPs of one PPO step (all devices together) as `run` runs it, on padded full-length rows
+    (where packing would change nothing), counted on its jaxpr."""
+    padded = dataclasses.replace(config, rl=dataclasses.replace(config.rl, pack=False))
+    program, args = aot.learn_inputs(padded, cfg, mesh)
     with jax.set_mesh(mesh):
         return matmul_cost(program.trace(*args).jaxpr).flops
 
