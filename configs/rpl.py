@@ -37,6 +37,9 @@ def _paper(config, preset: str, path: str):
     config.env.chat_template = True  # Qwen3 is prompted through its chat template;
     config.env.enable_thinking = True  # its thinking switch (",no_thinking" turns it off)
     config.env.mutation.sft.max_len = config.rollout.max_prompt_tokens + config.rollout.max_turn_tokens
+    # searchrl's own memory setting: Qwen3's 8 key heads make a row's KV cache 4x Qwen2.5-3B's, so 128 rows
+    # decode at once (continuous batching refills them; the episodes are the same).
+    config.rollout.decode_rows = 128
     return config
 
 

@@ -80,6 +80,9 @@ def paper_7b(config):
     """[V2] with its active model line: BASE_MODEL='Qwen/Qwen2.5-7B' [V2]."""
     config = paper(config)
     config.model.update(dict(preset="qwen2p5_7b", path="/data/models/Qwen2.5-7B"))
+    # searchrl's own memory setting: the 7B's 4 key heads double a row's KV cache, so 256 rows decode at once
+    # (continuous batching refills them; the episodes are the same).
+    config.rollout.decode_rows = 256
     return config
 
 
@@ -128,7 +131,8 @@ def tiny(config):
     return config
 
 
-PRESETS = {"tiny": tiny, "paper": paper, "paper_7b": paper_7b, "paper_v03": paper_v03, "paper_grpo": paper_grpo}
+PRESETS = {"tiny": tiny, "paper": paper, "paper_7b": paper_7b, "paper_v03": paper_v03,
+           "paper_grpo": paper_grpo}
 
 
 def get_config(arg: str = "tiny"):

@@ -23,7 +23,7 @@ config's shapes and dtypes, on a (data, fsdp, tensor) mesh over the topology's d
 The rollout programs take the policy as the trainer's engine samples with it (cast to rl.compute_dtype, so
 the KV cache is in that dtype too) laid out by the sampling rules (config.mesh.sample_rules, by default
 `SAMPLE_RULES`: weights tensor-parallel only), with the rows and the cache sharded over the data axes, for the
-whole batch at once as the trainer rolls it out.
+whole batch at once as the trainer rolls it out (or on `rollout.decode_rows` rows, refilled as episodes end).
 
 Per program: bytes per device from XLA's memory analysis of the compiled program (arguments, outputs,
 temporaries, code; a donated argument counts once) against the device's HBM; matmul FLOPs and bytes per step
@@ -149,9 +149,9 @@ def learn_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh):
 
 def rollout_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> dict[str, tuple[Any, tuple]]:
     """Each rollout program's name -> (jitted function, its arguments: abstract arrays and static
-    settings)."""
+    settings), on the rollout's decode rows (`rollout.decode_rows`, else one a row of the batch)."""
     rollout = config.rollout
-    rows, rules = batch_rows(config), models.rules_named(config.mesh.sample_rules)
+    rows, rules = rollout.decode_rows or batch_rows(config), models.rules_named(config.mesh.sample_rules)
     slots = rollout.slots(max(rollout.obs_buckets))
     dtype = jnp.dtype(config.rl.compute_dtype)
     params = _abstract(jax.eval_shape(lambda: models.init_params(cfg, jax.random.key(0), dtype)),
@@ -269,7 +269,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     flags.mark_flag_as_required("config", flag_values=values)
     cli.parse(values, argv, __doc__)
     devices = topology_devices(topology.value, libtpu.value)
-    result = report(run_config.parse(config.value), topology.value, devices, parse_mesh(mesh.value) if mesh.value else None,
+    mesh_sizes = parse_mesh(mesh.value) if mesh.value else None
+    result = report(run_config.parse(config.value), topology.value, devices, mesh_sizes,
                     programs.value)
     print(json.dumps(result) if as_json.value else format_report(result))
 
