@@ -18,7 +18,7 @@ program of the run for the setup's devices without them and reports its memory (
 
 # The setup's device count, its attention implementation (names in searchrl.models.attention.ATTENTION) and
 # whether the reference model waits in host memory between scoring passes (`rl.offload_reference`: on 2
-# A100s a 3B run's float32 masters, Adam moments and reference leave 60 GiB no room otherwise).
+# A100s a 3B run's float32 masters and Adam moments take most of the 60 GiB budget).
 SETUPS = {
     "a100x2": (2, "pallas_mha", True),
     "a100x4": (4, "pallas_mha", False),
