@@ -24,7 +24,7 @@ from searchrl.benchmarks.hardware import device_name
 from searchrl.benchmarks.interleave import compare, describe
 from searchrl.models import AttentionConfig, ModelConfig, get_preset
 from searchrl.models import attention as attention_lib
-from searchrl.models.attention_base import INTERPRETED, runs_here
+from searchrl.models.attention_base import PALLAS_KERNELS, runs_here
 
 
 def attention_call(cfg: ModelConfig, batch: int, seq: int, dtype: str, config: AttentionConfig
@@ -48,7 +48,7 @@ def attention_impls(interpreted: bool = False) -> list[AttentionConfig]:
     """The implementations besides the reference that this backend compiles (or, `interpreted`, runs at all:
     the Pallas kernels interpreted on CPU)."""
     interpret = interpreted and jax.default_backend() == "cpu"
-    return [AttentionConfig(name, interpret=interpret and name in INTERPRETED)
+    return [AttentionConfig(name, interpret=interpret and name in PALLAS_KERNELS)
             for name in attention_lib.ATTENTION if name != "reference" and runs_here(name, interpreted)]
 
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 import searchrl.models.attention_pallas  # noqa: F401  (registers the Pallas kernels)
-from searchrl.models.attention_base import ATTENTION, BACKEND, INTERPRETED, MASKED
+from searchrl.models.attention_base import ATTENTION, BACKEND, MASKED, PALLAS_KERNELS
 from searchrl.models.config import AttentionConfig
 from searchrl.models.sharding import ShardingRules, logical_to_spec
 
@@ -225,7 +225,7 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.A
     on its own rows and, where queries and keys split alike, its own heads (`rules`: rows over the data axes,
     heads over the tensor axis)."""
     mesh = jax.sharding.get_abstract_mesh()
-    if config.impl not in INTERPRETED or mesh.empty:
+    if config.impl not in PALLAS_KERNELS or mesh.empty:
         return attention(q, k, v, key_valid, query_slot, config, segment_ids)
     shape = dict(mesh.shape)
     rows = logical_to_spec(("batch",), rules, shape, q.shape[:1])[0]

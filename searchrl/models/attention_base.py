@@ -16,14 +16,14 @@ MASKED = -1e30  # score of a key that may not be attended (finite: fully masked 
 Attention = Callable[..., jax.Array]
 ATTENTION: Registry[Attention] = Registry("attention implementation", "config.mesh.attention.impl")
 
-# Implementations that compile only for one backend ("gpu" or "tpu"), and those of them (the Pallas kernels)
-# that CPU runs in Pallas' interpret mode.
+# Implementations that compile only for one backend ("gpu" or "tpu"), and those of them that are Pallas
+# kernels: custom calls XLA cannot partition (`attention.sharded_attention`), which CPU runs interpreted.
 BACKEND: dict[str, str] = {}
-INTERPRETED: set[str] = set()
+PALLAS_KERNELS: set[str] = set()
 
 
 def runs_here(name: str, interpreted: bool = False) -> bool:
     """Whether implementation `name` compiles for this process's backend (or, with `interpreted`, runs here
     at all: on CPU, interpreted)."""
     here = jax.default_backend()
-    return BACKEND.get(name) in (None, here) or (interpreted and here == "cpu" and name in INTERPRETED)
+    return BACKEND.get(name) in (None, here) or (interpreted and here == "cpu" and name in PALLAS_KERNELS)

@@ -43,7 +43,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.gpu import attention as gpu_attention
 from jax.experimental.pallas.ops.tpu import flash_attention as tpu_attention
 
-from searchrl.models.attention_base import ATTENTION, BACKEND, INTERPRETED, MASKED
+from searchrl.models.attention_base import ATTENTION, BACKEND, MASKED, PALLAS_KERNELS
 from searchrl.models.config import AttentionConfig
 
 UNSEEN = jnp.iinfo(jnp.int32).max  # slot of an invalid key: after every query's slot
@@ -278,7 +278,7 @@ def pallas(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query
 
 
 BACKEND["pallas"] = "gpu"
-INTERPRETED.add("pallas")
+PALLAS_KERNELS.add("pallas")
 
 
 def _library_segments(key_valid: jax.Array, segment_ids: jax.Array | None, length: int
@@ -302,8 +302,8 @@ def _repeat_heads(x: jax.Array, group: int) -> jax.Array:
 def pallas_mha(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
                config: AttentionConfig, segment_ids: jax.Array | None = None) -> jax.Array:
     """JAX's Triton flash attention (`mha`, causal, tiles of `config.kernel_block`) for a row without a cache
-    (T == S); "blockwise" against a cache. `mha` takes one segment-id array for queries and keys, so an invalid
-    key's unique id also isolates the invalid query in its slot: padding queries are unspecified."""
+    (T == S); "blockwise" against a cache. `mha` takes one segment-id array for queries and keys, so an
+    invalid key's unique id also isolates the invalid query in its slot: padding queries are unspecified."""
     B, T, H, hd = q.shape
     if T != k.shape[2]:
         return ATTENTION.get("blockwise")(q, k, v, key_valid, query_slot, config, segment_ids)
@@ -318,7 +318,7 @@ def pallas_mha(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, q
 
 
 BACKEND["pallas_mha"] = "gpu"
-INTERPRETED.add("pallas_mha")
+PALLAS_KERNELS.add("pallas_mha")
 
 
 @ATTENTION.register("pallas_tpu")
@@ -338,7 +338,7 @@ def pallas_tpu(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, q
 
 
 BACKEND["pallas_tpu"] = "tpu"
-INTERPRETED.add("pallas_tpu")
+PALLAS_KERNELS.add("pallas_tpu")
 
 
 def _tpu_flash_call(scale: float, q, k, v, queries, keys) -> jax.Array:
