@@ -31,7 +31,7 @@ from searchrl.benchmarks.hardware import GiB, device_chip, device_name
 from searchrl.benchmarks.jaxpr_cost import matmul_cost
 from searchrl.rl import ppo
 from searchrl.rl.config import RLConfig
-from searchrl.rl.train_state import init_train_state
+from searchrl.rl.train_state import abstract_train_state, init_train_state
 from searchrl.run_config import RunConfig
 
 
@@ -70,13 +70,12 @@ def model_flops(cfg: models.ModelConfig, rl: RLConfig, rows: int, width: int) ->
     return rows * width * (forward + rl.ppo_epochs * 3 * (policy + critic))
 
 
-def executed_flops(config: RunConfig, cfg: models.ModelConfig, mesh) -> float:
-    """Matmul FLOPs of one PPO step (all devices together) as `run` runs it, on padded full-length rows
-    (where packing would change nothing), counted on its jaxpr."""
-    padded = dataclasses.replace(config, rl=dataclasses.replace(config.rl, pack=False))
-    program, args = aot.learn_inputs(padded, cfg, mesh)
+def learn_flops(batch: ppo.Batch, config: ppo.PPOConfig, mesh) -> float:
+    """Matmul FLOPs of one `learn` step on `batch` (all devices together), as its program runs them: counted
+    on its jaxpr."""
+    program, batch = ppo.learn_program(batch, config, mesh)
     with jax.set_mesh(mesh):
-        return matmul_cost(program.trace(*args).jaxpr).flops
+        return matmul_cost(program.trace(abstract_train_state(config.spec, mesh), batch).jaxpr).flops
 
 
 def run(config: RunConfig, steps: int) -> dict:
@@ -100,7 +99,7 @@ def run(config: RunConfig, steps: int) -> dict:
         if i:
             times.append(time.perf_counter() - start)
     step_s = statistics.median(times)
-    model, executed = model_flops(cfg, rl, rows, rollout.max_len), executed_flops(config, cfg, mesh)
+    model, executed = model_flops(cfg, rl, rows, rollout.max_len), learn_flops(batch, ppo_config, mesh)
     device = jax.devices()[0]
     chip = device_chip(device.device_kind)
     peak = None if chip is None else chip.peak_flops * mesh.size

@@ -17,33 +17,23 @@ import dataclasses
 import json
 from collections.abc import Sequence
 
-import jax
 import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
 from searchrl import cli, models, run_config
-from searchrl.benchmarks.jaxpr_cost import matmul_cost
 from searchrl.benchmarks.lengths import packing_of, search_r1_lengths
-from searchrl.benchmarks.learn import synthetic_batch
+from searchrl.benchmarks.learn import learn_flops, synthetic_batch
 from searchrl.rl import ppo
 from searchrl.rl.config import batch_rows
-from searchrl.rl.train_state import abstract_train_state
 from searchrl.run_config import RunConfig
 from searchrl.shapes import padded_width
-
-
-def _flops(batch: ppo.Batch, config: ppo.PPOConfig, mesh) -> float:
-    """Matmul FLOPs of one `learn` step on `batch` (all devices together)."""
-    program, batch = ppo.learn_program(batch, config, mesh)
-    with jax.set_mesh(mesh):
-        return matmul_cost(program.trace(abstract_train_state(config.spec, mesh), batch).jaxpr).flops
 
 
 def _row_flops(config: ppo.PPOConfig, mesh, rows: int, max_len: int, vocab: int) -> np.poly1d:
     """The padded step's FLOPs per row as a quadratic in the width, fitted at three widths."""
     widths = np.array([max_len // 4, max_len // 2, max_len])
-    flops = [_flops(synthetic_batch(rows, int(w), 1, vocab, 1), config, mesh) / rows for w in widths]
+    flops = [learn_flops(synthetic_batch(rows, int(w), 1, vocab, 1), config, mesh) / rows for w in widths]
     return np.poly1d(np.polyfit(widths, flops, 2))
 
 
@@ -64,8 +54,8 @@ def run(config: RunConfig, seed: int = 0) -> dict:
     plan = packing_of(lengths, rl, width, shards, seed)
     real = float(np.sum(_row_flops(padded_config, mesh, rl.minibatch_size, rollout.max_len,
                                    cfg.vocab_size)(lengths)))
-    padded = _flops(batch, padded_config, mesh)
-    packed = _flops(batch._replace(packing=plan), packed_config, mesh)
+    padded = learn_flops(batch, padded_config, mesh)
+    packed = learn_flops(batch._replace(packing=plan), packed_config, mesh)
     return {"config": config.model.preset, "rows": rows, "width": width, "shards": shards,
             "tokens": int(lengths.sum()), "length_mean": float(lengths.mean()),
             "length_max": int(lengths.max()),
