@@ -15,9 +15,9 @@ config's shapes and dtypes, on a (data, fsdp, tensor) mesh over the topology's d
            PPO epochs) on train.batch_size x rl.responses_per_prompt rows of rollout.max_len tokens (the
            widest the trainer pads a batch to); with rl.pack (the default), as the trainer runs it, on those
            rows packed (`searchrl.rl.packing`) with a Search-R1-like mix of lengths (`lengths`);
-  prefill  the rollout's first `extend`: every row's prompt (rollout.max_prompt_tokens); none with
-           rollout.chunked_prefill, whose prompt chunks run the extend program;
-  extend   an observation appended at the widest of rollout.obs_buckets;
+  prefill  an `extend` of prompts (rollout.max_prompt_tokens) into rollout.extend_rows rows of the batch;
+           none with rollout.chunked_prefill, whose prompt chunks run the extend program;
+  extend   observations appended into rollout.extend_rows rows, at the widest of rollout.obs_buckets;
   decode   one decode chunk (`decode_chunk`, rollout.chunk_steps steps); its costs are per decode step.
 
 The rollout programs take the policy as the trainer's engine samples with it (cast to rl.compute_dtype, so
@@ -163,9 +163,12 @@ def rollout_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> di
         jax.eval_shape(lambda: generate.init_state(cfg, rows, slots, jax.random.key(0), dtype)),
         is_leaf=lambda axes: type(axes) is tuple)
 
-    def chunk(width: int) -> tuple:  # tokens, their lengths, the rows that start a turn
-        shapes = (((rows, width), jnp.int32), ((rows,), jnp.int32), ((rows,), jnp.bool_))
-        return tuple(_rows_sharded(shape, kind, mesh, rules) for shape, kind in shapes)
+    per_call = min(rollout.extend_rows or rows, rows)  # rows an append call computes (`RolloutEngine`)
+
+    def chunk(width: int) -> tuple:  # the rows appended to, their tokens and lengths, those starting a turn
+        shapes = (((per_call, width), jnp.int32), ((per_call,), jnp.int32), ((per_call,), jnp.bool_))
+        index = None if per_call == rows else _rows_sharded((per_call,), jnp.int32, mesh, rules)
+        return (index,) + tuple(_rows_sharded(shape, kind, mesh, rules) for shape, kind in shapes)
 
     spec = generate.DecodeSpec(rollout.chunk_steps, rollout.max_turn_tokens, rollout.max_len,
                                rollout.sampling, rules=rules, attention=config.mesh.attention)

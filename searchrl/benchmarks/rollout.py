@@ -14,7 +14,8 @@
     episodes), each call a BM25 search behind `--latency_ms` of waiting (as a remote server adds), on
     `--decode_rows` decode rows: the lock-step schedule (a row waits for its batch's slowest; rows refilled
     only once all are free) against continuous batching (a row refilled as soon as its episode ends, its
-    tool calls overlapped with decoding), in interleaved rounds: episodes/s (median ratio and range), decode
+    tool calls overlapped with decoding, rows waiting for them parked in `--parked_rows` rows), both
+    appending `--extend_rows` rows a call, in interleaved rounds: episodes/s (median ratio and range), decode
     slot utilisation, the device's idle share waiting for the host, compiles after warm-up.
 Run: `python -m searchrl.benchmarks.rollout [--json] [--parts abd] [--preset bench_small] [--passages 20000]
 [--retriever dense] [--encoder DIR] [--dtype bfloat16]` (`--parts a` measures generation only; b and c share
@@ -75,7 +76,7 @@ def searchrl_generate(cfg: models.ModelConfig, params, prompts: np.ndarray, new_
     batch, prompt_len = prompts.shape
     state, spec = _generation(cfg, batch, prompt_len, new_tokens)
     lengths = np.full((batch,), prompt_len, np.int32)
-    state = generate.extend(cfg, params, state, prompts, lengths, np.ones(batch, bool), spec.sampling,
+    state = generate.extend(cfg, params, state, None, prompts, lengths, np.ones(batch, bool), spec.sampling,
                             spec.rules, spec.attention)
     state = generate.decode_chunk(cfg, params, state, generate.stop_table(_NEVER), _NO_EOS, spec)
     return np.asarray(state.tokens[:, prompt_len:prompt_len + new_tokens])
@@ -186,8 +187,8 @@ class LongTailEnv(SearchEveryTurnEnv):
         return Action(tags.SEARCH, turn_text)
 
 
-def bench_long_tail(preset: str, episodes: int, rows: int, passages: int, latency_ms: float, rounds: int,
-                    dtype: str) -> dict:
+def bench_long_tail(preset: str, episodes: int, rows: int, extend_rows: int, parked_rows: int, passages: int,
+                    latency_ms: float, rounds: int, dtype: str) -> dict:
     """Part (d): the lock-step and continuous schedules of one engine on the long-tail workload."""
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.jsonl"
@@ -200,7 +201,8 @@ def bench_long_tail(preset: str, episodes: int, rows: int, passages: int, latenc
     env = LongTailEnv(SlowRetriever(bm25, latency_ms / 1000), topk=3)
     turns = len(LONG_TAIL_STOP) + 1
     config = RolloutConfig(max_prompt_tokens=64, max_len=64 + turns * (64 + 96), max_turn_tokens=64,
-                           max_obs_tokens=96, obs_buckets=(96,), chunk_steps=4, decode_rows=rows)
+                           max_obs_tokens=96, obs_buckets=(96,), chunk_steps=2, decode_rows=rows,
+                           extend_rows=extend_rows, parked_rows=parked_rows)
     examples = [{"question": q} for q in make_queries(docs, episodes, seed=1)]
     engines = {schedule: RolloutEngine(cfg, tokenizer, env, dataclasses.replace(config, schedule=schedule),
                                        rules=_SAMPLE_RULES, attention=_ATTENTION)
@@ -301,8 +303,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parts = flags.DEFINE_enum("parts", "abd", ("a", "b", "d", "ab", "ad", "bd", "abd"),
                               "a: generation against transformers; b: search rollout (with c); d: long tail",
                               flag_values=values)
-    episodes = flags.DEFINE_integer("episodes", 128, "episodes per long-tail rollout (d)", flag_values=values)
+    episodes = flags.DEFINE_integer("episodes", 256, "episodes per long-tail rollout (d)", flag_values=values)
     decode_rows = flags.DEFINE_integer("decode_rows", 16, "decode rows of the long-tail engines (d)",
+                                       flag_values=values)
+    extend_rows = flags.DEFINE_integer("extend_rows", 1, "rows per append call of the long-tail engines (d)",
+                                       flag_values=values)
+    parked_rows = flags.DEFINE_integer("parked_rows", 16, "parked rows of the continuous engine (d)",
                                        flag_values=values)
     latency_ms = flags.DEFINE_float("latency_ms", 50.0, "waiting added to every search call (d)",
                                     flag_values=values)
@@ -319,8 +325,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         r |= bench_search_rollout(preset.value, batch.value, passages.value, turns.value, rollouts.value,
                                   dtype.value, retriever.value, encoder.value)
     if "d" in parts.value:
-        r |= bench_long_tail(preset.value, episodes.value, decode_rows.value, passages.value,
-                             latency_ms.value, rounds.value, dtype.value)
+        r |= bench_long_tail(preset.value, episodes.value, decode_rows.value, extend_rows.value,
+                             parked_rows.value, passages.value, latency_ms.value, rounds.value, dtype.value)
     if as_json.value:
         print(json.dumps(r))
         return

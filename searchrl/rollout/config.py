@@ -30,6 +30,13 @@ class RolloutConfig:
     schedule: str = "continuous"
     decode_rows: int = 0  # rows decoded at once (the compiled batch); 0: one row per episode of a rollout
     env_workers: int = 8  # host threads running the env's `parse_action` / `observe` calls concurrently
+    # Rows per append call (observations, prompts): the rows ready go in calls of this many (the last one
+    # filled up with rows that append nothing), each computing only its rows; 0: every decode row, one call.
+    extend_rows: int = 8
+    # Continuous schedule: rows whose episodes wait for the env are copied into up to this many parked rows
+    # (a second cache, on device) while episodes wait for a decode row, so that the row decodes another
+    # episode; a parked episode moves back into a free row when its observation is in. 0: none.
+    parked_rows: int = 0
 
     def slots(self, widest_chunk: int) -> int:
         """Token slots per row: `max_len`, plus room for the widest chunk that may be appended at the last
@@ -39,8 +46,9 @@ class RolloutConfig:
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"rollout.schedule={self.schedule!r} is not one of {SCHEDULES}.")
-        if self.decode_rows < 0 or self.env_workers < 1:
-            raise ValueError(f"rollout.decode_rows={self.decode_rows} must be >= 0 and "
+        if min(self.decode_rows, self.extend_rows, self.parked_rows) < 0 or self.env_workers < 1:
+            raise ValueError(f"rollout.decode_rows={self.decode_rows}, rollout.extend_rows={self.extend_rows} "
+                             f"and rollout.parked_rows={self.parked_rows} must be >= 0 and "
                              f"rollout.env_workers={self.env_workers} >= 1.")
         if max(self.obs_buckets) < self.max_obs_tokens:
             raise ValueError(f"rollout.obs_buckets {self.obs_buckets} must cover "

@@ -2,14 +2,16 @@
 environment's tool calls on host threads, overlapped with decoding.
 
 A rollout of N episodes keeps `rollout.decode_rows` rows (the compiled batch) busy. Each round of the host
-loop: append the observations the env returned (`extend`, one call per observation bucket in use, which
-starts those rows' next turns) and prefill the next waiting prompts into free rows (`reset_rows`, then
+loop: append the observations the env returned (`extend` on `rollout.extend_rows` rows a call, per
+observation bucket in use, which starts those rows' next turns) and prefill the next waiting prompts into free rows (`reset_rows`, then
 `extend`) -> dispatch a decode chunk (asynchronous) -> while it runs, the rows that stopped in the last chunk
 are re-checked for stops on text, trimmed, and handed to the env (`parse_action`, then one `observe` call)
 on a worker thread -> read which rows the chunk stopped. A row ends when the env says so or when its slots
-run out; its episode goes to the finished batch and the row is refilled. An env's side branch
-(`episode.SideBranch`) runs on a copy of the state after the turns it names (or on an emptied copy, from
-its own prompt). `rollout.schedule="lockstep"` runs the same loop with every row's turn awaited together:
+run out; its episode goes to the finished batch and the row is refilled. With `rollout.parked_rows`, a row
+waiting for the env while episodes wait for a row is copied into a parked row (cache, buffers and key:
+`generate.move_rows`) and the decode row takes another episode; the parked episode moves back into a free
+row once its observation is in, before new prompts. An env's side branch (`episode.SideBranch`) runs on a
+copy of the state after the turns it names (or on an emptied copy, from its own prompt). `rollout.schedule="lockstep"` runs the same loop with every row's turn awaited together:
 the env gets the batch's actions in one call once every row stopped, observations are appended once all
 returned, rows are refilled once all are free.
 
@@ -26,7 +28,7 @@ import dataclasses
 import functools
 import re
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -45,9 +47,9 @@ class RolloutStats:
     """Where a rollout's wall time went and how much of the decode batch did useful work.
 
     `device_s`: time the host waited for jitted work; `idle_s`: time the device had nothing to do while the
-    host worked or waited for the env (an upper bound: host work counts as idle when the decode chunk it
-    overlapped had ended by its end); `decode_row_steps`: rows x decode steps run; `decode_tokens`: the
-    tokens those steps wrote (the other row-steps were rows waiting, finished or idle).
+    host worked or waited for the env (an upper bound, `_IdleClock`); `decode_row_steps`: rows x decode steps
+    run; `decode_tokens`: the tokens those steps wrote (the other row-steps were rows waiting, finished or
+    idle); `parks`: rows waiting for the env that were parked (`rollout.parked_rows`).
     """
 
     wall_s: float = 0.0
@@ -56,6 +58,7 @@ class RolloutStats:
     episodes: int = 0
     decode_row_steps: int = 0
     decode_tokens: int = 0
+    parks: int = 0
 
     @property
     def host_fraction(self) -> float:
@@ -134,6 +137,7 @@ class RolloutEngine:
             self.branch_stops = self._replicated(
                 generate.stop_table([self._encode(s) for s in self.branch.stop_strings]))
         self.stats = RolloutStats()
+        self._idle = _IdleClock()
         self._warmup_key = jax.random.key(0)  # made here: a key from a Python int is a host transfer
 
     def sampling_params(self, params):
@@ -151,12 +155,12 @@ class RolloutEngine:
         """`x` put on every device of the mesh (on the default device without one), explicitly."""
         return jax.device_put(x, None if self.mesh is None else NamedSharding(self.mesh, PartitionSpec()))
 
-    def _to_device(self, x: np.ndarray) -> jax.Array:
-        """A host array of per-row values put on device explicitly (never handed to a jitted call as is: an
-        implicit transfer), its rows sharded over the mesh's data axes."""
+    def _to_device(self, x):
+        """Host arrays of per-row values (an array or a tuple of them, in one call) put on device explicitly
+        (never handed to a jitted call as is: an implicit transfer), rows sharded over the mesh's data axes."""
         if self.mesh is None:
             return jax.device_put(x)
-        return jax.device_put(x, models.rows_sharding(x.shape, self.mesh, self.rules))
+        return jax.device_put(x, jax.tree.map(lambda a: models.rows_sharding(a.shape, self.mesh, self.rules), x))
 
     def _new_state(self, params, batch: int, key: jax.Array, first_row: int = 0) -> generate.GenState:
         dtype = jax.tree.leaves(params)[0].dtype
@@ -180,17 +184,33 @@ class RolloutEngine:
         for spec, stops in specs:
             one_call_prefill = spec is self.spec and not self.config.chunked_prefill
             widths = self.chunk_widths + ((self.config.max_prompt_tokens,) if one_call_prefill else ())
+            (_, computed), = self._append_calls([], batch)
+            index = None if computed is None else self._to_device(np.asarray(computed, np.int32))
+            rows = batch if computed is None else len(computed)
             for width in widths:
-                tokens, lengths = map(self._to_device, pad_batch([[]] * batch, width))
-                state = self._call(generate.extend, self.cfg, params, state, tokens, lengths, idle,
-                                   spec.sampling, self.rules, self.attention)
+                tokens, lengths = map(self._to_device, pad_batch([[]] * rows, width))
+                state = self._call(generate.extend, self.cfg, params, state, index, tokens, lengths,
+                                   self._to_device(np.zeros(rows, bool)), spec.sampling, self.rules,
+                                   self.attention)
             state = self._call(generate.decode_chunk, self.cfg, params, state, stops, self.eos_ids, spec)
-        self._call(generate.truncate, state, self._to_device(np.zeros(batch, np.int32)))
+        state = self._call(generate.truncate, state, self._to_device(np.zeros(batch, np.int32)))
+        if self._parks():
+            parking = self._new_state(params, self.config.parked_rows, key)
+            one = self._to_device(np.zeros(1, np.int32))
+            parking = self._call(generate.move_rows, state, parking, one, one, self.rules)
+            self._call(generate.move_rows, parking, state, one, one, self.rules)
+
+    def _parks(self) -> bool:
+        """Whether rows waiting for the env are parked (`rollout.parked_rows`; the continuous schedule)."""
+        return self.config.parked_rows > 0 and self.config.schedule == "continuous"
 
     def _call(self, fn: Callable, *args) -> Any:
         """Runs a jitted call to completion, under the engine's mesh."""
+        self._idle.dispatching()
         with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
-            return jax.block_until_ready(fn(*args))
+            out = jax.block_until_ready(fn(*args))
+        self._idle.drained()
+        return out
 
     def _device(self, fn: Callable, *args) -> Any:
         """`_call`, counting its time as device time."""
@@ -293,8 +313,10 @@ class RolloutEngine:
         global index (`generate.reset_rows`), so its tokens depend neither on how the batch is split nor on
         the row or the schedule it runs in."""
         start = time.perf_counter()
+        self._idle = _IdleClock()
         trajectory = self._run(params, examples, key, first_row)
         self.stats.wall_s += time.perf_counter() - start
+        self.stats.idle_s += self._idle.idle_s
         self.stats.episodes += len(examples)
         return trajectory
 
@@ -313,23 +335,27 @@ class RolloutEngine:
     def _run(self, params, examples: Sequence[dict], key: jax.Array, first_row: int) -> Trajectory:
         prompts = self._prompts(examples)
         params = self.sampling_params(params)
-        run = _Run(examples, prompts, [None] * self.rows(len(examples)), first_row,
+        parked = self.config.parked_rows if self._parks() else 0
+        run = _Run(examples, prompts, [None] * self.rows(len(examples)), [None] * parked, first_row,
                    _Episodes.empty(len(examples), self.slots), self.config.schedule == "lockstep")
         state = self._new_state(params, len(run.rows), key, first_row)
+        if parked:
+            run.parking = self._new_state(params, parked, key, first_row)
         key = self._replicated(key)
         with concurrent.futures.ThreadPoolExecutor(self.config.env_workers) as pool:
-            while run.waiting or any(row is not None for row in run.rows):
+            while run.waiting or any(row is not None for row in run.rows + run.parked):
                 state = self._step(params, state, key, run, pool)
         return run.episodes.trajectory(self.config.sampling.logprob_temperature,
                                        None if self.branch is None else self.branch.name)
 
     def _step(self, params, state: generate.GenState, key: jax.Array, run: _Run,
               pool: concurrent.futures.Executor) -> generate.GenState:
-        """One round of the host loop: append the observations that came back and refill free rows, dispatch
-        a decode chunk of the generating rows, send the rows that stopped to the env while it runs, then
-        read which rows the chunk stopped. With nothing to decode, wait for the env (the device idles)."""
-        clock = time.perf_counter()
-        if run.futures and not (run.lockstep and (run.rows_in("decode") or run.rows_in("stopped"))):
+        """One round of the host loop: append the observations that came back (parked episodes first moved
+        back into free rows) and refill free rows, dispatch a decode chunk of the generating rows, send the
+        rows that stopped to the env while it runs (parking them if episodes wait for a row), then read which
+        rows the chunk stopped. With nothing to decode, wait for the env (the device idles)."""
+        if (run.futures or run.parked_in("observed")) and not (
+                run.lockstep and (run.rows_in("decode") or run.rows_in("stopped"))):
             state = self._take_observations(params, state, run)
         free = [r for r, row in enumerate(run.rows) if row is None]
         if run.waiting and free and not (run.lockstep and len(free) < len(run.rows)):
@@ -339,13 +365,11 @@ class RolloutEngine:
             state = self._dispatch(generate.decode_chunk, self.cfg, params, state, self.stops, self.eos_ids,
                                    self.spec)
             probe = self._dispatch(generate.progress, state)
-        dispatched = time.perf_counter()
         stopped = run.rows_in("stopped")
         if stopped and not (run.lockstep and decoding):
             state = self._send_to_env(state, run, stopped, pool)
-        overlapped = probe is not None and not probe[0].is_ready()
-        # Host work counts as idle device time unless a chunk still ran at its end (so: at most).
-        self.stats.idle_s += (dispatched if overlapped else time.perf_counter()) - clock
+        if run.parked:
+            self._park(state, run)
         if probe is not None:
             self._read_stops(state, run, decoding, probe)
         elif run.futures:
@@ -354,27 +378,36 @@ class RolloutEngine:
 
     def _dispatch(self, fn: Callable, *args) -> Any:
         """Starts a jitted call under the engine's mesh without waiting for it (dispatch is asynchronous)."""
+        self._idle.dispatching()
         with jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext():
-            return fn(*args)
+            out = fn(*args)
+        self._idle.dispatched(out)
+        return out
 
     def _read_stops(self, state: generate.GenState, run: _Run, decoding: list[int], probe) -> None:
         """Waits for the chunk, counts its useful row-steps, and snapshots the rows it stopped."""
-        start = time.perf_counter()
-        active, decoded = jax.device_get(probe)
-        self.stats.device_s += time.perf_counter() - start
+        active, decoded = self._read(probe)
         self._count_steps(run.decoded, decoded)
         run.decoded = decoded
         stopped = [r for r in decoding if not active[r]]
         if not stopped:
             return
-        start = time.perf_counter()
-        tokens, sampled, logprobs, turn_start, length = jax.device_get(
+        tokens, sampled, logprobs, turn_start, length = self._read(
             (state.tokens, state.sampled, state.logprobs, state.turn_start, state.cache.length))
-        self.stats.device_s += time.perf_counter() - start
         for r in stopped:
             row = run.rows[r]
             row.phase, row.turn_start, row.length = "stopped", int(turn_start[r]), int(length[r])
             row.snapshot = (tokens[r], sampled[r], logprobs[r])
+
+    def _read(self, arrays):
+        """The host copy of device `arrays`, waiting for them (device time)."""
+        start = time.perf_counter()
+        busy = not all(a.is_ready() for a in jax.tree.leaves(arrays))
+        out = jax.device_get(arrays)
+        self.stats.device_s += time.perf_counter() - start
+        if busy:
+            self._idle.busy_until_now()
+        return out
 
     def _count_steps(self, before: np.ndarray, after: np.ndarray) -> None:
         """Adds one chunk's decode row-steps (rows x steps: the longest row's advance) and useful ones."""
@@ -384,10 +417,8 @@ class RolloutEngine:
 
     def _wait_for_env(self, run: _Run) -> None:
         """Blocks until the env answers (every call under lock step): the device has nothing to do."""
-        start = time.perf_counter()
         when = concurrent.futures.ALL_COMPLETED if run.lockstep else concurrent.futures.FIRST_COMPLETED
         concurrent.futures.wait(run.futures, return_when=when)
-        self.stats.idle_s += time.perf_counter() - start
 
     def _send_to_env(self, state: generate.GenState, run: _Run, stopped: list[int],
                      pool: concurrent.futures.Executor) -> generate.GenState:
@@ -402,25 +433,53 @@ class RolloutEngine:
                 lengths[r] = row.end
         if (lengths < self.slots).any():
             state = self._dispatch(generate.truncate, state, self._to_device(lengths))
-        turns = [(run.rows[r].text, len(run.rows[r].turns), self.config.max_len - run.rows[r].end >= 2)
-                 for r in stopped]
-        run.futures[pool.submit(self._env_turns, turns)] = stopped
+        rows = [run.rows[r] for r in stopped]
+        turns = [(row.episode, row.text, len(row.turns), self.config.max_len - row.end - 1) for row in rows]
+        run.futures[pool.submit(self._env_turns, turns)] = rows
         return state
 
-    def _env_turns(self, turns: list[tuple[str, int, bool]]) -> list[tuple[Action, Observation | None]]:
-        """On a worker thread: the env's action for each (turn text, turn index, room for an observation),
-        and the observation of each that goes on, from one `env.observe` call."""
-        actions = [self.env.parse_action(text, index) for text, index, _ in turns]
-        asked = [k for k, ((_, _, room), action) in enumerate(zip(turns, actions))
-                 if room and not action.done]
+    def _park(self, state: generate.GenState, run: _Run) -> None:
+        """Moves rows waiting for the env into free parked rows, as many as episodes wait for a decode row
+        beyond the free ones (a moved row is free at the next round)."""
+        free = sum(row is None for row in run.rows)
+        wanted = len(run.waiting) + len(run.parked_in("observed")) - free
+        for r in run.rows_in("env")[:max(wanted, 0)]:
+            if None not in run.parked:
+                return
+            p = run.parked.index(None)
+            run.parking = self._dispatch(generate.move_rows, state, run.parking,
+                                         *self._to_device((np.int32([r]), np.int32([p]))), self.rules)
+            run.parked[p], run.rows[r] = run.rows[r], None
+            self.stats.parks += 1
+
+    def _unpark(self, state: generate.GenState, run: _Run) -> generate.GenState:
+        """Moves parked episodes whose observation is in back into free decode rows, first in first out."""
+        for row in run.parked_in("observed"):
+            if None not in run.rows:
+                break
+            r, p = run.rows.index(None), run.parked.index(row)
+            state = self._dispatch(generate.move_rows, run.parking, state,
+                                   *self._to_device((np.int32([p]), np.int32([r]))), self.rules)
+            run.rows[r], run.parked[p] = row, None
+        return state
+
+    def _env_turns(self, turns: list[tuple[int, str, int, int]]) -> list[_Answer]:
+        """On a worker thread: the env's answer to each (episode, turn text, turn index, slots left for an
+        observation): its action, and the observation of each that goes on (from one `env.observe` call),
+        tokenised and truncated to the room left."""
+        actions = [self.env.parse_action(text, index) for _, text, index, _ in turns]
+        asked = [k for k, (turn, action) in enumerate(zip(turns, actions)) if turn[3] > 0 and not action.done]
         observations = self.env.observe([actions[k] for k in asked]) if asked else []
         if len(observations) != len(asked):
             raise ValueError(f"The environment returned {len(observations)} observations for "
                              f"{len(asked)} actions.")
-        answers: list[Observation | None] = [None] * len(turns)
+        answers = [_Answer(action) for action in actions]
         for k, obs in zip(asked, observations):
-            answers[k] = obs
-        return list(zip(actions, answers))
+            if not obs.text:
+                raise ValueError(f"Example {turns[k][0]}: the environment returned an empty observation.")
+            tokens = self._observation_tokens(obs, turns[k][3])
+            answers[k] = _Answer(actions[k], obs, tokens, self._decode(tokens))
+        return answers
 
     def _take_observations(self, params, state: generate.GenState, run: _Run) -> generate.GenState:
         """Records the turns of every env call that returned, ends the episodes the env (or the slots) ended,
@@ -428,20 +487,21 @@ class RolloutEngine:
         ready = [f for f in run.futures if f.done()]
         if run.lockstep and len(ready) < len(run.futures):
             return state
-        chunks: dict[int, list[int]] = {}
         for future in ready:
-            for r, (action, obs) in zip(run.futures.pop(future), future.result()):
-                row = run.rows[r]
-                row.turns.append(Turn(row.turn_start, row.end, row.text, action))
-                if obs is None:
-                    run.finish(r, "done" if action.done else "length")
+            for row, answer in zip(run.futures.pop(future), future.result()):
+                row.turns.append(Turn(row.turn_start, row.end, row.text, answer.action))
+                if answer.observation is None:
+                    run.finish(row, "done" if answer.action.done else "length")
                     continue
-                if not obs.text:
-                    raise ValueError(f"Example {row.episode}: the environment returned an empty observation.")
-                chunks[r] = self._observation_tokens(obs, self.config.max_len - row.end - 1)
-                row.turns[-1].observation = self._decode(chunks[r])
-                row.turns[-1].info.update(obs.info)
-                row.phase = "decode"
+                row.observation = answer.tokens
+                row.turns[-1].observation = answer.text
+                row.turns[-1].info.update(answer.observation.info)
+                row.phase = "observed"
+        if run.parked:
+            state = self._unpark(state, run)
+        chunks = {r: run.rows[r].observation for r in run.rows_in("observed")}
+        for r in chunks:
+            run.rows[r].phase = "decode"
         if not chunks:
             return state
         if self.branch is not None:
@@ -460,8 +520,8 @@ class RolloutEngine:
         for r, e in starts.items():
             episodes[r] = run.first_row + e
             run.rows[r] = _Row(e)
-        state = self._dispatch(generate.reset_rows, state, self._to_device(mask), key,
-                               self._to_device(episodes), self.rules)
+        mask, episodes = self._to_device((mask, episodes))
+        state = self._dispatch(generate.reset_rows, state, mask, key, episodes, self.rules)
         return self._append(params, state, {r: run.prompts[e] for r, e in starts.items()}, set(starts),
                             self.config.sampling, prompt=not self.config.chunked_prefill)
 
@@ -481,19 +541,68 @@ class RolloutEngine:
                       if p or (left == 1 and r in start)}
             for width in sorted(set(widths.values())):
                 group = [r for r, w in widths.items() if w == width]
-                rows = [pieces[r] if r in group else [] for r in range(batch)]
-                tokens, lengths = map(self._to_device, pad_batch(rows, width))
-                starting = np.isin(np.arange(batch), [r for r in group if r in start] if left == 1 else [])
-                state = self._dispatch(generate.extend, self.cfg, params, state, tokens, lengths,
-                                       self._to_device(starting), sampling, self.rules, self.attention)
+                for part, computed in self._append_calls(group, batch):
+                    order = range(batch) if computed is None else computed
+                    tokens, lengths = pad_batch([pieces[r] if r in part else [] for r in order], width)
+                    starting = np.asarray([left == 1 and r in part and r in start for r in order])
+                    index = None if computed is None else np.asarray(computed, np.int32)
+                    state = self._dispatch(generate.extend, self.cfg, params, state,
+                                           *self._to_device((index, tokens, lengths, starting)), sampling,
+                                           self.rules, self.attention)
         return state
 
-@dataclasses.dataclass
+    def _append_calls(self, rows: list[int], batch: int) -> list[tuple[list[int], list[int] | None]]:
+        """The append calls for `rows` of a `batch`-row state: each call's (rows it appends to, rows it
+        computes: `rollout.extend_rows` of them, filled up with rows that append nothing; None: all)."""
+        per_call = min(self.config.extend_rows or batch, batch)
+        if per_call == batch:
+            return [(rows, None)]
+        calls = []
+        for i in range(0, max(len(rows), 1), per_call):
+            part = rows[i:i + per_call]
+            filler = [r for r in range(batch) if r not in part][:per_call - len(part)]
+            calls.append((part, part + filler))
+        return calls
+
+class _IdleClock:
+    """Bounds the time the device had nothing to do, from the host's side: jitted calls run in order, so
+    between two dispatches it idled at most the gap if the earlier call had finished by the later one, and not
+    at all if it had not; after a call the host waited for, it idled until the next dispatch."""
+
+    def __init__(self):
+        self.idle_s, self._last, self._since = 0.0, None, time.perf_counter()
+
+    def dispatching(self) -> None:
+        if self._last is None or self._last.is_ready():
+            self.idle_s += time.perf_counter() - self._since
+
+    def dispatched(self, out) -> None:
+        self._last, self._since = jax.tree.leaves(out)[0], time.perf_counter()
+
+    def drained(self) -> None:
+        self._last, self._since = None, time.perf_counter()
+
+    def busy_until_now(self) -> None:
+        """The host just waited for a call to finish: the device was busy until now."""
+        self._since = time.perf_counter()
+
+
+class _Answer(NamedTuple):
+    """The env's answer to one turn: its action, and the observation if the episode goes on (with its tokens
+    as appended, truncated, and their text)."""
+
+    action: Action
+    observation: Observation | None = None
+    tokens: list[int] = []
+    text: str = ""
+
+
+@dataclasses.dataclass(eq=False)
 class _Row:
-    """The episode a decode row runs, and where its current turn stands.
+    """The episode a decode row (or a parked row) runs, and where its current turn stands.
 
     phase: "decode" (generating on device), "stopped" (its turn ended; snapshot read), "env" (waiting for
-    the env's answer)."""
+    the env's answer), "observed" (its observation is in, to be appended)."""
 
     episode: int
     turns: list[Turn] = dataclasses.field(default_factory=list)
@@ -503,6 +612,7 @@ class _Row:
     end: int = 0  # the turn's end after trimming on text
     text: str = ""
     snapshot: tuple[np.ndarray, np.ndarray, np.ndarray] = ()  # tokens, sampled, logprobs of the row
+    observation: list[int] = dataclasses.field(default_factory=list)  # its tokens, once "observed"
 
 
 @dataclasses.dataclass
@@ -541,16 +651,19 @@ class _Episodes:
 
 @dataclasses.dataclass
 class _Run:
-    """The host's view of one rollout: the decode rows, the episodes waiting for one, the env calls out."""
+    """The host's view of one rollout: the decode rows, the parked rows, the episodes waiting for a row, the
+    env calls out."""
 
     examples: Sequence[dict]
     prompts: list[list[int]]
     rows: list[_Row | None]
+    parked: list[_Row | None]
     first_row: int
     episodes: _Episodes
     lockstep: bool
     waiting: collections.deque = None
-    futures: dict = dataclasses.field(default_factory=dict)  # env call -> the rows it answers
+    futures: dict = dataclasses.field(default_factory=dict)  # env call -> the `_Row`s it answers
+    parking: generate.GenState | None = None  # the parked rows' state, on device
     decoded: np.ndarray = None  # each row's `GenState.decoded` when last read
 
     def __post_init__(self):
@@ -560,14 +673,18 @@ class _Run:
     def rows_in(self, phase: str) -> list[int]:
         return [r for r, row in enumerate(self.rows) if row is not None and row.phase == phase]
 
-    def finish(self, r: int, reason: str) -> None:
-        """Moves row r's episode, ended at its last turn, to the finished episodes and frees the row."""
-        row, out = self.rows[r], self.episodes
-        e = row.episode
+    def parked_in(self, phase: str) -> list[_Row]:
+        return [row for row in self.parked if row is not None and row.phase == phase]
+
+    def finish(self, row: _Row, reason: str) -> None:
+        """Moves `row`'s episode, ended at its last turn, to the finished episodes and frees its (decode or
+        parked) row."""
+        out, e = self.episodes, row.episode
         out.tokens[e], out.sampled[e], out.logprobs[e] = row.snapshot
         out.prompt_lengths[e], out.lengths[e] = len(self.prompts[e]), row.end
         out.turns[e], out.finish[e] = row.turns, reason
-        self.rows[r] = None
+        place = self.rows if row in self.rows else self.parked
+        place[place.index(row)] = None
 
 
 _CLOSING_TAG = re.compile(r"</[A-Za-z_]+>\s*\Z")

@@ -131,6 +131,7 @@ def extend(
     cfg: models.ModelConfig,
     params,
     state: GenState,
+    rows: jax.Array | None,
     chunk: jax.Array,
     chunk_len: jax.Array,
     start_turn: jax.Array,
@@ -138,11 +139,26 @@ def extend(
     rules: models.ShardingRules,
     attention: models.AttentionConfig,
 ) -> GenState:
-    """Appends `chunk[b, :chunk_len[b]]` (right-padded [B, T]) to each row, then starts a policy turn on `start_turn` rows.
+    """Appends `chunk[k, :chunk_len[k]]` (right-padded [K, T]) to row `rows[k]` (distinct indices; None: every
+    row, K = B), then starts a policy turn on the rows where `start_turn` [K] is true.
 
-    Rows must not hold a pending token. Starting a turn samples its first token from the logits at the row's last
-    appended token.
+    With `rows`, only those K rows are computed (gathered from the state and scattered back): appending one
+    row's observation costs one row's forward, not the batch's. Rows must not hold a pending token, unless
+    their `chunk_len` is 0 (they are left as they were). Starting a turn samples its first token from the
+    logits at the row's last appended token.
     """
+    if rows is None:
+        return _placed(_extend(cfg, params, state, chunk, chunk_len, start_turn, sampling, rules, attention),
+                       rules)
+    part = _extend(cfg, params, _take_rows(state, rows), chunk, chunk_len, start_turn, sampling, rules,
+                   attention)
+    return _placed(_put_rows(state, rows, part), rules)
+
+
+def _extend(cfg: models.ModelConfig, params, state: GenState, chunk: jax.Array, chunk_len: jax.Array,
+            start_turn: jax.Array, sampling: SamplingParams, rules: models.ShardingRules,
+            attention: models.AttentionConfig) -> GenState:
+    """`extend` on every row of `state`."""
     start = state.cache.length
     real = jnp.arange(chunk.shape[1])[None, :] < chunk_len[:, None]
     positions = start[:, None] + jnp.arange(chunk.shape[1])[None, :]
@@ -158,10 +174,25 @@ def extend(
     last = jnp.take_along_axis(hidden, jnp.maximum(chunk_len - 1, 0)[:, None, None], axis=1)[:, 0]
     tokens, logprobs = sample(models.lm_logits(cfg, params, last), _row_keys(state, cache.length), sampling)
     state = _record_samples(state, start_turn, tokens, logprobs)
-    return _placed(state._replace(
-        active=state.active | start_turn,
-        turn_start=jnp.where(start_turn, cache.length, state.turn_start),
-    ), rules)
+    return state._replace(active=state.active | start_turn,
+                          turn_start=jnp.where(start_turn, cache.length, state.turn_start))
+
+
+def _row_index(axes: tuple[str, ...], rows: jax.Array) -> tuple:
+    """The index selecting `rows` of a `GenState` field with logical `axes` (its "batch" axis)."""
+    return (slice(None),) * axes.index("batch") + (rows,)
+
+
+def _take_rows(state: GenState, rows: jax.Array) -> GenState:
+    """The state of `rows` [K] alone: a batch of K rows."""
+    return jax.tree.map(lambda axes, x: x[_row_index(axes, rows)], state_logical_axes(), state,
+                        is_leaf=lambda axes: type(axes) is tuple)
+
+
+def _put_rows(state: GenState, rows: jax.Array, part: GenState) -> GenState:
+    """`state` with `rows` [K] (distinct) replaced by the K rows of `part`."""
+    return jax.tree.map(lambda axes, x, y: x.at[_row_index(axes, rows)].set(y, unique_indices=True),
+                        state_logical_axes(), state, part, is_leaf=lambda axes: type(axes) is tuple)
 
 
 def _stopped(state: GenState, stops: jax.Array, eos_ids: jax.Array, written: jax.Array) -> jax.Array:
@@ -250,6 +281,16 @@ def reset_rows(state: GenState, rows: jax.Array, key: jax.Array, episodes: jax.A
     ), rules)
 
 
+@functools.partial(jax.jit, static_argnames=("rules",), donate_argnums=(1,))
+def move_rows(source: GenState, target: GenState, source_rows: jax.Array, target_rows: jax.Array,
+              rules: models.ShardingRules) -> GenState:
+    """`target` with its rows `target_rows` [K] replaced by rows `source_rows` of `source`: episodes moved,
+    cache and keys with them, between the decode batch and the parked rows. `decoded` counts a decode
+    row's steps, not an episode's, so each side keeps its own."""
+    moved = _put_rows(target, target_rows, _take_rows(source, source_rows))
+    return _placed(moved._replace(decoded=target.decoded), rules)
+
+
 @jax.jit
 def progress(state: GenState) -> tuple[jax.Array, jax.Array]:
     """Copies of (active, decoded): read on the host while later calls take the state (donated)."""
@@ -268,4 +309,4 @@ def branch_state(state: GenState, rows: jax.Array) -> GenState:
 
 def compiled_programs() -> int:
     """How many programs the rollout's jitted functions have compiled so far in this process."""
-    return sum(f._cache_size() for f in (extend, decode_chunk, truncate, branch_state, reset_rows, progress))
+    return sum(f._cache_size() for f in (extend, decode_chunk, truncate, branch_state, reset_rows, progress, move_rows))

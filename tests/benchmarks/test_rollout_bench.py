@@ -40,8 +40,8 @@ def test_a_search_rollout_with_dense_retrieval_and_a_random_encoder(monkeypatch)
 def test_the_long_tail_part_on_a_tiny_model():
     """Part (d), shrunk: both schedules run the same episodes of 1-4 searches; nothing compiles after the
     warm-up (speed is the benchmark's to measure, not the test's)."""
-    r = rollout_bench.bench_long_tail("tiny", episodes=6, rows=2, passages=200, latency_ms=1, rounds=1,
-                                      dtype="float32")
+    r = rollout_bench.bench_long_tail("tiny", episodes=6, rows=2, extend_rows=1, parked_rows=2, passages=200,
+                                      latency_ms=1, rounds=1, dtype="float32")
     mix = r["long_tail_calls_mix"]  # shares rounded to 3 decimals
     assert r["long_tail_compiles_after_warmup"] == 0 and abs(sum(mix) - 1) < 0.01
     for name in ("continuous", "lockstep"):

@@ -33,7 +33,8 @@ EVAL_QUESTIONS = 12  # two eval batches of 8 rows, the second padded: process 1 
 
 
 def overrides(world: Path, workdir: Path, steps: int, decode_rows: int) -> list[str]:
-    return [f"--config.rollout.decode_rows={decode_rows}",
+    return [f"--config.rollout.decode_rows={decode_rows}", "--config.rollout.extend_rows=1",
+            "--config.rollout.parked_rows=2",
             f"--config.workdir={workdir}", f"--config.tokenizer={world / 'tokenizer'}",
             f"--config.data.dir={world}", f"--config.retrieval.index_dir={world / 'index'}",
             "--config.model.num_layers=2", "--config.rollout.obs_buckets=(64,)",
@@ -54,7 +55,7 @@ def launch(world: Path, workdir: Path, steps: int, processes: int, cache: Path) 
     """`bash launch/local.sh` with `processes` processes over 8 CPU devices in all; output in workdir/log.
     XLA_FLAGS are the suite's (tests/conftest.py: cheaper code generation): local.sh sets the device count.
     Each process rolls out its rows of a batch of 8 on half as many decode rows (one per row block of its
-    mesh), refilled as episodes end."""
+    mesh), refilled as episodes end, appended to one row a call, rows waiting for the env parked."""
     workdir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO),
            "JAX_COMPILATION_CACHE_DIR": str(cache), "PROCESSES": str(processes), "DEVICES": "4",

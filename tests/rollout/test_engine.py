@@ -275,22 +275,25 @@ def assert_same_episodes(got, want, rows=None):
     assert [got.finish_reasons[b] for b in rows] == want.finish_reasons
 
 
-@pytest.mark.parametrize("separate", [False, True])
-def test_refilled_rows_run_each_episode_as_it_runs_alone(model, tokenizer, separate):
+@pytest.mark.parametrize("separate,extend_rows,parked_rows", [(False, 0, 0), (True, 0, 0), (False, 2, 2)])
+def test_refilled_rows_run_each_episode_as_it_runs_alone(model, tokenizer, separate, extend_rows, parked_rows):
     """At temperature 1, 8 episodes on 3 decode rows (rows refilled as episodes end, observations appended
-    as they arrive) are, one by one, the episode run alone on the same 3 rows, side branch included; the
-    lock-step schedule runs the same episodes; nothing compiles past the warm-up."""
+    as they arrive, on all rows or 2 a call; rows waiting for the env parked) are, one by one, the episode
+    run alone on the same 3 rows, side branch included; the lock-step schedule runs the same episodes;
+    nothing compiles past the warm-up."""
     examples = [{"q": w} for w in WORDS[:8]]
     key = jax.random.key(6)
     runs = {}
     for schedule in ("continuous", "lockstep"):
         engine = make_engine(model, tokenizer, ScriptedEnv(branch_prompt=" <answer>", separate=separate),
-                             decode_rows=3, schedule=schedule)
+                             decode_rows=3, schedule=schedule, extend_rows=extend_rows,
+                             parked_rows=parked_rows)
         engine.warmup(model[1], len(examples))
         warm = generate.compiled_programs()
         runs[schedule] = engine.run(model[1], examples, key)
         assert generate.compiled_programs() == warm
         assert 0 < engine.stats.utilisation <= 1 and engine.stats.episodes == len(examples)
+        assert (engine.stats.parks > 0) == (parked_rows > 0 and schedule == "continuous")
     traj = runs["continuous"]
     assert len({len(t) for t in traj.turns}) > 1 and any("note" in t.info for row in traj.turns for t in row)
     assert_same_episodes(runs["lockstep"], traj)
@@ -300,13 +303,14 @@ def test_refilled_rows_run_each_episode_as_it_runs_alone(model, tokenizer, separ
 
 
 def test_a_sharded_continuous_rollout_runs_each_episode_as_it_runs_alone(model, tokenizer):
-    """The same on the (data 2, fsdp 2, tensor 2) mesh: 8 episodes on 4 decode rows (one per row block)."""
+    """The same on the (data 2, fsdp 2, tensor 2) mesh: 8 episodes on 4 decode rows (one per row block),
+    appended to 2 rows a call, with 2 parked rows."""
     examples = [{"q": w} for w in WORDS[:8]]
     engine = make_engine(model, tokenizer, ScriptedEnv(branch_prompt=" <answer>"),
-                         mesh=models.make_mesh(2, 2, 2), decode_rows=4)
+                         mesh=models.make_mesh(2, 2, 2), decode_rows=4, extend_rows=2, parked_rows=2)
     key = jax.random.key(2)
     traj = engine.run(model[1], examples, key)
-    assert len({len(t) for t in traj.turns}) > 1
+    assert len({len(t) for t in traj.turns}) > 1 and engine.stats.parks > 0
     for b in (0, 5, 7):
         assert_same_episodes(traj, engine.run(model[1], examples[b:b + 1], key, first_row=b), [b])
 
