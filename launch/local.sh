@@ -2,12 +2,17 @@
 # This machine, retrieval in-process from a local index: one process on all of its devices (CPU or GPUs), or
 # PROCESSES=N CPU processes with DEVICES (default 4) devices each (set in XLA_FLAGS), joined by JAX's
 # distributed runtime on 127.0.0.1 as the hosts of a cluster would be (the multi-host path, on one machine).
+# A miniature's world (configs/autosearch.py:tiny's datasets, index and tokenizer) is built first if it is not
+# there (`searchrl.main world`), so that a fresh clone trains; DRY_RUN=1 prints the hosts' commands only.
 # Usage: [PROCESSES=N] [DRY_RUN=1] bash launch/local.sh CONFIG [--config.x.y=value ...]
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 CONFIG=${1:?usage: local.sh CONFIG [overrides ...]}
 shift
 PROCESSES=${PROCESSES:-1}
+if [[ "${DRY_RUN:-0}" != 1 ]]; then
+  JAX_PLATFORMS=cpu python -m searchrl.main --config "$CONFIG" "$@" world
+fi
 if ((PROCESSES == 1)); then
   LINE=$(quoted python -m searchrl.main --config "$CONFIG" "$@" train)
   on_hosts 1 "$LINE" bash -c "$LINE"

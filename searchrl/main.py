@@ -2,8 +2,9 @@
 `python -m searchrl.main --config configs/FILE.py:PRESET COMMAND [--config.x.y=v ...]`.
 
 Commands: `info` (the resolved config, the device mesh and the model size), `train` (RL from the config:
-PPO/GRPO/... on its environment, resuming from config.workdir's latest checkpoint) and `sft` (a supervised
-cold start on the env's reference responses, saved as a Hugging Face model at <workdir>/sft). Evaluation is
+PPO/GRPO/... on its environment, resuming from config.workdir's latest checkpoint), `sft` (a supervised
+cold start on the env's reference responses, saved as a Hugging Face model at <workdir>/sft) and `world` (a
+miniature's world, built where its config reads it unless it is there; `launch/local.sh` runs it first). Evaluation is
 `python -m searchrl.eval`, the retrieval server `python -m searchrl.serving.serve`.
 """
 from __future__ import annotations
@@ -87,7 +88,24 @@ def sft(config: RunConfig) -> None:
           f"saved to {out}")
 
 
-COMMANDS: dict[str, Callable[[RunConfig], None]] = {"info": info, "train": train, "sft": sft}
+def world(config: RunConfig) -> None:
+    """Builds a miniature's world (its task's `world`: datasets, index, tokenizer, where the config reads
+    them) unless its tokenizer and index are there; a config that is no miniature needs none."""
+    import os
+
+    from searchrl import task
+
+    build = task.get(config.task).world
+    if config.demo is None or build is None:
+        print(f"{config.task}: no miniature world to build for this config")
+    elif os.path.exists(config.tokenizer) and os.path.exists(config.retrieval.index_dir):
+        print(f"{config.task}: the world is there ({config.tokenizer}, {config.retrieval.index_dir})")
+    else:
+        build(config)
+        print(f"{config.task}: built the world under {config.data.dir}")
+
+
+COMMANDS: dict[str, Callable[[RunConfig], None]] = {"info": info, "train": train, "sft": sft, "world": world}
 
 
 def main(argv: list[str]) -> None:

@@ -58,6 +58,8 @@ class Task:
     make: Callable[[Any, Any], Env]  # (its Config, a RetrievalConfig) -> Env
     demo: Callable[[Any], Any] | None = None  # (the run's `RunConfig`) -> its miniature's results
     demo_config: type | None = None  # the dataclass of its miniature's `config.demo` group
+    # (a miniature's `RunConfig`) -> builds its world's files (datasets, index, tokenizer) where it reads them
+    world: Callable[[Any], Any] | None = None
     report: Report = Report()  # its part of an evaluation report
     train_hooks: Callable[[Env], list[Any]] | None = None  # (its env) -> `searchrl.rl.trainer.TrainHook`s
 

@@ -1,10 +1,16 @@
-"""The launch scripts' dry runs (DRY_RUN=1): what each host of a cluster would run, quoted as it would run."""
+"""The launch scripts' dry runs (DRY_RUN=1): what each host of a cluster would run, quoted as it would run;
+and `local.sh` run for real on a fresh checkout."""
 from __future__ import annotations
 
+import json
 import os
 import shlex
+import shutil
 import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 OVERRIDE = "--config.env.prompt_template=Q: {question} A:"  # spaces and braces survive the quoting
@@ -65,3 +71,30 @@ def test_local_processes_share_a_coordinator_on_localhost():
     assert flags == ["--some_flag=1", "--xla_force_host_platform_device_count=4"]
     [single] = dry_run("local.sh", "configs/autosearch.py:tiny", OVERRIDE)
     assert train_args(single) == ["--config", "configs/autosearch.py:tiny", OVERRIDE]
+
+
+@pytest.mark.slow
+def test_local_sh_trains_the_tiny_preset_on_a_fresh_checkout(tmp_path):
+    """`launch/local.sh configs/autosearch.py:tiny` in a copy of the tracked files (a fresh clone, nothing
+    built): it builds the miniature's world, then trains; everything it writes is under runs/."""
+    checkout = tmp_path / "searchrl"
+    for name in subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True,
+                               check=True).stdout.split("\0"):
+        if name and (REPO / name).is_file():
+            (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, checkout / name)
+    before = set(os.listdir(checkout))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])}  # this python
+    env.pop("PYTHONPATH", None)  # the checkout's own package, as a clone runs it
+    out = subprocess.run(["bash", "launch/local.sh", "configs/autosearch.py:tiny", "--config.train.steps=1",
+                          "--config.train.batch_size=8", "--config.rl.minibatch_size=8",
+                          "--config.rl.micro_batch_size=8", "--config.train.checkpoint_every=1",
+                          "--config.model.num_layers=1"],
+                         cwd=checkout, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "autosearch: built the world under runs/demo" in out.stdout
+    run = checkout / "runs" / "demo"
+    assert {"tokenizer", "index", "world", "metrics.jsonl"} <= set(os.listdir(run))
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1]
+    assert set(os.listdir(checkout)) - before == {"runs"}

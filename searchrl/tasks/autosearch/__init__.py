@@ -15,5 +15,12 @@ def run_demo(config: Any) -> Any:
     return miniature.run(config)
 
 
+def build_world(config: Any) -> Any:
+    """The miniature's world (`demo.build_world`) for `config` and its `config.demo`, imported when run."""
+    from searchrl.tasks.autosearch import demo as miniature
+
+    return miniature.build_world(config, config.demo)
+
+
 TASKS.register("autosearch")(Task(env.Config, env.make, demo=run_demo, demo_config=config.DemoConfig,
-                                  report=analysis.REPORT))
+                                  world=build_world, report=analysis.REPORT))
