@@ -2,10 +2,10 @@
 `python -m searchrl.main --config configs/FILE.py:PRESET COMMAND [--config.x.y=v ...]`.
 
 Commands: `info` (the resolved config, the device mesh and the model size), `train` (RL from the config:
-PPO/GRPO/... on its environment, resuming from config.workdir's latest checkpoint), `sft` (a supervised
-cold start on the env's reference responses, saved as a Hugging Face model at <workdir>/sft) and `world` (a
-miniature's world, built where its config reads it unless it is there; `launch/local.sh` runs it first). Evaluation is
-`python -m searchrl.eval`, the retrieval server `python -m searchrl.serving.serve`.
+PPO/GRPO/... on its environment, resuming from config.workdir's latest checkpoint), `sft` (a supervised cold
+start on the env's reference responses, saved as a Hugging Face model at <workdir>/sft) and `world` (a
+miniature's world, built where its config reads it unless it is there; `launch/local.sh` runs it first).
+Evaluation is `python -m searchrl.eval`, the retrieval server `python -m searchrl.serving.serve`.
 """
 from __future__ import annotations
 

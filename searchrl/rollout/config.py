@@ -47,9 +47,9 @@ class RolloutConfig:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"rollout.schedule={self.schedule!r} is not one of {SCHEDULES}.")
         if min(self.decode_rows, self.extend_rows, self.parked_rows) < 0 or self.env_workers < 1:
-            raise ValueError(f"rollout.decode_rows={self.decode_rows}, rollout.extend_rows={self.extend_rows} "
-                             f"and rollout.parked_rows={self.parked_rows} must be >= 0 and "
-                             f"rollout.env_workers={self.env_workers} >= 1.")
+            raise ValueError(f"rollout.decode_rows={self.decode_rows}, rollout.extend_rows="
+                             f"{self.extend_rows} and rollout.parked_rows={self.parked_rows} must be >= 0 "
+                             f"and rollout.env_workers={self.env_workers} >= 1.")
         if max(self.obs_buckets) < self.max_obs_tokens:
             raise ValueError(f"rollout.obs_buckets {self.obs_buckets} must cover "
                              f"rollout.max_obs_tokens={self.max_obs_tokens}.")

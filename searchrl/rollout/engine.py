@@ -2,18 +2,19 @@
 environment's tool calls on host threads, overlapped with decoding.
 
 A rollout of N episodes keeps `rollout.decode_rows` rows (the compiled batch) busy. Each round of the host
-loop: append the observations the env returned (`extend` on `rollout.extend_rows` rows a call, per
-observation bucket in use, which starts those rows' next turns) and prefill the next waiting prompts into free rows (`reset_rows`, then
-`extend`) -> dispatch a decode chunk (asynchronous) -> while it runs, the rows that stopped in the last chunk
-are re-checked for stops on text, trimmed, and handed to the env (`parse_action`, then one `observe` call)
-on a worker thread -> read which rows the chunk stopped. A row ends when the env says so or when its slots
-run out; its episode goes to the finished batch and the row is refilled. With `rollout.parked_rows`, a row
-waiting for the env while episodes wait for a row is copied into a parked row (cache, buffers and key:
-`generate.move_rows`) and the decode row takes another episode; the parked episode moves back into a free
-row once its observation is in, before new prompts. An env's side branch (`episode.SideBranch`) runs on a
-copy of the state after the turns it names (or on an emptied copy, from its own prompt). `rollout.schedule="lockstep"` runs the same loop with every row's turn awaited together:
-the env gets the batch's actions in one call once every row stopped, observations are appended once all
-returned, rows are refilled once all are free.
+loop: append the observations the env returned (`extend` on `rollout.extend_rows` rows a call, per observation
+bucket in use, which starts those rows' next turns) and prefill the next waiting prompts into free rows
+(`reset_rows`, then `extend`) -> dispatch a decode chunk (asynchronous) -> while it runs, the rows that
+stopped in the last chunk are re-checked for stops on text, trimmed, and handed to the env (`parse_action`,
+then one `observe` call) on a worker thread -> read which rows the chunk stopped. A row ends when the env says
+so or when its slots run out; its episode goes to the finished batch and the row is refilled. With
+`rollout.parked_rows`, a row waiting for the env while episodes wait for a row is copied into a parked row
+(cache, buffers and key: `generate.move_rows`) and the decode row takes another episode; the parked episode
+moves back into a free row once its observation is in, before new prompts. An env's side branch
+(`episode.SideBranch`) runs on a copy of the state after the turns it names (or on an emptied copy, from its
+own prompt). `rollout.schedule="lockstep"` runs the same loop with every row's turn awaited together: the env
+gets the batch's actions in one call once every row stopped, observations are appended once all returned, rows
+are refilled once all are free.
 
 Scheduling never changes an episode: episode i samples with the key of global row `first_row + i` and each
 token with that key folded with its slot (`generate.init_state`), and every jitted call's shape for a row
@@ -156,11 +157,13 @@ class RolloutEngine:
         return jax.device_put(x, None if self.mesh is None else NamedSharding(self.mesh, PartitionSpec()))
 
     def _to_device(self, x):
-        """Host arrays of per-row values (an array or a tuple of them, in one call) put on device explicitly
-        (never handed to a jitted call as is: an implicit transfer), rows sharded over the mesh's data axes."""
+        """Host arrays of per-row values (an array or a tuple of them, in one call) put on device
+        explicitly (never handed to a jitted call as is: an implicit transfer), rows sharded over the mesh's
+        data axes."""
         if self.mesh is None:
             return jax.device_put(x)
-        return jax.device_put(x, jax.tree.map(lambda a: models.rows_sharding(a.shape, self.mesh, self.rules), x))
+        shardings = jax.tree.map(lambda a: models.rows_sharding(a.shape, self.mesh, self.rules), x)
+        return jax.device_put(x, shardings)
 
     def _new_state(self, params, batch: int, key: jax.Array, first_row: int = 0) -> generate.GenState:
         dtype = jax.tree.leaves(params)[0].dtype

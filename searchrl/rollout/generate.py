@@ -309,4 +309,5 @@ def branch_state(state: GenState, rows: jax.Array) -> GenState:
 
 def compiled_programs() -> int:
     """How many programs the rollout's jitted functions have compiled so far in this process."""
-    return sum(f._cache_size() for f in (extend, decode_chunk, truncate, branch_state, reset_rows, progress, move_rows))
+    functions = (extend, decode_chunk, truncate, branch_state, reset_rows, progress, move_rows)
+    return sum(f._cache_size() for f in functions)

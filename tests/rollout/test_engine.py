@@ -276,7 +276,8 @@ def assert_same_episodes(got, want, rows=None):
 
 
 @pytest.mark.parametrize("separate,extend_rows,parked_rows", [(False, 0, 0), (True, 0, 0), (False, 2, 2)])
-def test_refilled_rows_run_each_episode_as_it_runs_alone(model, tokenizer, separate, extend_rows, parked_rows):
+def test_refilled_rows_run_each_episode_as_it_runs_alone(model, tokenizer, separate, extend_rows,
+                                                         parked_rows):
     """At temperature 1, 8 episodes on 3 decode rows (rows refilled as episodes end, observations appended
     as they arrive, on all rows or 2 a call; rows waiting for the env parked) are, one by one, the episode
     run alone on the same 3 rows, side branch included; the lock-step schedule runs the same episodes;

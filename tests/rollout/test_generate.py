@@ -1,4 +1,5 @@
-"""The jitted rollout steps on some rows of a batch: `extend` on a subset of rows, `move_rows` between batches."""
+"""The jitted rollout steps on some rows of a batch: `extend` on a subset of rows, `move_rows` between
+batches."""
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,10 @@ def prefilled(cfg, params, rows: int, key: int = 3) -> generate.GenState:
 
 def host(state: generate.GenState) -> generate.GenState:
     """The state as numpy arrays (keys as their data)."""
-    return jax.tree.map(lambda x: np.asarray(jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
-                                             else x), state)
+    def one(x):
+        return np.asarray(jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
+
+    return jax.tree.map(one, state)
 
 
 def rows_of(x: np.ndarray, rows) -> np.ndarray:
@@ -70,7 +73,8 @@ def test_move_rows_carries_an_episode_whole_and_keeps_each_rows_step_count():
     original = host(state)
     parked = generate.move_rows(state, parked, jnp.asarray([2]), jnp.asarray([1]), RULES)
     state = generate.move_rows(parked, state, jnp.asarray([1]), jnp.asarray([0]), RULES)
-    assert np.asarray(parked.decoded).tolist() == [7, 8] and np.asarray(state.decoded).tolist() == [10, 11, 12, 13]
+    assert np.asarray(parked.decoded).tolist() == [7, 8]
+    assert np.asarray(state.decoded).tolist() == [10, 11, 12, 13]
     moved = host(state)
     for got, want in zip(jax.tree.leaves(moved._replace(decoded=None)),
                          jax.tree.leaves(original._replace(decoded=None))):
