@@ -15,7 +15,7 @@ config's shapes and dtypes, on a (data, fsdp, tensor) mesh over the topology's d
            PPO epochs) on train.batch_size x rl.responses_per_prompt rows of rollout.max_len tokens (the
            widest the trainer pads a batch to); with rl.pack (the default), as the trainer runs it, on those
            rows packed (`searchrl.rl.packing`) with a Search-R1-like mix of lengths (`lengths`);
-  prefill  an `extend` of prompts (rollout.max_prompt_tokens) into rollout.extend_rows rows of the batch;
+  prefill  an `extend` of prompts (rollout.max_prompt_tokens) into rollout.extend_rows rows (0: all);
            none with rollout.chunked_prefill, whose prompt chunks run the extend program;
   extend   observations appended into rollout.extend_rows rows, at the widest of rollout.obs_buckets;
   decode   one decode chunk (`decode_chunk`, rollout.chunk_steps steps); its costs are per decode step.
