@@ -188,13 +188,12 @@ class RolloutEngine:
             one_call_prefill = spec is self.spec and not self.config.chunked_prefill
             widths = self.chunk_widths + ((self.config.max_prompt_tokens,) if one_call_prefill else ())
             (_, computed), = self._append_calls([], batch)
-            index = None if computed is None else self._to_device(np.asarray(computed, np.int32))
+            index = None if computed is None else np.asarray(computed, np.int32)
             rows = batch if computed is None else len(computed)
             for width in widths:
-                tokens, lengths = map(self._to_device, pad_batch([[]] * rows, width))
-                state = self._call(generate.extend, self.cfg, params, state, index, tokens, lengths,
-                                   self._to_device(np.zeros(rows, bool)), spec.sampling, self.rules,
-                                   self.attention)
+                inputs = self._to_device((index, *pad_batch([[]] * rows, width), np.zeros(rows, bool)))
+                state = self._call(generate.extend, self.cfg, params, state, *inputs, spec.sampling,
+                                   self.rules, self.attention)
             state = self._call(generate.decode_chunk, self.cfg, params, state, stops, self.eos_ids, spec)
         state = self._call(generate.truncate, state, self._to_device(np.zeros(batch, np.int32)))
         if self._parks():
@@ -450,8 +449,7 @@ class RolloutEngine:
             if None not in run.parked:
                 return
             p = run.parked.index(None)
-            run.parking = self._dispatch(generate.move_rows, state, run.parking,
-                                         *self._to_device((np.int32([r]), np.int32([p]))), self.rules)
+            run.parking = self._move(state, r, run.parking, p)
             run.parked[p], run.rows[r] = run.rows[r], None
             self.stats.parks += 1
 
@@ -461,10 +459,15 @@ class RolloutEngine:
             if None not in run.rows:
                 break
             r, p = run.rows.index(None), run.parked.index(row)
-            state = self._dispatch(generate.move_rows, run.parking, state,
-                                   *self._to_device((np.int32([p]), np.int32([r]))), self.rules)
+            state = self._move(run.parking, p, state, r)
             run.rows[r], run.parked[p] = row, None
         return state
+
+    def _move(self, source: generate.GenState, source_row: int, target: generate.GenState, target_row: int
+              ) -> generate.GenState:
+        """`target` with row `target_row` replaced by row `source_row` of `source` (`generate.move_rows`)."""
+        rows = self._to_device((np.int32([source_row]), np.int32([target_row])))
+        return self._dispatch(generate.move_rows, source, target, *rows, self.rules)
 
     def _env_turns(self, turns: list[tuple[int, str, int, int]]) -> list[_Answer]:
         """On a worker thread: the env's answer to each (episode, turn text, turn index, slots left for an
@@ -566,6 +569,7 @@ class RolloutEngine:
             filler = [r for r in range(batch) if r not in part][:per_call - len(part)]
             calls.append((part, part + filler))
         return calls
+
 
 class _IdleClock:
     """Bounds the time the device had nothing to do, from the host's side: jitted calls run in order, so
