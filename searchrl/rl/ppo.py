@@ -21,8 +21,11 @@ own and scales it by 1 / (micro-batches per minibatch): the same result with one
 a result that depends on the micro-batch size with more.
 
 Non-finite values are never applied: non-finite rewards skip the whole update, and the first minibatch whose
-losses or gradients are non-finite skips its optimizer step and every later one of the update (the earlier
-minibatches stay applied: undoing them would need a copy of the whole state, twice its memory). The step
+losses or gradients are non-finite skips its optimizer steps and every later one of the update (the earlier
+minibatches stay applied: undoing them would need a copy of the whole state, twice its memory). A minibatch
+steps the critic before it computes the actor's gradients (`_minibatch_step`), so a critic step is skipped
+for its own non-finite values, the actor's for either model's. verl skips a non-finite step per model and
+goes on with the next minibatch; searchrl stops the update there. The step
 counter and RNG advance either way; the metric `train/nonfinite` is 1 on such a step.
 """
 from __future__ import annotations
@@ -210,9 +213,9 @@ def _rows(x: dict, tokens: jax.Array | None) -> _Rows:
     return _padded_rows(x["tokens"], x["attention_mask"])
 
 
-def _loss(config: PPOConfig, policy: dict, critic: dict | None, x: dict, temperature, share: _Share,
-          tokens: jax.Array | None = None):
-    """(actor + critic loss of one micro-batch scaled to its minibatch share, metric contributions). `x` holds
+def _actor_loss(config: PPOConfig, policy: dict, x: dict, temperature, share: _Share,
+                tokens: jax.Array | None = None):
+    """(the actor's loss of one micro-batch scaled to its minibatch share, metric contributions). `x` holds
     the micro-batch's per-token arrays [Q, S] (and its packed rows of the batch's `tokens`, `_rows`)."""
     loss_mask, rows, width = x["loss_mask"].astype(jnp.float32), _rows(x, tokens), x["loss_mask"].shape[1]
     logp, entropy = _policy_logprobs(config, policy, rows, width, temperature, True)
@@ -227,16 +230,19 @@ def _loss(config: PPOConfig, policy: dict, critic: dict | None, x: dict, tempera
                                loss_agg_mode=config.rl.loss_agg_mode)
         actor_loss = actor_loss + config.rl.kl_loss_coef * kl
         metrics["actor/kl_loss"] = kl * share.loss
-    total = actor_loss * share.loss
-    if critic is not None:
-        v = _state_values(config, critic, rows, width)
-        vf_loss, vf_metrics = losses.value_loss(v, x["old_values"], x["returns"], loss_mask,
-                                                value_clip=config.rl.value_clip,
-                                                loss_agg_mode=config.rl.loss_agg_mode)
-        total = total + vf_loss * share.loss
-        metrics["critic/vf_loss"] = vf_loss * share.loss
-        metrics.update({f"critic/{k}": val * share.tokens for k, val in vf_metrics.items()})
-    return total, metrics
+    return actor_loss * share.loss, metrics
+
+
+def _critic_loss(config: PPOConfig, critic: dict, x: dict, share: _Share, tokens: jax.Array | None = None):
+    """(the critic's loss of one micro-batch scaled to its minibatch share, metric contributions); `x` and
+    `tokens` as in `_actor_loss`."""
+    loss_mask, rows, width = x["loss_mask"].astype(jnp.float32), _rows(x, tokens), x["loss_mask"].shape[1]
+    v = _state_values(config, critic, rows, width)
+    vf_loss, vf_metrics = losses.value_loss(v, x["old_values"], x["returns"], loss_mask,
+                                            value_clip=config.rl.value_clip, loss_agg_mode=config.rl.loss_agg_mode)
+    metrics = {"critic/vf_loss": vf_loss * share.loss}
+    metrics.update({f"critic/{k}": val * share.tokens for k, val in vf_metrics.items()})
+    return vf_loss * share.loss, metrics
 
 
 def _split(x: jax.Array, parts: tuple[int, ...], rules) -> jax.Array:
@@ -258,33 +264,50 @@ def _keep_if(ok: jax.Array, new, old):
     return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
 
+def _accumulated_grads(loss: Callable, params: dict, micro: dict) -> tuple[dict, dict]:
+    """(gradients, metrics) of `loss(params, x) -> (loss, metrics)` summed over the micro-batches of `micro`
+    ([micro-batches, ...] each)."""
+    grad_fn = jax.grad(loss, has_aux=True)
+
+    def micro_step(acc, x):
+        return jax.tree.map(jnp.add, acc, grad_fn(params, x)), None
+
+    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, params, jax.tree.map(lambda a: a[0], micro)))
+    return jax.lax.scan(micro_step, zeros, micro)[0]
+
+
 def _minibatch_step(config: PPOConfig, temperature, lrs, tokens: jax.Array, carry, micro: dict):
     """Accumulates gradients over the minibatch's micro-batches (`micro`: [micro-batches, ...] each, packed
     rows of the batch's `tokens` or rows of their own), then takes one optimizer step per model, unless this
-    or an earlier minibatch of the update (or the rewards) were non-finite: `carry` ends with that flag."""
+    or an earlier minibatch of the update (or the rewards) were non-finite: `carry` ends with that flag.
+
+    The critic goes first: its gradients are applied, and freed, before the actor's are made, so one model's
+    float32 gradients live at a time (what lets a 3B policy and critic train on two 80 GB GPUs). Its step
+    is kept unless its own losses or gradients (or an earlier minibatch's) are non-finite; the actor's also
+    needs the critic's to be finite."""
     *before, ok = carry
     policy, critic, actor_opt, critic_opt = before
     minibatch = _counts(micro["loss_mask"].astype(jnp.float32))
-    grad_fn = jax.grad(functools.partial(_loss, config), argnums=(0, 1), has_aux=True)
 
-    def micro_grads(x):
-        return grad_fn(policy, critic, x, temperature, _share(config, x["loss_mask"], minibatch), tokens)
+    def share(x: dict) -> _Share:
+        return _share(config, x["loss_mask"], minibatch)
 
-    def micro_step(acc, x):
-        return jax.tree.map(jnp.add, acc, micro_grads(x)), None
-
-    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(micro_grads, jax.tree.map(lambda a: a[0], micro)))
-    ((policy_grads, critic_grads), metrics), _ = jax.lax.scan(micro_step, zeros, micro)
-
-    policy, actor_opt, actor_norm = apply_gradients(make_optimizer(config.spec.actor), policy, policy_grads,
-                                                    actor_opt, lrs[0])
-    metrics["actor/grad_norm"] = actor_norm
+    metrics = {}
     if critic is not None:
-        critic, critic_opt, critic_norm = apply_gradients(make_optimizer(config.spec.critic), critic,
-                                                          critic_grads, critic_opt, lrs[1])
-        metrics["critic/grad_norm"] = critic_norm
-    ok = ok & all_finite(metrics)  # the losses and the gradients' norms
-    return (*_keep_if(ok, (policy, critic, actor_opt, critic_opt), tuple(before)), ok), metrics
+        grads, metrics = _accumulated_grads(
+            lambda params, x: _critic_loss(config, params, x, share(x), tokens), critic, micro)
+        stepped = apply_gradients(make_optimizer(config.spec.critic), critic, grads, critic_opt, lrs[1])
+        metrics["critic/grad_norm"] = stepped[2]
+        ok = ok & all_finite(metrics)
+        critic, critic_opt = _keep_if(ok, stepped[:2], (critic, critic_opt))
+        policy, critic = jax.lax.optimization_barrier((policy, critic))  # the actor's pass after this step
+    grads, actor_metrics = _accumulated_grads(
+        lambda params, x: _actor_loss(config, params, x, temperature, share(x), tokens), policy, micro)
+    stepped = apply_gradients(make_optimizer(config.spec.actor), policy, grads, actor_opt, lrs[0])
+    actor_metrics["actor/grad_norm"] = stepped[2]
+    ok = ok & all_finite(actor_metrics)
+    policy, actor_opt = _keep_if(ok, stepped[:2], (policy, actor_opt))
+    return (policy, critic, actor_opt, critic_opt, ok), metrics | actor_metrics
 
 
 def _ppo_update(config: PPOConfig, state: TrainState, batch: PPOBatch,
