@@ -10,21 +10,33 @@ Every setup shards the params, optimizer state and rows over all of its devices 
 without a score matrix (`config.mesh.attention`: JAX's Pallas flash attention kernels, Triton on GPUs and
 Mosaic on TPUs, for the PPO step's rows; the blockwise XLA implementation against the rollout's KV cache),
 recomputes each layer in the backward pass (`rl.remat`) and, as every run does, computes the LM head in
-chunks of `rl.logits_chunk` positions and packs the PPO step's rows (`rl.pack`). On 2 A100s the reference
-model waits in host memory between scoring passes (`rl.offload_reference`).
+chunks of `rl.logits_chunk` positions and packs the PPO step's rows (`rl.pack`). On 2 and 4 A100s
+(DeepRetrieval) the reference model waits in host memory between scoring passes (`rl.offload_reference`), as
+DeepRetrieval's scripts keep it (`actor_rollout_ref.ref.fsdp_config.param_offload=True`), and on 4 (Coder-7B)
+JAX preallocates 0.9 of each GPU's memory (`distributed.memory_fraction`) instead of its default 0.75.
 `python -m searchrl.benchmarks.aot --config configs/FILE.py:PRESET,SETUP --topology ...` compiles every
 program of the run for the setup's devices without them and reports its memory (docs/benchmarks.md).
 """
+from typing import NamedTuple
 
-# The setup's device count, its attention implementation (names in searchrl.models.attention.ATTENTION) and
-# whether the reference model waits in host memory between scoring passes (`rl.offload_reference`: on 2
-# A100s a 3B run's float32 masters and Adam moments take most of the 60 GiB budget).
+
+class Setup(NamedTuple):
+    devices: int
+    attention: str  # the attention implementation (names in searchrl.models.attention.ATTENTION)
+    # whether the reference model waits in host memory between scoring passes (`rl.offload_reference`: on 2
+    # or 4 A100s the float32 masters and Adam moments of the policy and the critic take most of the memory)
+    offload_reference: bool = False
+    # the share of each GPU's memory JAX preallocates (`distributed.memory_fraction`; 0: JAX's 0.75)
+    memory_fraction: float = 0.0
+
+
 SETUPS = {
-    "a100x2": (2, "pallas_mha", True),
-    "a100x4": (4, "pallas_mha", False),
-    "a100x8": (8, "pallas_mha", False),
-    "h100x8": (8, "pallas_mha", False),
-    "v5p8": (8, "pallas_tpu", False),
+    "a100x2": Setup(2, "pallas_mha", offload_reference=True),
+    # Coder-7B's policy and critic with their Adam moments: 0.9 of 80 GiB, as JAX's default 0.75 is too little
+    "a100x4": Setup(4, "pallas_mha", offload_reference=True, memory_fraction=0.9),
+    "a100x8": Setup(8, "pallas_mha"),
+    "h100x8": Setup(8, "pallas_mha"),
+    "v5p8": Setup(8, "pallas_tpu"),
 }
 
 
@@ -38,8 +50,9 @@ def apply(config, setup: str | None):
     """`config` laid out for `setup` (unchanged for None)."""
     if setup is None:
         return config
-    devices, attention, offload_reference = SETUPS[setup]
-    config.mesh.update(dict(data=1, fsdp=devices, tensor=1))
-    config.mesh.attention.impl = attention
-    config.rl.update(dict(remat=True, offload_reference=offload_reference))
+    laid_out = SETUPS[setup]
+    config.mesh.update(dict(data=1, fsdp=laid_out.devices, tensor=1))
+    config.mesh.attention.impl = laid_out.attention
+    config.rl.update(dict(remat=True, offload_reference=laid_out.offload_reference))
+    config.distributed.memory_fraction = laid_out.memory_fraction
     return config

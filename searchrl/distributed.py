@@ -9,6 +9,7 @@ single host.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Iterator, Sequence
 
 import jax
@@ -22,11 +23,13 @@ from searchrl.shapes import padded_batch
 
 
 def initialize(dist: DistributedConfig) -> None:
-    """`jax.distributed.initialize` as `config.distributed` says; a no-op when disabled or already done.
+    """JAX's runtime as `config.distributed` says: the GPU memory share (`set_memory_fraction`), then
+    `jax.distributed.initialize` (a no-op when disabled or already done).
 
     With `coordinator_address` set, `num_processes` and `process_id` must be too; with it empty, JAX detects
     the cluster (SLURM, TPU pods, Open MPI, Kubernetes). Must run before anything touches a device.
     """
+    set_memory_fraction(dist.memory_fraction)
     if not dist.enabled or jax.distributed.is_initialized():
         return
     # Cross-process collectives between CPU devices (tests, CPU clusters); accelerators ignore it.
@@ -39,6 +42,17 @@ def initialize(dist: DistributedConfig) -> None:
                          f"num_processes >= 1 and 0 <= process_id < num_processes, got "
                          f"num_processes={dist.num_processes}, process_id={dist.process_id}")
     jax.distributed.initialize(dist.coordinator_address, dist.num_processes, dist.process_id)
+
+
+def set_memory_fraction(fraction: float) -> None:
+    """Has JAX preallocate `fraction` of each GPU's memory (XLA_PYTHON_CLIENT_MEM_FRACTION, read when the
+    GPU backend starts: so before anything touches a device); 0 keeps JAX's default (0.75). A value already
+    in the environment wins: the user's own setting."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"config.distributed.memory_fraction={fraction}: expected a share of GPU memory in "
+                         "(0, 1), or 0 for JAX's default")
+    if fraction:
+        os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(fraction))
 
 
 def _row_sharding(mesh: Mesh, spec: PartitionSpec | None) -> NamedSharding:

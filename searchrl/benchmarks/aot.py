@@ -237,7 +237,8 @@ def report(config: RunConfig, topology: str, devices: Sequence[jax.Device],
     rows = [analyse(name, fn, args, mesh, chip_of(topology))
             for name, (fn, args) in jobs.items() if not programs or name in programs]
     return {"topology": topology, "devices": len(devices), "device_kind": devices[0].device_kind,
-            "mesh": dict(mesh.shape), "model": config.model.preset, "programs": rows}
+            "mesh": dict(mesh.shape), "model": config.model.preset,
+            "memory_fraction": config.distributed.memory_fraction, "programs": rows}
 
 
 def format_report(result: dict) -> str:

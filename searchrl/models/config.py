@@ -414,9 +414,12 @@ class MeshConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DistributedConfig:
-    """`config.distributed`: JAX's multi-process runtime (see `searchrl.distributed.initialize`)."""
+    """`config.distributed`: JAX's runtime, its processes and its share of GPU memory (see
+    `searchrl.distributed.initialize`)."""
 
     enabled: bool = False  # jax.distributed.initialize() from the cluster environment
     coordinator_address: str = ""  # host:port; empty = auto-detect (SLURM, TPU pod, ...)
     num_processes: int = -1
     process_id: int = -1
+    # The share of each GPU's memory JAX preallocates (XLA_PYTHON_CLIENT_MEM_FRACTION); 0: JAX's own, 0.75.
+    memory_fraction: float = 0.0

@@ -123,6 +123,7 @@ def test_the_setups_table_marks_what_exceeds_the_budget():
     results = {"date": "2026-12-03", "commit": "abc", "jax": "0", "runs": [
         {"config": "x.py:paper,a100x8", "topology": "a100:8", "report": report}]}
     assert aot_setups.budget_gib(report) == 60.0
+    assert aot_setups.budget_gib(report | {"memory_fraction": 0.9}) == 72.0
     assert aot_setups.budget_gib(report | {"device_kind": "TPU v5p"}) == 64.0
     row = aot_setups.render(results).splitlines()[-1]
     assert row == ("| `x.py:paper,a100x8` | a100:8 | 1, 8, 1 | 60 | 59.5 | (chunked: extend) | 61.0 (over) "

@@ -23,6 +23,7 @@ from configs import autosearch
 from searchrl import distributed, models, run_config
 from searchrl.checkpoint import Checkpointer
 from searchrl.demo.config import world_config
+from searchrl.models.config import DistributedConfig
 from searchrl.tasks.autosearch import demo
 from searchrl.tasks.autosearch.config import DemoConfig
 from tests.processes import wait
@@ -109,6 +110,21 @@ def test_two_processes_train_resume_and_evaluate_like_one(tmp_path):
             if name not in TIMING:
                 np.testing.assert_allclose(two[step][name], value, rtol=1e-5, atol=1e-6,
                                            err_msg=f"step {step} {name}")
+
+
+def test_the_memory_fraction_goes_to_jax_unless_the_environment_sets_one(monkeypatch):
+    name = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+    monkeypatch.setenv(name, "unset")
+    monkeypatch.delenv(name)  # restored to this process's own state after the test
+    distributed.initialize(DistributedConfig(memory_fraction=0.0))
+    assert name not in os.environ  # JAX's default
+    distributed.initialize(DistributedConfig(memory_fraction=0.9))
+    assert os.environ[name] == "0.9"
+    monkeypatch.setenv(name, "0.5")
+    distributed.initialize(DistributedConfig(memory_fraction=0.9))
+    assert os.environ[name] == "0.5"  # the user's own setting wins
+    with pytest.raises(ValueError, match=r"config.distributed.memory_fraction=1.5"):
+        distributed.initialize(DistributedConfig(memory_fraction=1.5))
 
 
 def test_local_rows_on_one_process():
