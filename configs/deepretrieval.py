@@ -270,7 +270,9 @@ def _tiny(config):
 
 
 def tiny(config):
-    """The miniature (`searchrl.tasks.deepretrieval.demo`): every size here fits two seeds in ~20 minutes on 2 cores."""
+    """The miniature (`searchrl.tasks.deepretrieval.demo`): every size here fits a seed in ~7 minutes on 2
+    cores. RL runs 400 steps: at 200, every seed's training reward was still rising when it stopped (its mean
+    over the last 25 steps above the 25 before, on all five seeds of the first published record)."""
     config = _tiny(classic_msmarco(config))
     config.workdir = "runs/deepretrieval_demo"
     config.demo = to_config(RewriteDemoConfig())
@@ -288,7 +290,7 @@ def tiny(config):
     config.rollout.sampling.temperature = 1.0
     config.sft.update(dict(steps=600, batch_size=64, max_len=40))
     config.sft.optim.update(dict(lr=3e-3, warmup_steps=20, decay="cosine", decay_steps=600, min_lr_ratio=0.1))
-    config.train.update(dict(steps=200, batch_size=32))
+    config.train.update(dict(steps=400, batch_size=32))
     config.rl.update(dict(minibatch_size=32, micro_batch_size=32, kl_in_reward=False, use_reference=False))
     config.rl.actor.lr = 3e-4
     config.rl.critic.lr = 1e-3
