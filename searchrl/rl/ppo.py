@@ -25,8 +25,8 @@ losses or gradients are non-finite skips its optimizer steps and every later one
 minibatches stay applied: undoing them would need a copy of the whole state, twice its memory). A minibatch
 steps the critic before it computes the actor's gradients (`_minibatch_step`), so a critic step is skipped
 for its own non-finite values, the actor's for either model's. verl skips a non-finite step per model and
-goes on with the next minibatch; searchrl stops the update there. The step
-counter and RNG advance either way; the metric `train/nonfinite` is 1 on such a step.
+goes on with the next minibatch; searchrl stops the update there. The step counter and RNG advance either
+way; the metric `train/nonfinite` is 1 on such a step.
 """
 from __future__ import annotations
 
@@ -239,7 +239,8 @@ def _critic_loss(config: PPOConfig, critic: dict, x: dict, share: _Share, tokens
     loss_mask, rows, width = x["loss_mask"].astype(jnp.float32), _rows(x, tokens), x["loss_mask"].shape[1]
     v = _state_values(config, critic, rows, width)
     vf_loss, vf_metrics = losses.value_loss(v, x["old_values"], x["returns"], loss_mask,
-                                            value_clip=config.rl.value_clip, loss_agg_mode=config.rl.loss_agg_mode)
+                                            value_clip=config.rl.value_clip,
+                                            loss_agg_mode=config.rl.loss_agg_mode)
     metrics = {"critic/vf_loss": vf_loss * share.loss}
     metrics.update({f"critic/{k}": val * share.tokens for k, val in vf_metrics.items()})
     return vf_loss * share.loss, metrics

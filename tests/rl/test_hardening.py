@@ -111,6 +111,27 @@ def test_a_nonfinite_loss_stops_the_update_at_its_minibatch():
     assert test_ppo.max_abs_diff(test_ppo.host(state.policy), test_ppo.host(first_only.policy)) < 1e-6
 
 
+def test_the_critic_steps_before_a_nonfinite_actor_loss_of_its_minibatch():
+    """The critic takes its step before the actor's gradients are made (`ppo._minibatch_step`): an actor loss
+    that is non-finite in the second minibatch skips the actor's step there, not the critic's, whose loss
+    does not read the advantages."""
+    config = test_ppo.rl_config(ppo_epochs=1, shuffle=False)  # with a critic; minibatches: rows 0-3, 4-7
+    data = test_ppo.make_data(3)
+    batch = test_ppo.make_batch(config, data)
+    row = int(np.argmax(data["loss_mask"][4:].sum(1))) + 4
+    advantages = batch.advantages.copy()
+    advantages[row, np.argmax(data["loss_mask"][row])] = np.inf
+    state, metrics = ppo.ppo_update(test_ppo.new_state(config, test_ppo.ONE),
+                                    batch._replace(advantages=advantages), config, test_ppo.ONE)
+    assert float(metrics["train/nonfinite"]) == 1.0
+    full, _ = ppo.ppo_update(test_ppo.new_state(config, test_ppo.ONE), batch, config, test_ppo.ONE)
+    first_rows = ppo.PPOBatch(*(x[:4] if isinstance(x, np.ndarray) else x for x in batch))
+    first_only, _ = ppo.ppo_update(test_ppo.new_state(config, test_ppo.ONE), first_rows, config, test_ppo.ONE)
+    assert test_ppo.max_abs_diff(test_ppo.host(state.policy), test_ppo.host(first_only.policy)) < 1e-6
+    assert test_ppo.max_abs_diff(test_ppo.host(state.critic), test_ppo.host(full.critic)) < 1e-6
+    assert test_ppo.max_abs_diff(test_ppo.host(full.critic), test_ppo.host(first_only.critic)) > 1e-5
+
+
 @dataclasses.dataclass
 class NaNRewardEnv(LowTokensEnv):
     """LowTokensEnv whose rewards are NaN in one row at the given (1-based) steps."""
