@@ -93,21 +93,31 @@ def test_nonfinite_rewards_skip_the_update_in_the_same_program():
     assert jitted._cache_size() == 1
 
 
-def test_a_nonfinite_loss_stops_the_update_at_its_minibatch():
-    config = CRITIC_FREE  # minibatches: rows 0-3, 4-7
+def _update(config, batch: ppo.PPOBatch):
+    return ppo.ppo_update(test_ppo.new_state(config, test_ppo.ONE), batch, config, test_ppo.ONE)
+
+
+def _second_minibatch_nonfinite(config) -> tuple[ppo.PPOBatch, ppo.PPOBatch, ppo.PPOBatch]:
+    """(a batch of two minibatches, rows 0-3 and 4-7; the same with an infinite advantage in the second;
+    the first minibatch alone)."""
     data = test_ppo.make_data(3)
-    start = test_ppo.host(test_ppo.new_state(config, test_ppo.ONE))
     batch = test_ppo.make_batch(config, data)
     row = int(np.argmax(data["loss_mask"][4:].sum(1))) + 4
     advantages = batch.advantages.copy()
     advantages[row, np.argmax(data["loss_mask"][row])] = np.inf
-    state, metrics = ppo.ppo_update(test_ppo.new_state(config, test_ppo.ONE),
-                                    batch._replace(advantages=advantages), config, test_ppo.ONE)
+    first_rows = ppo.PPOBatch(*(x[:4] if isinstance(x, np.ndarray) else x for x in batch))
+    return batch, batch._replace(advantages=advantages), first_rows
+
+
+def test_a_nonfinite_loss_stops_the_update_at_its_minibatch():
+    config = CRITIC_FREE
+    start = test_ppo.host(test_ppo.new_state(config, test_ppo.ONE))
+    _, nonfinite, first_rows = _second_minibatch_nonfinite(config)
+    state, metrics = _update(config, nonfinite)
     assert float(metrics["train/nonfinite"]) == 1.0
     assert bool(ppo.all_finite(state))
     assert test_ppo.max_abs_diff(test_ppo.host(state.policy), start.policy) > 1e-5  # minibatch 1 applied
-    first_rows = ppo.PPOBatch(*(x[:4] if isinstance(x, np.ndarray) else x for x in batch))
-    first_only, _ = ppo.ppo_update(test_ppo.new_state(config, test_ppo.ONE), first_rows, config, test_ppo.ONE)
+    first_only, _ = _update(config, first_rows)
     assert test_ppo.max_abs_diff(test_ppo.host(state.policy), test_ppo.host(first_only.policy)) < 1e-6
 
 
@@ -115,18 +125,11 @@ def test_the_critic_steps_before_a_nonfinite_actor_loss_of_its_minibatch():
     """The critic takes its step before the actor's gradients are made (`ppo._minibatch_step`): an actor loss
     that is non-finite in the second minibatch skips the actor's step there, not the critic's, whose loss
     does not read the advantages."""
-    config = test_ppo.rl_config(ppo_epochs=1, shuffle=False)  # with a critic; minibatches: rows 0-3, 4-7
-    data = test_ppo.make_data(3)
-    batch = test_ppo.make_batch(config, data)
-    row = int(np.argmax(data["loss_mask"][4:].sum(1))) + 4
-    advantages = batch.advantages.copy()
-    advantages[row, np.argmax(data["loss_mask"][row])] = np.inf
-    state, metrics = ppo.ppo_update(test_ppo.new_state(config, test_ppo.ONE),
-                                    batch._replace(advantages=advantages), config, test_ppo.ONE)
+    config = test_ppo.rl_config(ppo_epochs=1, shuffle=False)  # with a critic
+    batch, nonfinite, first_rows = _second_minibatch_nonfinite(config)
+    state, metrics = _update(config, nonfinite)
     assert float(metrics["train/nonfinite"]) == 1.0
-    full, _ = ppo.ppo_update(test_ppo.new_state(config, test_ppo.ONE), batch, config, test_ppo.ONE)
-    first_rows = ppo.PPOBatch(*(x[:4] if isinstance(x, np.ndarray) else x for x in batch))
-    first_only, _ = ppo.ppo_update(test_ppo.new_state(config, test_ppo.ONE), first_rows, config, test_ppo.ONE)
+    (full, _), (first_only, _) = _update(config, batch), _update(config, first_rows)
     assert test_ppo.max_abs_diff(test_ppo.host(state.policy), test_ppo.host(first_only.policy)) < 1e-6
     assert test_ppo.max_abs_diff(test_ppo.host(state.critic), test_ppo.host(full.critic)) < 1e-6
     assert test_ppo.max_abs_diff(test_ppo.host(full.critic), test_ppo.host(first_only.critic)) > 1e-5
