@@ -21,6 +21,8 @@ from typing import NamedTuple
 
 
 class Setup(NamedTuple):
+    """How a setup lays out a run (`apply`)."""
+
     devices: int
     attention: str  # the attention implementation (names in searchrl.models.attention.ATTENTION)
     # whether the reference model waits in host memory between scoring passes (`rl.offload_reference`: on 2
