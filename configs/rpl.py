@@ -55,7 +55,9 @@ def paper_qwen3_4b(config):
 
 
 def paper_qwen3_8b(config):
-    return _paper(config, "qwen3_8b", "/data/models/Qwen3-8B")
+    config = _paper(config, "qwen3_8b", "/data/models/Qwen3-8B")
+    config.rollout.decode_rows = 64  # searchrl's own memory setting: beside the 8B's train state (see _paper)
+    return config
 
 
 def tiny(config):

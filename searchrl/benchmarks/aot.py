@@ -173,7 +173,8 @@ def rollout_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> di
         return (index,) + tuple(_rows_sharded(shape, kind, mesh, rules) for shape, kind in shapes)
 
     spec = generate.DecodeSpec(rollout.chunk_steps, rollout.max_turn_tokens, rollout.max_len,
-                               rollout.sampling, rules=rules, attention=config.mesh.attention)
+                               rollout.sampling, rules=rules, attention=config.mesh.attention,
+                               unstack_layers=generate.unstacks_layers(mesh.devices.flat))
     replicated = NamedSharding(mesh, PartitionSpec())
     stops = jax.ShapeDtypeStruct(STOP_TABLE, jnp.int32, sharding=replicated)
     eos = jax.ShapeDtypeStruct(EOS_IDS, jnp.int32, sharding=replicated)

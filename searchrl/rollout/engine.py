@@ -119,8 +119,10 @@ class RolloutEngine:
         self.eos_set = _eos_ids(tokenizer, cfg)
         self.eos_ids = self._replicated(jnp.asarray(sorted(self.eos_set), jnp.int32))
         self.stops = self._replicated(generate.stop_table([self._encode(s) for s in env.stop_strings]))
+        devices = jax.devices() if mesh is None else mesh.devices.flat
         self.spec = generate.DecodeSpec(config.chunk_steps, config.max_turn_tokens, config.max_len,
-                                        config.sampling, rules=rules, attention=attention)
+                                        config.sampling, rules=rules, attention=attention,
+                                        unstack_layers=generate.unstacks_layers(devices))
         self.chunk_widths = tuple(sorted(config.obs_buckets))
         declared = env.side_branch
         if declared is not None and not declared.separate_prompt:  # one more width: observation + its prompt
@@ -133,8 +135,8 @@ class RolloutEngine:
         self.slots = config.slots(self.chunk_widths[-1])
         self.branch: SideBranch | None = declared if side_branch else None
         if self.branch is not None:
-            self.branch_spec = generate.DecodeSpec(config.chunk_steps, self.branch.max_tokens, self.slots - 1,
-                                                   self.branch.sampling, rules=rules, attention=attention)
+            self.branch_spec = dataclasses.replace(self.spec, max_turn_tokens=self.branch.max_tokens,
+                                                   max_len=self.slots - 1, sampling=self.branch.sampling)
             self.branch_stops = self._replicated(
                 generate.stop_table([self._encode(s) for s in self.branch.stop_strings]))
         self.stats = RolloutStats()

@@ -128,6 +128,12 @@ def test_the_setups_table_marks_what_exceeds_the_budget():
     row = aot_setups.render(results).splitlines()[-1]
     assert row == ("| `x.py:paper,a100x8` | a100:8 | 1, 8, 1 | 60 | 59.5 | (chunked: extend) | 61.0 (over) "
                    "| does not compile (out of memory) | no |")
+    # The train state, the PPO step's arguments, stays on the devices while the rollout programs run.
+    state = {"program": "learn", "hbm_gib": 80.0, "total_gib": 30.0, "arguments_gib": 20.0}
+    report["programs"] = [state, _setups_row("extend", 39.5), _setups_row("decode", 40.5)]
+    row = aot_setups.render(results).splitlines()[-1]
+    assert row == ("| `x.py:paper,a100x8` | a100:8 | 1, 8, 1 | 60 | 30.0 | (chunked: extend) | 59.5 "
+                   "| 60.5 (over) | no |")
 
 
 def test_the_docs_table_of_the_papers_setups_is_the_results_files():

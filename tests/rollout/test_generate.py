@@ -79,3 +79,23 @@ def test_move_rows_carries_an_episode_whole_and_keeps_each_rows_step_count():
     for got, want in zip(jax.tree.leaves(moved._replace(decoded=None)),
                          jax.tree.leaves(original._replace(decoded=None))):
         np.testing.assert_array_equal(rows_of(got, 0), rows_of(want, 2))
+
+
+def test_a_decode_chunk_reading_layers_in_place_equals_one_that_unstacks_them():
+    """Unstacking the layer weights once a chunk (`DecodeSpec.unstack_layers`, on CPUs) and slicing each
+    layer's weights in place (GPUs and TPUs, `unstacks_layers`) decode the same tokens, greedy and sampled."""
+    cfg, params = tiny()
+    stops, eos = generate.stop_table([[63, 62]]), jnp.asarray([0], jnp.int32)
+    for sampling in (SamplingParams(temperature=0.0), SAMPLING):
+        spec = generate.DecodeSpec(6, 6, 47, sampling, rules=RULES, attention=ATTENTION)
+        in_place = dataclasses.replace(spec, unstack_layers=False)
+        runs = [host(generate.decode_chunk(cfg, params, prefilled(cfg, params, 3), stops, eos, s))
+                for s in (spec, in_place)]
+        assert int(runs[0].decoded.sum()) > 0
+        for got, want in zip(*(jax.tree.leaves(r) for r in runs)):
+            if np.issubdtype(want.dtype, np.floating):
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+            else:
+                np.testing.assert_array_equal(got, want)
+    assert generate.unstacks_layers(jax.devices("cpu"))
+    assert not generate.unstacks_layers([type("Gpu", (), {"platform": "gpu"})()])
