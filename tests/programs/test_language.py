@@ -1,9 +1,11 @@
 """The language's allow-list: what parses and passes the checks, and the rule and position named for what
 does not."""
 import ast
+import concurrent.futures
 
 import pytest
 
+from searchrl.tasks.rpl import language
 from searchrl.tasks.rpl.language import FUNCTIONS
 from searchrl.tasks.rpl.limits import Limits
 from searchrl.tasks.rpl.sandbox import execute
@@ -158,3 +160,20 @@ def test_anything_that_is_not_text_is_an_error():
         "syntax error: a program is text, got NoneType (line 1, column 1)")
     assert run("x = '\ud800'").error.startswith(
         "syntax error: 'utf-8' codec can't encode character '\\ud800'")
+
+
+def test_programs_parse_one_at_a_time(monkeypatch):
+    """The env workers check programs on several threads; ast.parse runs under a lock, as CPython 3.11's is
+    not safe to run in two threads at once (`language._PARSING`)."""
+    held = []
+
+    def parse(*args, **kwargs):  # ast.parse itself: the module is shared (pytest's reports parse too)
+        held.append(language._PARSING.locked())
+        return ast_parse(*args, **kwargs)
+
+    ast_parse = ast.parse
+    monkeypatch.setattr(language.ast, "parse", parse)
+    sources = [f"show(sparse_retrieval('q{i}', top_k={i + 1}))" for i in range(64)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        programs = list(pool.map(lambda s: language.parse(s, Limits()), sources))
+    assert len(programs) == 64 and len(held) >= 64 and all(held[:64])

@@ -20,8 +20,14 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import threading
 
 from searchrl.tasks.rpl.limits import Limits
+
+# CPython 3.11 counts ast.parse's recursion in state the interpreter's threads share, so two parses at once
+# (the rollout's env workers checking programs in parallel) can fail with "SystemError: AST constructor
+# recursion depth mismatch" (python/cpython#106905; it ended an RPL training run). Parses take turns.
+_PARSING = threading.Lock()
 
 # Callable names and the keyword arguments each takes. The SDK's are `searchrl.tasks.rpl.sdk.SDK_FUNCTIONS`.
 FUNCTIONS: dict[str, tuple[str, ...]] = {
@@ -91,7 +97,8 @@ def parse(source: str, limits: Limits) -> Program:
         raise ProgramError("syntax error", "the program contains a NUL character",
                            *_position(source, source.index("\0")))
     try:
-        tree = ast.parse(source)
+        with _PARSING:
+            tree = ast.parse(source)
     except SyntaxError as e:
         raise ProgramError("syntax error", e.msg, e.lineno or 1, max(e.offset or 1, 1)) from None
     except (RecursionError, MemoryError):  # the parser's own stack
