@@ -57,7 +57,7 @@ def unstacks_layers(devices: Sequence[jax.Device]) -> bool:
     """Whether a decode chunk on `devices` slices the layer weights out of their stack once, before its
     steps (`DecodeSpec.unstack_layers`). XLA:CPU copies a weight sliced from a stack on every step, so on CPUs
     one copy a chunk is faster; GPUs and TPUs read a layer's slice in place, where that copy would only hold
-    a second set of weights (13 GiB a device for a 7B model on 4 GPUs)."""
+    a second set of weights (docs/benchmarks.md)."""
     return devices[0].platform == "cpu"
 
 
