@@ -1,5 +1,5 @@
-"""The jitted rollout steps on some rows of a batch: `extend` on a subset of rows, `move_rows` between
-batches."""
+"""The jitted rollout steps: `extend` on a subset of rows, `move_rows` between batches, and the decode
+chunk's two ways of reading the layer weights."""
 from __future__ import annotations
 
 import dataclasses
