@@ -67,7 +67,8 @@ def _generation(cfg: models.ModelConfig, batch: int, prompt_len: int, new_tokens
     """The empty generation state and the decode spec of `searchrl_generate`."""
     slots = prompt_len + new_tokens + 1
     spec = generate.DecodeSpec(new_tokens, new_tokens, slots - 1, SamplingParams(temperature=0.0),
-                               rules=_SAMPLE_RULES, attention=_ATTENTION)
+                               rules=_SAMPLE_RULES, attention=_ATTENTION,
+                               unstack_layers=generate.unstacks_layers(jax.devices()))
     return generate.init_state(cfg, batch, slots, jax.random.key(0)), spec
 
 

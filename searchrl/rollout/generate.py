@@ -49,8 +49,9 @@ class DecodeSpec:
     # the layout under a mesh (`state_logical_axes`): `MeshConfig.sample_rules`
     rules: models.ShardingRules = dataclasses.field(kw_only=True)
     attention: models.AttentionConfig = dataclasses.field(kw_only=True)  # `MeshConfig.attention`
-    # a chunk slices the stacked layer weights apart once, a copy of the weights (`unstacks_layers`)
-    unstack_layers: bool = dataclasses.field(default=True, kw_only=True)
+    # a chunk slices the stacked layer weights apart once, a copy of the weights: `unstacks_layers` of the
+    # devices it runs on
+    unstack_layers: bool = dataclasses.field(kw_only=True)
 
 
 def unstacks_layers(devices: Sequence[jax.Device]) -> bool:

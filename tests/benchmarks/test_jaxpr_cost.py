@@ -71,7 +71,7 @@ def test_one_decode_step_of_the_decoder_is_the_textbook_count(tied):
     params = models.init_params(cfg, jax.random.key(0))
     state = generate.init_state(cfg, rows, slots, jax.random.key(1))
     spec = generate.DecodeSpec(4, 8, slots - 1, SamplingParams(temperature=0.0), rules=models.SAMPLE_RULES,
-                               attention=ATTENTION)
+                               attention=ATTENTION, unstack_layers=generate.unstacks_layers(jax.devices()))
     stops, eos = generate.stop_table([[5]]), jnp.asarray([0], jnp.int32)
     traced = generate.decode_chunk.trace(cfg, params, state, stops, eos, spec)
     per_layer = 2 * D * (H + 2 * KV) * hd + 2 * 2 * H * hd * slots + 2 * H * hd * D + 3 * 2 * D * F

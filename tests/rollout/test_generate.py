@@ -87,7 +87,7 @@ def test_a_decode_chunk_reading_layers_in_place_equals_one_that_unstacks_them():
     cfg, params = tiny()
     stops, eos = generate.stop_table([[63, 62]]), jnp.asarray([0], jnp.int32)
     for sampling in (SamplingParams(temperature=0.0), SAMPLING):
-        spec = generate.DecodeSpec(6, 6, 47, sampling, rules=RULES, attention=ATTENTION)
+        spec = generate.DecodeSpec(6, 6, 47, sampling, rules=RULES, attention=ATTENTION, unstack_layers=True)
         in_place = dataclasses.replace(spec, unstack_layers=False)
         runs = [host(generate.decode_chunk(cfg, params, prefilled(cfg, params, 3), stops, eos, s))
                 for s in (spec, in_place)]
