@@ -90,6 +90,7 @@ def over_seeds_table(over_seeds: Mapping[str, Any]) -> str:
 
 
 def at(tree: Any, path: tuple[str, ...]) -> Any:
+    """The value at `path` (keys, outer first) in a nested results tree."""
     for key in path:
         tree = tree[key]
     return tree
