@@ -3,7 +3,7 @@
 #   - a bf16 training step (forward+backward) against PyTorch/transformers on the same GPU, at two sizes, and
 #     each attention implementation (blockwise, cuDNN's, the Pallas Triton kernels) against the reference
 #     attention at those shapes, and again alone at a Search-R1 shape (Qwen2.5-3B heads, 4 rows of 4096
-#     tokens);
+#     tokens), with one sequence a row and with rows packed with several (blockwise over their block pairs);
 #   - greedy generation against transformers' generate, and the decode steps' share of the HBM bandwidth;
 #   - a 4-turn search rollout's host share, retrieving with FAISS on the GPU (dense), and with BM25;
 #   - the long-tail rollout (episodes of 1 to 4 tool calls, a retriever with a remote server's latency):
@@ -26,6 +26,8 @@ python3 -m searchrl.benchmarks.model --preset qwen2p5_0p5b --batch 8 --seq 2048 
   | tee "$OUT_DIR/model_qwen2p5_0p5b.json"
 python3 -m searchrl.benchmarks.attention --preset qwen2p5_3b --batch 4 --seq 4096 --rounds 5 --calls 3 \
   --dtype bfloat16 --json | tee "$OUT_DIR/attention_qwen2p5_3b.json"
+python3 -m searchrl.benchmarks.attention --preset qwen2p5_3b --batch 4 --seq 4096 --packed --rounds 5 \
+  --calls 3 --dtype bfloat16 --json | tee "$OUT_DIR/attention_qwen2p5_3b_packed.json"
 python3 -m searchrl.benchmarks.rollout --preset bench_small --dtype bfloat16 --passages 100000 --retriever dense --json \
   | tee "$OUT_DIR/rollout_dense.json"
 python3 -m searchrl.benchmarks.rollout --preset bench_small --dtype bfloat16 --passages 100000 --parts b --json \

@@ -141,7 +141,8 @@ def learn_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh):
                       anchor_ids=per_token(jnp.int32) if anchored else None)
     if config.rl.pack:
         shards = mesh.shape["data"] * mesh.shape["fsdp"]
-        plan = packing_of(search_r1_lengths(rows, config.rollout), config.rl, width, shards)
+        plan = packing_of(search_r1_lengths(rows, config.rollout), config.rl, width, shards,
+                          models.pair_block(ppo_config.attention))
         replicated = NamedSharding(mesh, PartitionSpec())
         batch = batch._replace(packing=jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), plan))

@@ -3,11 +3,13 @@
 Each implementation this backend runs computes the gradient of one layer's causal attention over `seq`
 tokens (a training row without a cache, the shape of a PPO micro-batch), jitted, against the reference
 (`searchrl.models.attention`) in interleaved rounds (`interleave`: the median ratio, reference seconds over
-the implementation's, and its range). Implementations that compile only for another backend are skipped and
-named; on CPU the Pallas kernels run interpreted with `--interpret` (at a tiny shape: interpretation is
-slow and says nothing about an accelerator's speed). Run:
-`python -m searchrl.benchmarks.attention [--json] [--preset qwen2p5_3b] [--batch 4] [--seq 2048] [--rounds 5]
-[--calls 3] [--dtype bfloat16] [--interpret]`.
+the implementation's, and its range). With `--packed`, each row packs sequences of a quarter to a half of
+its length (then padding, as `packing.pack` lays out a PPO micro-batch): every implementation gets their
+`Segments`, and "blockwise" computes only their block pairs. Implementations that compile only for another
+backend are skipped and named; on CPU the Pallas kernels run interpreted with `--interpret` (at a tiny
+shape: interpretation is slow and says nothing about an accelerator's speed). Run:
+`python -m searchrl.benchmarks.attention [--json] [--preset qwen2p5_3b] [--batch 4] [--seq 2048] [--packed]
+[--rounds 5] [--calls 3] [--dtype bfloat16] [--interpret]`.
 """
 from __future__ import annotations
 
@@ -24,21 +26,46 @@ from searchrl.benchmarks.hardware import device_name
 from searchrl.benchmarks.interleave import compare, describe
 from searchrl.models import AttentionConfig, ModelConfig, get_preset
 from searchrl.models import attention as attention_lib
-from searchrl.models.attention_base import PALLAS_KERNELS, runs_here
+from searchrl.models.attention_base import PALLAS_KERNELS, Segments, runs_here, visible_block_pairs
 
 
-def attention_call(cfg: ModelConfig, batch: int, seq: int, dtype: str, config: AttentionConfig
-                   ) -> Callable[[], None]:
-    """A jitted forward and backward of one layer's causal attention over `seq` tokens by `config.impl`."""
+def packed_ids(batch: int, seq: int, seed: int = 0) -> np.ndarray:
+    """Segment ids [batch, seq] of rows packed with sequences of seq/4 to seq/2 tokens (ids 1, 2, ..), then
+    padding (0)."""
+    rng = np.random.default_rng(seed)
+    ids = np.zeros((batch, seq), np.int32)
+    for row in ids:
+        start = segment = 0
+        while start + (n := int(rng.integers(seq // 4, seq // 2 + 1))) <= seq:
+            segment += 1
+            row[start:start + n] = segment
+            start += n
+    return ids
+
+
+def attention_call(cfg: ModelConfig, batch: int, seq: int, dtype: str, config: AttentionConfig,
+                   ids: np.ndarray | None = None) -> Callable[[], None]:
+    """A jitted forward and backward of one layer's causal attention over `seq` tokens by `config.impl`;
+    over the packed rows of segment `ids` (0: padding) if given, with their block pairs of
+    `models.pair_block(config)` slots."""
     rng = np.random.default_rng(0)
     q = jnp.asarray(rng.standard_normal((batch, seq, cfg.num_heads, cfg.head_dim)), dtype)
     k, v = (jnp.asarray(rng.standard_normal((batch, cfg.num_kv_heads, seq, cfg.head_dim)), dtype)
             for _ in range(2))
-    key_valid = jnp.ones((batch, seq), bool)
+    key_valid = jnp.ones((batch, seq), bool) if ids is None else jnp.asarray(ids > 0)
     query_slot = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
+    segments = None
+    if ids is not None:
+        block = attention_lib.pair_block(config)
+        pairs = visible_block_pairs(ids, ids > 0, block) if block else []
+        padded = np.full((batch, max(map(len, pairs), default=0), 2), -1, np.int32)
+        for row, p in enumerate(pairs):
+            padded[row, :len(p)] = p
+        segments = Segments(jnp.asarray(ids), jnp.asarray(padded))
 
     def loss(q, k, v):
-        return attention_lib.attention(q, k, v, key_valid, query_slot, config).astype(jnp.float32).sum()
+        out = attention_lib.attention(q, k, v, key_valid, query_slot, config, segments)
+        return out.astype(jnp.float32).sum()
 
     grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
     return lambda: jax.block_until_ready(grad(q, k, v))
@@ -53,27 +80,31 @@ def attention_impls(interpreted: bool = False) -> list[AttentionConfig]:
 
 
 def compare_impls(cfg: ModelConfig, batch: int, seq: int, dtype: str, rounds: int, calls: int,
-                  configs: list[AttentionConfig]) -> tuple[dict, dict[str, str]]:
+                  configs: list[AttentionConfig], ids: np.ndarray | None = None
+                  ) -> tuple[dict, dict[str, str]]:
     """(each implementation's `interleave` summary against the reference, prefixed `attention_<impl>`; the
-    error of each that failed: a kernel that does not compile for this device leaves the others timed)."""
-    reference = attention_call(cfg, batch, seq, dtype, AttentionConfig())
+    error of each that failed: a kernel that does not compile for this device leaves the others timed),
+    over packed rows of segment `ids` if given."""
+    reference = attention_call(cfg, batch, seq, dtype, AttentionConfig(), ids)
     timed, failed = {}, {}
     for config in configs:
         try:
-            timed |= compare(attention_call(cfg, batch, seq, dtype, config), reference, rounds,
+            timed |= compare(attention_call(cfg, batch, seq, dtype, config, ids), reference, rounds,
                              calls=calls).summary(f"attention_{config.impl}")
         except Exception as e:  # noqa: BLE001
             failed[config.impl] = f"{type(e).__name__}: {e}"[:2000]
     return timed, failed
 
 
-def run(preset: str, batch: int, seq: int, rounds: int, calls: int, dtype: str, interpreted: bool) -> dict:
+def run(preset: str, batch: int, seq: int, rounds: int, calls: int, dtype: str, interpreted: bool,
+        packed: bool = False) -> dict:
     """Each implementation's timing against the reference, those skipped here, and those that failed."""
     cfg = get_preset(preset)
     configs = attention_impls(interpreted)
-    timed, failed = compare_impls(cfg, batch, seq, dtype, rounds, calls, configs)
+    timed, failed = compare_impls(cfg, batch, seq, dtype, rounds, calls, configs,
+                                  packed_ids(batch, seq) if packed else None)
     ran = {config.impl for config in configs} - set(failed)
-    return {"preset": preset, "batch": batch, "seq": seq, "heads": cfg.num_heads,
+    return {"preset": preset, "batch": batch, "seq": seq, "packed": packed, "heads": cfg.num_heads,
             "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "dtype": dtype, "device": device_name(),
             "backend": jax.default_backend(),
             "interpreted": interpreted and jax.default_backend() == "cpu", "implementations": sorted(ran),
@@ -94,18 +125,22 @@ def main(argv: Sequence[str] | None = None) -> None:
                                  flag_values=values)
     dtype = flags.DEFINE_enum("dtype", "bfloat16", ("float32", "bfloat16"), "q, k, v dtype",
                               flag_values=values)
+    packed = flags.DEFINE_boolean("packed", False, "rows packed with several sequences each (see above)",
+                                  flag_values=values)
     interpret = flags.DEFINE_boolean("interpret", False, "on CPU, run the Pallas kernels interpreted",
                                      flag_values=values)
     as_json = flags.DEFINE_boolean("json", False, "print one JSON object instead of lines",
                                    flag_values=values)
     cli.parse(values, argv, __doc__)
-    r = run(preset.value, batch.value, seq.value, rounds.value, calls.value, dtype.value, interpret.value)
+    r = run(preset.value, batch.value, seq.value, rounds.value, calls.value, dtype.value, interpret.value,
+            packed.value)
     if as_json.value:
         print(json.dumps(r))
         return
-    print(f"one layer's causal attention, forward+backward: {r['preset']} heads ({r['heads']} query, "
-          f"{r['kv_heads']} key, head {r['head_dim']}), batch {r['batch']} x seq {r['seq']}, {r['dtype']}, "
-          f"{r['device']}{', Pallas interpreted' if r['interpreted'] else ''}")
+    rows = "rows packed with sequences of a quarter to a half of a row" if r["packed"] else "rows"
+    print(f"one layer's causal attention over {rows}, forward+backward: {r['preset']} heads "
+          f"({r['heads']} query, {r['kv_heads']} key, head {r['head_dim']}), batch {r['batch']} x seq "
+          f"{r['seq']}, {r['dtype']}, {r['device']}{', Pallas interpreted' if r['interpreted'] else ''}")
     for impl in r["implementations"]:
         prefix = f"attention_{impl}"
         print(f"{impl} against the reference: {r[f'{prefix}_searchrl_s'] * 1e3:.2f} against "

@@ -21,10 +21,12 @@ def search_r1_lengths(rows: int, rollout: RolloutConfig, seed: int = 0) -> np.nd
     return np.minimum(rng.integers(150, 401, rows) + np.asarray(search) + answer, rollout.max_len)
 
 
-def packing_of(lengths: np.ndarray, rl: RLConfig, width: int, shards: int, seed: int = 0) -> packing.Packing:
+def packing_of(lengths: np.ndarray, rl: RLConfig, width: int, shards: int, block: int, seed: int = 0
+               ) -> packing.Packing:
     """The packed layout `Trainer` gives rows of `lengths` in rows of `width` on `shards` data-parallel
-    shards, the update's orders drawn from `seed` (the trainer's come from the state's RNG)."""
+    shards, with block pairs of `block` slots (`models.pair_block`; 0: none), the update's orders drawn from
+    `seed` (the trainer's come from the state's RNG)."""
     rng = np.random.default_rng(seed)
     orders = np.stack([rng.permutation(lengths.size) if rl.shuffle else np.arange(lengths.size)
                        for _ in range(rl.ppo_epochs)])
-    return packing.pack(lengths, orders, rl.minibatch_size, rl.micro_batch_size, shards, width)
+    return packing.pack(lengths, orders, rl.minibatch_size, rl.micro_batch_size, shards, width, block)

@@ -7,7 +7,8 @@ experiment configs read — imports without JAX.
 import importlib
 
 _EXPORTS = {
-    "attention": ("ATTENTION",),
+    "attention": ("ATTENTION", "pair_block"),
+    "attention_base": ("Segments", "visible_block_pairs"),
     "bert": ("Bert",),
     "config": ("PRESETS", "AttentionConfig", "BertConfig", "DistributedConfig", "MeshConfig", "ModelConfig",
                "ModelSource", "RopeScaling", "bert_from_hf_config", "config_from_source", "from_hf_config",

@@ -5,9 +5,10 @@ Every implementation takes the same compact description of which keys a query se
 key slot s is attended by query t of row b iff `key_valid[b, s] and s <= query_slot[b, t]`. Without a cache
 that is causal attention over the row's unmasked tokens (query_slot = t); with one, each query sees the valid
 cache slots up to its own (query_slot = length[b] + t). Packed rows (several sequences in one row, no cache,
-T == S) add `segment_ids` [B, T]: then query t also needs `segment_ids[b, s] == segment_ids[b, t]`. A query
-with no such key gets a finite, unspecified output (scores of masked keys are `MASKED`, never -inf, so no row
-of the softmax is 0 / 0).
+T == S) add `segment_ids` [B, T]: then query t also needs `segment_ids[b, s] == segment_ids[b, t]`; the
+decoder passes them as `Segments`, with the block pairs that an implementation in `SKIPS_BLOCKS` restricts
+its work to. A query with no such key gets a finite, unspecified output (scores of masked keys are
+`MASKED`, never -inf, so no row of the softmax is 0 / 0).
 
 Shapes: q [B, T, H, hd]; k, v [B, KV, S, hd] (the cache's layout: H is a multiple of KV, each group of
 H / KV query heads shares a key head); the output is [B, T, H, hd] in v's dtype.
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 import searchrl.models.attention_pallas  # noqa: F401  (registers the Pallas kernels)
-from searchrl.models.attention_base import ATTENTION, BACKEND, MASKED, PALLAS_KERNELS
+from searchrl.models.attention_base import ATTENTION, BACKEND, MASKED, PALLAS_KERNELS, SKIPS_BLOCKS, Segments
 from searchrl.models.config import AttentionConfig
 from searchrl.models.sharding import ShardingRules, logical_to_spec
 
@@ -74,14 +75,21 @@ def reference(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, qu
 
 @ATTENTION.register("blockwise")
 def blockwise(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
-              config: AttentionConfig, segment_ids: jax.Array | None = None) -> jax.Array:
+              config: AttentionConfig, segment_ids: jax.Array | None = None,
+              block_pairs: jax.Array | None = None) -> jax.Array:
     """Online softmax over blocks of `config.block_size` key slots (flash attention in plain XLA): the scores
     of one block, [B, KV, G, T, block] float32, are all that live at once, in the forward pass and in the
     backward pass (`_flash`, which recomputes them from q, k and each query's softmax statistics). The
-    portable implementation: every backend compiles it."""
+    portable implementation: every backend compiles it. Packed rows with `block_pairs` (`Segments`) compute
+    only those pairs of query and key blocks (`_sparse_flash`): no work across sequences or on padding."""
+    if block_pairs is not None:
+        return _block_sparse(q, k, v, key_valid, query_slot, segment_ids, block_pairs, config.block_size)
     block = min(config.block_size, k.shape[2])
     return _ungrouped(_flash(_grouped(q, k.shape[1]), k, v, key_valid, query_slot.astype(jnp.int32),
                              segment_ids, block))
+
+
+SKIPS_BLOCKS.add("blockwise")
 
 
 @ATTENTION.register("dot_product")
@@ -211,14 +219,136 @@ def _flash_bwd(block, residuals, d_out):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
+def _blocks_of(start: jax.Array, block: int, arrays: tuple[jax.Array, ...], axes: tuple[int, ...]
+               ) -> tuple[jax.Array, ...]:
+    """Each of `arrays` sliced to `block` entries from `start` along its axis in `axes`."""
+    return tuple(jax.lax.dynamic_slice_in_dim(x, start, block, axis) for x, axis in zip(arrays, axes))
+
+
+def _pair_scores(q: jax.Array, k: jax.Array, key_valid: jax.Array, query_slot: jax.Array, query_ids,
+                 key_ids, key_slots: jax.Array, live: jax.Array) -> jax.Array:
+    """Float32 scores [KV, G, bq, bk] of one row's query block q [KV, G, bq, hd] against key block k
+    [KV, bk, hd]: MASKED where the query may not attend, -inf everywhere for a padding pair."""
+    scores = jnp.einsum("kgth,ksh->kgts", q, k, preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
+    allowed = (key_valid[None] & (key_slots[None] <= query_slot[:, None])
+               & (key_ids[None] == query_ids[:, None]))
+    return jnp.where(live, jnp.where(allowed, scores, MASKED), -jnp.inf)
+
+
+def _sparse_forward(qg, k, v, key_valid, query_slot, ids, pairs, block):
+    """One row's (output [KV, G, T, hd] in v's dtype, (max, sum of exp(score - max)) [KV, G, T]): the online
+    softmax of `_flash_forward`, over the row's block pairs only. A query block no pair names gets output
+    0 (its queries have no key)."""
+    def step(carry, pair):
+        m, l, acc = carry
+        q_start, k_start = jnp.maximum(pair, 0) * block  # a padding pair (-1, -1) reads block 0
+        q, m_b, l_b, acc_b, qs, qi = _blocks_of(q_start, block, (qg, m, l, acc, query_slot, ids),
+                                                (2, 2, 2, 2, 0, 0))
+        keys, values, valid, ki = _blocks_of(k_start, block, (k, v, key_valid, ids), (1, 1, 0, 0))
+        scores = _pair_scores(q, keys, valid, qs, qi, ki, k_start + jnp.arange(block), pair[0] >= 0)
+        m_new = jnp.maximum(m_b, scores.max(axis=-1))
+        p = jnp.exp(scores - m_new[..., None])
+        scale = jnp.exp(m_b - m_new)
+        pv = jnp.einsum("kgts,ksh->kgth", p.astype(v.dtype), values, preferred_element_type=jnp.float32)
+        write = functools.partial(jax.lax.dynamic_update_slice_in_dim, start_index=q_start, axis=2)
+        return (write(m, m_new), write(l, l_b * scale + p.sum(axis=-1)),
+                write(acc, acc_b * scale[..., None] + pv)), None
+
+    shape = qg.shape[:-1]
+    init = (jnp.full(shape, MASKED, jnp.float32), jnp.zeros(shape, jnp.float32),
+            jnp.zeros((*shape, v.shape[-1]), jnp.float32))
+    (m, l, acc), _ = jax.lax.scan(step, init, pairs)
+    return (acc / jnp.where(l > 0, l, 1.0)[..., None]).astype(v.dtype), (m, l)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _sparse_flash(qg, k, v, key_valid, query_slot, ids, pairs, block):
+    """`_flash` of packed rows over their block pairs: qg [B, KV, G, T, hd], k, v [B, KV, T, hd], T a
+    multiple of `block`. A `scan` over each row's pairs (their number is static)."""
+    return jax.vmap(_sparse_forward, in_axes=(0,) * 7 + (None,))(qg, k, v, key_valid, query_slot, ids, pairs,
+                                                                   block)[0]
+
+
+def _sparse_flash_fwd(qg, k, v, key_valid, query_slot, ids, pairs, block):
+    out, stats = jax.vmap(_sparse_forward, in_axes=(0,) * 7 + (None,))(qg, k, v, key_valid, query_slot, ids,
+                                                                         pairs, block)
+    return out, (qg, k, v, key_valid, query_slot, ids, pairs, out, stats)
+
+
+def _sparse_backward(qg, k, v, key_valid, query_slot, ids, pairs, out, stats, d_out, block):
+    """One row's (dq, dk, dv): `_flash_bwd` over the row's block pairs."""
+    m, l = stats
+    d_out = d_out.astype(jnp.float32)
+    delta = jnp.sum(d_out * out.astype(jnp.float32), axis=-1)
+    l = jnp.where(l > 0, l, 1.0)
+    scale = 1 / math.sqrt(qg.shape[-1])
+
+    def step(carry, pair):
+        dq, dk, dv = carry
+        q_start, k_start = jnp.maximum(pair, 0) * block
+        q, do, m_b, l_b, delta_b, dq_b, qs, qi = _blocks_of(
+            q_start, block, (qg, d_out, m, l, delta, dq, query_slot, ids), (2, 2, 2, 2, 2, 2, 0, 0))
+        keys, values, dk_b, dv_b, valid, ki = _blocks_of(k_start, block, (k, v, dk, dv, key_valid, ids),
+                                                         (1, 1, 1, 1, 0, 0))
+        scores = _pair_scores(q, keys, valid, qs, qi, ki, k_start + jnp.arange(block), pair[0] >= 0)
+        p = jnp.exp(scores - m_b[..., None]) / l_b[..., None]  # [KV, G, bq, bk]; 0 for a padding pair
+        dp = jnp.einsum("kgth,ksh->kgts", do, values, preferred_element_type=jnp.float32)
+        ds = jnp.where(scores > MASKED, p * (dp - delta_b[..., None]), 0.0) * scale
+        dq = jax.lax.dynamic_update_slice_in_dim(
+            dq, dq_b + jnp.einsum("kgts,ksh->kgth", ds, keys, preferred_element_type=jnp.float32), q_start, 2)
+        dk = jax.lax.dynamic_update_slice_in_dim(
+            dk, dk_b + jnp.einsum("kgts,kgth->ksh", ds, q, preferred_element_type=jnp.float32), k_start, 1)
+        dv = jax.lax.dynamic_update_slice_in_dim(dv, dv_b + jnp.einsum("kgts,kgth->ksh", p, do), k_start, 1)
+        return (dq, dk, dv), None
+
+    init = tuple(jnp.zeros(x.shape, jnp.float32) for x in (qg, k, v))
+    (dq, dk, dv), _ = jax.lax.scan(step, init, pairs)
+    return dq.astype(qg.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
+def _sparse_flash_bwd(block, residuals, d_out):
+    qg, k, v, key_valid, query_slot, ids, pairs, out, stats = residuals
+    grads = jax.vmap(_sparse_backward, in_axes=(0,) * 10 + (None,))(
+        qg, k, v, key_valid, query_slot, ids, pairs, out, stats, d_out, block)
+    return (*grads, None, None, None, None)
+
+
+_sparse_flash.defvjp(_sparse_flash_fwd, _sparse_flash_bwd)
+
+
+def _block_sparse(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
+                  ids: jax.Array, pairs: jax.Array, block: int) -> jax.Array:
+    """Packed rows' attention over their block pairs (`Segments`), the rows padded to whole blocks."""
+    T = q.shape[1]
+    pad = -T % block
+    qg = jnp.pad(_grouped(q, k.shape[1]), ((0, 0),) * 3 + ((0, pad), (0, 0)))
+    k, v = (jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0))) for x in (k, v))
+    rows = ((0, 0), (0, pad))
+    out = _sparse_flash(qg, k, v, jnp.pad(key_valid, rows), jnp.pad(query_slot.astype(jnp.int32), rows),
+                        jnp.pad(ids.astype(jnp.int32), rows, constant_values=-1), pairs.astype(jnp.int32),
+                        block)
+    return _ungrouped(out[:, :, :, :T])
+
+
+def pair_block(config: AttentionConfig) -> int:
+    """The block size of the `Segments.block_pairs` that `config`'s implementation reads; 0 if it computes
+    every block (then packed rows need no pairs)."""
+    return config.block_size if config.impl in SKIPS_BLOCKS else 0
+
+
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
-              config: AttentionConfig, segment_ids: jax.Array | None = None) -> jax.Array:
+              config: AttentionConfig, segments: Segments | None = None) -> jax.Array:
     """Attention by the implementation `config.impl` names (see the module docstring)."""
-    return ATTENTION.get(config.impl)(q, k, v, key_valid, query_slot, config, segment_ids)
+    impl = ATTENTION.get(config.impl)
+    if segments is None:
+        return impl(q, k, v, key_valid, query_slot, config)
+    if config.impl in SKIPS_BLOCKS and segments.block_pairs is not None and segments.block_pairs.shape[1]:
+        return impl(q, k, v, key_valid, query_slot, config, segments.ids, block_pairs=segments.block_pairs)
+    return impl(q, k, v, key_valid, query_slot, config, segments.ids)
 
 
 def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
-                      config: AttentionConfig, segment_ids: jax.Array | None, rules: ShardingRules
+                      config: AttentionConfig, segments: Segments | None, rules: ShardingRules
                       ) -> jax.Array:
     """`attention` in the decoder's layout under a mesh (`jax.set_mesh`). XLA partitions the plain-XLA
     implementations itself, but not a Pallas kernel (a custom call): that runs under `shard_map`, each device
@@ -226,7 +356,7 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.A
     heads over the tensor axis)."""
     mesh = jax.sharding.get_abstract_mesh()
     if config.impl not in PALLAS_KERNELS or mesh.empty:
-        return attention(q, k, v, key_valid, query_slot, config, segment_ids)
+        return attention(q, k, v, key_valid, query_slot, config, segments)
     shape = dict(mesh.shape)
     rows = logical_to_spec(("batch",), rules, shape, q.shape[:1])[0]
     heads, kv_heads = (logical_to_spec((name,), rules, shape, (n,))[0]
@@ -234,12 +364,13 @@ def sharded_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.A
     if heads != kv_heads:  # a key head's query heads would sit on other devices: every device takes all
         heads = kv_heads = None
     per_row = PartitionSpec(rows, None)
+    segment_ids = None if segments is None else segments.ids  # the kernels compute every block
     specs = (PartitionSpec(rows, None, heads, None), PartitionSpec(rows, kv_heads, None, None),
              PartitionSpec(rows, kv_heads, None, None), per_row, per_row,
              None if segment_ids is None else per_row)
 
     def local(q, k, v, key_valid, query_slot, segment_ids):
-        return attention(q, k, v, key_valid, query_slot, config, segment_ids)
+        return ATTENTION.get(config.impl)(q, k, v, key_valid, query_slot, config, segment_ids)
 
     return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=specs[0], check_vma=False)(
         q, k, v, key_valid, query_slot, segment_ids)

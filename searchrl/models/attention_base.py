@@ -4,22 +4,60 @@ selects from, the score of a masked key, and the backend each accelerator-only i
 `searchrl.models.attention_pallas` the Pallas kernels.)"""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
+import numpy as np
 
 from searchrl.registry import Registry
 
 MASKED = -1e30  # score of a key that may not be attended (finite: fully masked rows stay NaN-free).
 
-# (q, k, v, key_valid, query_slot, config, segment_ids) -> output
+# (q, k, v, key_valid, query_slot, config, segment_ids[, block_pairs]) -> output
 Attention = Callable[..., jax.Array]
 ATTENTION: Registry[Attention] = Registry("attention implementation", "config.mesh.attention.impl")
+
+
+class Segments(NamedTuple):
+    """The sequences of packed rows (no cache, T == S): query t sees key s only if ids[b, s] == ids[b, t].
+
+    `block_pairs` [B, P, 2] (optional) are, per row, the (query block, key block) pairs of `block` slots that
+    hold every visible (query, key) pair (`visible_block_pairs`), then (-1, -1) to P. An implementation in
+    `SKIPS_BLOCKS` computes only those blocks; the others read the ids alone. Queries with no visible key
+    stay unspecified either way."""
+
+    ids: jax.Array  # int [B, T]
+    block_pairs: jax.Array | None = None  # int32 [B, P, 2]
+
+
+def visible_block_pairs(ids: np.ndarray, valid: np.ndarray, block: int) -> list[np.ndarray]:
+    """Per packed row (host arrays: segment ids [R, W] and whether each slot holds a token), the (query
+    block, key block) pairs [n, 2] of `block` slots with a visible (query, key) pair, sorted: query block i
+    needs key blocks from the one holding the first slot of the earliest segment among its queries up to i
+    (keys come at or before their query, in its segment). A block of padding alone needs none."""
+    pairs = []
+    for row_ids, row_valid in zip(np.asarray(ids), np.asarray(valid, bool)):
+        slots = np.flatnonzero(row_valid)
+        known, first = np.unique(row_ids[slots], return_index=True)  # each segment's first slot
+        earliest = np.full(round_up(len(row_ids), block), np.iinfo(np.int64).max)
+        earliest[slots] = slots[first[np.searchsorted(known, row_ids[slots])]]
+        lowest = earliest.reshape(-1, block).min(axis=1) // block
+        pairs.append(np.asarray([(i, j) for i, lo in enumerate(lowest) if lo <= i for j in range(lo, i + 1)],
+                                np.int32).reshape(-1, 2))
+    return pairs
+
+
+def round_up(n: int, multiple: int) -> int:
+    """n rounded up to a multiple of `multiple`."""
+    return -(-n // multiple) * multiple
+
 
 # Implementations that compile only for one backend ("gpu" or "tpu"), and those of them that are Pallas
 # kernels: custom calls XLA cannot partition (`attention.sharded_attention`), which CPU runs interpreted.
 BACKEND: dict[str, str] = {}
 PALLAS_KERNELS: set[str] = set()
+# Implementations that compute only the `Segments.block_pairs` of packed rows.
+SKIPS_BLOCKS: set[str] = set()
 
 
 def runs_here(name: str, interpreted: bool = False) -> bool:

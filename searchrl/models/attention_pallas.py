@@ -43,7 +43,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.gpu import attention as gpu_attention
 from jax.experimental.pallas.ops.tpu import flash_attention as tpu_attention
 
-from searchrl.models.attention_base import ATTENTION, BACKEND, MASKED, PALLAS_KERNELS
+from searchrl.models.attention_base import ATTENTION, BACKEND, MASKED, PALLAS_KERNELS, round_up
 from searchrl.models.config import AttentionConfig
 
 UNSEEN = jnp.iinfo(jnp.int32).max  # slot of an invalid key: after every query's slot
@@ -61,10 +61,6 @@ def _pad(x: jax.Array, axis: int, size: int, value=0) -> jax.Array:
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, size - x.shape[axis])
     return jnp.pad(x, widths, constant_values=value)
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 def _scores(q: jax.Array, k_ref, kpos_ref, kseg_ref, query_slot: jax.Array, query_segment: jax.Array,
@@ -261,7 +257,7 @@ def pallas(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query
     B, T, H, hd = q.shape
     KV, S = k.shape[1], k.shape[2]
     bq, bk = _tile(T, config.kernel_block), _tile(S, config.kernel_block)
-    Tp, Sp, hdp = _round_up(T, bq), _round_up(S, bk), max(16, pl.next_power_of_2(hd))
+    Tp, Sp, hdp = round_up(T, bq), round_up(S, bk), max(16, pl.next_power_of_2(hd))
     tiling = _Tiling(1 / math.sqrt(hd), S, bq, bk, H // KV, config.interpret)
     if segment_ids is None:
         query_segment, key_segment = jnp.zeros((B, T), jnp.int32), jnp.zeros((B, S), jnp.int32)
@@ -308,7 +304,7 @@ def pallas_mha(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, q
     if T != k.shape[2]:
         return ATTENTION.get("blockwise")(q, k, v, key_valid, query_slot, config, segment_ids)
     block = _tile(T, config.kernel_block)
-    Tp = _round_up(T, block)
+    Tp = round_up(T, block)
     ids = _library_segments(key_valid, segment_ids, Tp)[1]
     k, v = (jnp.swapaxes(_repeat_heads(x, H // k.shape[1]), 1, 2) for x in (k, v))
     sizes = gpu_attention.BlockSizes(block, block, block, block, block, block)
@@ -329,7 +325,7 @@ def pallas_tpu(q: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, q
     B, T, H, hd = q.shape
     if T != k.shape[2]:
         return ATTENTION.get("blockwise")(q, k, v, key_valid, query_slot, config, segment_ids)
-    Tp, hdp = _round_up(T, TPU_TILE), _round_up(hd, TPU_TILE)
+    Tp, hdp = round_up(T, TPU_TILE), round_up(hd, TPU_TILE)
     queries, keys = _library_segments(key_valid, segment_ids, Tp)
     qt = _pad(_pad(jnp.swapaxes(q, 1, 2), 2, Tp), 3, hdp)
     kt, vt = (_pad(_pad(_repeat_heads(x, H // k.shape[1]), 2, Tp), 3, hdp) for x in (k, v))

@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 
 from searchrl.models import layout
 from searchrl.models.attention import sharded_attention
+from searchrl.models.attention_base import Segments
 from searchrl.models.config import AttentionConfig, ModelConfig
 from searchrl.models.kv_cache import KVCache, write_layer, write_rows
 from searchrl.models.layout import (HEADS, HEADS_IN, HEADS_OUT, TRANSPOSED, ParamSpec, Table, normal, ones,
@@ -86,10 +87,10 @@ class Layer(nn.Module):
 
     @nn.compact
     def __call__(self, carry: tuple, index: jax.Array | int, positions: jax.Array,
-                 keys: tuple[jax.Array, jax.Array, jax.Array | None], start: jax.Array | None
+                 keys: tuple[jax.Array, jax.Array, Segments | None], start: jax.Array | None
                  ) -> tuple[tuple, None]:
         """carry = (x [B, T, D], the stacked cache's (k, v) or None); keys = (key_valid [B, S], query_slot
-        [B, T], segment_ids [B, T] or None) say which keys each query sees (`searchrl.models.attention`);
+        [B, T], packed rows' `Segments` or None) say which keys each query sees (`searchrl.models.attention`);
         writes layer `index`'s keys/values."""
         cfg = self.cfg
         lp = layout.declare(self, param_table(cfg), ("layers",))
@@ -147,17 +148,17 @@ class Decoder(nn.Module):
             self.value_head = ValueHead(cfg, self.param_dtype)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array, cache: KVCache | None = None,
-                 segment_ids: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
+                 segments: Segments | None = None) -> tuple[jax.Array, KVCache | None]:
         """Final-normed hidden states [B, T, D] and the extended cache (see `forward`)."""
         cfg, rules = self.cfg, self.rules
         T = tokens.shape[1]
         check_window(cfg, T if cache is None else cache.k.shape[3])
         if cache is None:  # query t sees the unmasked tokens up to t (of its own segment, if packed)
             start, kv = None, None
-            keys = (mask, jnp.broadcast_to(jnp.arange(T), mask.shape), segment_ids)
+            keys = (mask, jnp.broadcast_to(jnp.arange(T), mask.shape), segments)
         else:  # query t sees the valid slots up to its own, length + t
-            if segment_ids is not None:
-                raise ValueError("Packed rows (segment_ids) have no KV cache.")
+            if segments is not None:
+                raise ValueError("Packed rows (segments) have no KV cache.")
             start = cache.length
             valid = write_rows(cache.valid, mask, start)
             keys = (valid, start[:, None] + jnp.arange(T), None)
@@ -179,10 +180,10 @@ class Decoder(nn.Module):
         return _head_logits(self.cfg, self.embed, self.lm_head, hidden)
 
     def head(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
-             segment_ids: jax.Array | None = None) -> jax.Array:
+             segments: Segments | None = None) -> jax.Array:
         """The head on the hidden states: value estimates [B, T] fp32 for the value model, else the logits.
         What `Decoder.init` runs, so that every param exists."""
-        hidden, _ = self(tokens, positions, mask, None, segment_ids)
+        hidden, _ = self(tokens, positions, mask, None, segments)
         return self.value_head(hidden) if self.value else self.logits(hidden)
 
 
@@ -266,10 +267,10 @@ def _dense(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
 
 
 def _attention(cfg: ModelConfig, lp: dict, x: jax.Array, positions: jax.Array,
-               visible: tuple[jax.Array, jax.Array, jax.Array | None],
+               visible: tuple[jax.Array, jax.Array, Segments | None],
                kv: tuple[jax.Array, jax.Array] | None, layer: int | jax.Array, start: jax.Array | None,
                rules: ShardingRules, config: AttentionConfig):
-    """Grouped-query attention over the keys `visible` = (key_valid, query_slot, segment_ids) describes,
+    """Grouped-query attention over the keys `visible` = (key_valid, query_slot, segments) describes,
     computed by `config.impl`; with the stacked cache `kv`, writes this layer's keys/values at `start`."""
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
     q, k, v = _dense(h, lp["q"]), _dense(h, lp["k"]), _dense(h, lp["v"])
@@ -289,8 +290,8 @@ def _attention(cfg: ModelConfig, lp: dict, x: jax.Array, positions: jax.Array,
                    for c, new in zip(kv, (k, v)))
         keys, values = (jax.lax.dynamic_index_in_dim(c, layer, keepdims=False).astype(x.dtype) for c in kv)
     B, T, H, hd = q.shape
-    key_valid, query_slot, segment_ids = visible
-    out = sharded_attention(q, keys, values, key_valid, query_slot, config, segment_ids, rules)
+    key_valid, query_slot, segments = visible
+    out = sharded_attention(q, keys, values, key_valid, query_slot, config, segments, rules)
     out = out.reshape(B, T, H * hd)
     # One flat contraction: the weight reshape is free, the heads keep their order (no per-call weight copy).
     y = _dense(out, lp["o"].reshape(H * hd, -1))
@@ -308,11 +309,11 @@ def _mlp(cfg: ModelConfig, lp: dict, x: jax.Array, rules: ShardingRules) -> jax.
 
 def backbone(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
              cache: KVCache | None = None, *, rules: ShardingRules, attention: AttentionConfig, remat: bool,
-             unrolled: bool = False, segment_ids: jax.Array | None = None
+             unrolled: bool = False, segments: Segments | None = None
              ) -> tuple[jax.Array, KVCache | None]:
     """Final-normed hidden states [B, T, D] of the policy and the extended cache (see `forward`)."""
     return Decoder(cfg, rules=rules, attention=attention, remat=remat, unrolled=unrolled).apply(
-        {"params": params}, tokens, positions, mask, cache, segment_ids)
+        {"params": params}, tokens, positions, mask, cache, segments)
 
 
 def unstack_layers(params: dict) -> dict:
@@ -331,12 +332,12 @@ def unstack_layers(params: dict) -> dict:
 
 def forward(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
             cache: KVCache | None = None, *, rules: ShardingRules, attention: AttentionConfig, remat: bool,
-            unrolled: bool = False, segment_ids: jax.Array | None = None
+            unrolled: bool = False, segments: Segments | None = None
             ) -> tuple[jax.Array, jax.Array, KVCache | None]:
     """(logits fp32 [B, T, V], final hidden [B, T, D], cache); tokens, positions int32 and mask bool [B, T].
 
     Without a cache, query t attends to key s iff s <= t and mask[b, s] (and, for rows packed with several
-    sequences, iff `segment_ids[b, s] == segment_ids[b, t]`; positions then restart per sequence). With one,
+    sequences, iff `segments.ids[b, s] == segments.ids[b, t]`; positions then restart per sequence). With one,
     row b's new keys/values go to slots length[b] .. length[b]+T-1 (valid there := mask), each query attends
     to valid slots up to its own, and the returned cache has length += T. Positions (for RoPE) always come
     from the caller. Outputs at masked positions are unspecified. `rules` lay out the activations under a
@@ -345,7 +346,7 @@ def forward(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Ar
     params of `unstack_layers`.
     """
     hidden, cache = backbone(cfg, params, tokens, positions, mask, cache, rules=rules, attention=attention,
-                             remat=remat, unrolled=unrolled, segment_ids=segment_ids)
+                             remat=remat, unrolled=unrolled, segments=segments)
     logits = _sharded_logits(cfg, params, hidden, rules)
     return logits, hidden, cache
 
@@ -399,7 +400,7 @@ def logprobs_from_logits(logits: jax.Array, tokens: jax.Array) -> tuple[jax.Arra
 def token_logprobs(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
                    *, with_entropy: bool = False, temperature: float | jax.Array, rules: ShardingRules,
                    attention: AttentionConfig, remat: bool, logits_chunk: int,
-                   segment_ids: jax.Array | None = None):
+                   segments: Segments | None = None):
     """Per-token log-probabilities [B, T] (index t+1 holds log p(tokens[:, t+1] | prefix), index 0 = 0) of
     the model's distribution at `temperature` (logits / temperature; `SamplingParams.temperature`), laid out
     by `rules`, computing attention by `attention`, with `remat` and `logits_chunk` as `RLConfig` sets them.
@@ -407,11 +408,11 @@ def token_logprobs(cfg: ModelConfig, params: dict, tokens: jax.Array, positions:
     With `with_entropy`, returns (logprobs, entropy) in the same alignment. The head runs on the hidden states
     that predict a token (all but the last position), so no logits are computed that nothing reads. With
     `logits_chunk`, it runs on that many positions at a time (`_chunked_next_token_logprobs`). Packed rows
-    (`segment_ids`, see `forward`) give each sequence's first token a log-probability from the previous
+    (`segments`, see `forward`) give each sequence's first token a log-probability from the previous
     sequence's last position: the caller masks it.
     """
     hidden = backbone(cfg, params, tokens, positions, mask, rules=rules, attention=attention,
-                      remat=remat, segment_ids=segment_ids)[0][:, :-1]
+                      remat=remat, segments=segments)[0][:, :-1]
 
     def head(hidden: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
         return _next_token_logprobs(_sharded_logits(cfg, params, hidden, rules) / temperature, targets)
@@ -444,8 +445,8 @@ def _chunked_next_token_logprobs(head: Callable[[jax.Array, jax.Array], tuple[ja
 
 def values(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
            *, rules: ShardingRules, attention: AttentionConfig, remat: bool,
-           segment_ids: jax.Array | None = None) -> jax.Array:
-    """Value estimates [B, T] fp32 from value-model params (see `value_params_from_policy`); `segment_ids`
+           segments: Segments | None = None) -> jax.Array:
+    """Value estimates [B, T] fp32 from value-model params (see `value_params_from_policy`); `segments`
     as in `forward`."""
     return Decoder(cfg, rules=rules, attention=attention, value=True, remat=remat).apply(
-        {"params": params}, tokens, positions, mask, segment_ids, method=Decoder.head)
+        {"params": params}, tokens, positions, mask, segments, method=Decoder.head)

@@ -88,8 +88,9 @@ class RLConfig:
     minibatch_size: int = 8  # rows per optimizer step
     micro_batch_size: int = 8  # rows per forward/backward pass
     shuffle: bool = True  # False: minibatches in batch order, as verl's dp_actor (batch.split)
-    # Pack each micro-batch's sequences whole into rows of the batch's width (`searchrl.rl.packing`), one row
-    # a data-parallel shard a pass, as verl's remove-padding: the same update, without computing on padding.
+    # Pack each micro-batch's sequences whole into rows about the batch's width (`searchrl.rl.packing`), one
+    # row a data-parallel shard a pass, as verl's remove-padding: the same update, without computing on
+    # padding (nor, with blockwise attention, across sequences).
     pack: bool = True
     policy_loss: str = "ppo"  # a name in searchrl.rl.losses.POLICY_LOSSES
     clip_ratio_low: float = 0.2

@@ -134,7 +134,7 @@ class _Rows(NamedTuple):
     tokens: jax.Array
     attention_mask: jax.Array
     positions: jax.Array
-    segment_ids: jax.Array | None = None
+    segments: models.Segments | None = None
     starts: jax.Array | None = None
 
 
@@ -143,12 +143,13 @@ def _padded_rows(tokens: jax.Array, mask: jax.Array) -> _Rows:
     return _Rows(tokens, mask, jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape))
 
 
-def _packed_rows(tokens: jax.Array, sources: jax.Array, starts: jax.Array) -> _Rows:
-    """The batch's tokens [B, S] laid out as a micro-batch's packed rows (`Packing.sources` [R, S] and
-    `.starts`): a sequence's segment is its batch row, its positions restart at 0."""
+def _packed_rows(tokens: jax.Array, sources: jax.Array, starts: jax.Array, block_pairs: jax.Array) -> _Rows:
+    """The batch's tokens [B, S] laid out as a micro-batch's packed rows (`Packing.sources` [R, W], `.starts`
+    and `.block_pairs`): a sequence's segment is its batch row, its positions restart at 0."""
     width = tokens.shape[1]
     packed = jnp.take(tokens.reshape(-1), sources, mode="fill", fill_value=0)
-    return _Rows(packed, sources < tokens.size, sources % width, sources // width, starts)
+    segments = models.Segments(sources // width, block_pairs)
+    return _Rows(packed, sources < tokens.size, sources % width, segments, starts)
 
 
 def _per_sequence(rows: _Rows, x: jax.Array, width: int) -> jax.Array:
@@ -168,7 +169,7 @@ def _policy_logprobs(config: PPOConfig, params: dict, rows: _Rows, width: int, t
                                 rows.positions, rows.attention_mask, with_entropy=with_entropy,
                                 temperature=temperature, rules=config.spec.rules, attention=config.attention,
                                 remat=config.rl.remat, logits_chunk=config.rl.logits_chunk,
-                                segment_ids=rows.segment_ids)
+                                segments=rows.segments)
     if with_entropy:
         return tuple(_per_sequence(rows, x, width) for x in out)
     return _per_sequence(rows, out, width)
@@ -178,7 +179,7 @@ def _state_values(config: PPOConfig, params: dict, rows: _Rows, width: int) -> j
     """Critic values [Q, width] of the sequences in `rows`: index t holds V(tokens[:t]), index 0 is 0."""
     v = models.values(config.spec.model, _cast(params, config.rl.compute_dtype), rows.tokens, rows.positions,
                       rows.attention_mask, rules=config.spec.rules, attention=config.attention,
-                      remat=config.rl.remat, segment_ids=rows.segment_ids)
+                      remat=config.rl.remat, segments=rows.segments)
     return _per_sequence(rows, jnp.concatenate([jnp.zeros_like(v[:, :1]), v[:, :-1]], axis=1), width)
 
 
@@ -209,7 +210,7 @@ def _rows(x: dict, tokens: jax.Array | None) -> _Rows:
     """A micro-batch's model rows: its packed rows of the batch's `tokens` where it has `sources`, else its
     own [Q, S] rows."""
     if "sources" in x:
-        return _packed_rows(tokens, x["sources"], x["starts"])
+        return _packed_rows(tokens, x["sources"], x["starts"], x["block_pairs"])
     return _padded_rows(x["tokens"], x["attention_mask"])
 
 
@@ -329,7 +330,8 @@ def _ppo_update(config: PPOConfig, state: TrainState, batch: PPOBatch,
         per_token = {k: v for k, v in arrays.items() if k not in ("tokens", "attention_mask")}
         sequences = {k: jnp.take(a, packing.sequences, axis=0, mode="fill", fill_value=0)
                      for k, a in per_token.items()}
-        return sequences | {"sources": packing.sources, "starts": packing.starts}
+        return sequences | {"sources": packing.sources, "starts": packing.starts,
+                            "block_pairs": packing.block_pairs}
 
     def epoch(carry, xs):
         step = functools.partial(_minibatch_step, config, batch.temperature, lrs, batch.tokens)
@@ -403,11 +405,12 @@ def _check_rows(batch: NamedTuple, config: PPOConfig) -> None:
     if packing is not None:
         epochs, minibatches = config.rl.ppo_epochs, shape[0] // config.rl.minibatch_size
         sources, sequences = tuple(packing.sources.shape), tuple(packing.sequences.shape)
-        if (sources[:2], sources[-1], sequences) != ((epochs, minibatches), shape[1],
-                                                     (*sources[:3], config.rl.micro_batch_size)):
+        if (sources[:2], sequences) != ((epochs, minibatches), (*sources[:3], config.rl.micro_batch_size)) \
+                or sources[-1] < shape[1]:
             raise ValueError(f"{name}.packing has sources {sources} and sequences {sequences}; expected "
-                             f"[{epochs}, {minibatches}, K, rows, {shape[1]}] and [{epochs}, {minibatches}, "
-                             f"K, {config.rl.micro_batch_size}] (`packing.pack` for this config and batch)")
+                             f"[{epochs}, {minibatches}, K, rows, W >= {shape[1]}] and "
+                             f"[{epochs}, {minibatches}, K, {config.rl.micro_batch_size}] (`packing.pack` "
+                             "for this config and batch)")
 
 
 def _check_update_batch(batch: PPOBatch, config: PPOConfig) -> None:
@@ -482,8 +485,8 @@ def _score(config: PPOConfig, state: TrainState, tokens, attention_mask, tempera
         split = {"tokens": tokens, "attention_mask": attention_mask}
         scored = jax.lax.map(one, {k: _split(x, (parts,), config.spec.rules) for k, x in split.items()})
         return jax.tree.map(lambda y: y.reshape(rows, *y.shape[2:]), scored)
-    first = {"sources": packing.sources[0], "starts": packing.starts[0]}
-    scored = jax.lax.map(one, {k: x.reshape(-1, *x.shape[2:]) for k, x in first.items()})
+    first = {name: getattr(packing, name)[0] for name in ("sources", "starts", "block_pairs")}
+    scored = jax.lax.map(one, {k: x.reshape(x.shape[0] * x.shape[1], *x.shape[2:]) for k, x in first.items()})
     sequences = packing.sequences[0].reshape(-1)  # B (no sequence) is dropped
     return jax.tree.map(lambda y: jnp.zeros((rows, width), y.dtype).at[sequences].set(
         y.reshape(-1, width), mode="drop"), scored)

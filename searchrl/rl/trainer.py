@@ -184,7 +184,7 @@ class Trainer:
                 self.lock.release()
             raise
         self.nonfinite_in_a_row = 0
-        self.packed_shapes: set[tuple[int, int]] = set()  # (width, micro-batches) of the learn steps so far
+        self.packed_shapes: set[tuple[int, int, int]] = set()  # (width, micro-batches, block pairs) so far
         self.hooks = list(hooks)
 
     def _restore_or_init(self, policy: dict):
@@ -297,17 +297,22 @@ class Trainer:
 
     def _packing(self, lengths: np.ndarray, width: int) -> packing.Packing | None:
         """The step's packed layout (with `rl.pack`) of the batch's rows, of which this process holds those
-        of `lengths`, in rows of `width`: one packed row a data-parallel shard a micro-batch."""
+        of `lengths`, of `width` slots: one packed row a data-parallel shard a micro-batch, at most the
+        model's sliding window wide."""
         rl = self.ppo.rl
         if not rl.pack:
             return None
         lengths = np.concatenate([np.asarray(x) for x in distributed.all_processes(lengths.tolist())])
         orders = ppo.update_orders(self.state, self.batch_rows, self.ppo)
-        plan = packing.pack(lengths, orders, rl.minibatch_size, rl.micro_batch_size, self.shards, width)
-        if (width, plan.micro_batches) not in self.packed_shapes:
-            self.packed_shapes.add((width, plan.micro_batches))
-            log.info("learn step for packed micro-batches of %d x %d tokens, %d a minibatch "
-                     "(%d shapes so far)", self.shards, width, plan.micro_batches, len(self.packed_shapes))
+        block = models.pair_block(self.ppo.attention)
+        widths = packing.packed_widths(width, self.ppo.spec.model.sliding_window) if block else None
+        plan = packing.pack(lengths, orders, rl.minibatch_size, rl.micro_batch_size, self.shards, width,
+                            block, widths)
+        shape = (plan.width, plan.micro_batches, plan.block_pairs.shape[-2])
+        if shape not in self.packed_shapes:
+            self.packed_shapes.add(shape)
+            log.info("learn step for packed micro-batches of %d x %d tokens, %d a minibatch, %d block pairs "
+                     "a row (%d shapes so far)", self.shards, *shape, len(self.packed_shapes))
         return plan
 
     def evaluate(self, examples: Sequence[dict] | None = None) -> dict[str, float]:

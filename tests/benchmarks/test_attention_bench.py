@@ -1,6 +1,8 @@
 """The attention benchmark: which implementations it times on this backend, and its report."""
 from __future__ import annotations
 
+import numpy as np
+
 from searchrl.benchmarks import attention as bench
 
 
@@ -15,3 +17,13 @@ def test_run_times_each_implementation_against_the_reference_and_names_those_ski
     assert r["implementations"] == ["blockwise"] and not r["interpreted"] and not r["failed"]
     assert r["skipped"] == ["dot_product", "pallas", "pallas_mha", "pallas_tpu"]
     assert r["attention_blockwise_rounds"] == 1 and r["attention_blockwise_searchrl_s"] > 0
+
+
+def test_packed_runs_time_rows_of_whole_sequences_then_padding():
+    ids = bench.packed_ids(batch=3, seq=64)
+    for row in ids:
+        segments = row[row > 0]
+        assert np.all(np.diff(segments) >= 0) and np.all(row[len(segments):] == 0)  # contiguous, then padding
+        assert all(16 <= np.sum(row == s) <= 32 for s in np.unique(segments))
+    r = bench.run("tiny", batch=2, seq=64, rounds=1, calls=1, dtype="float32", interpreted=False, packed=True)
+    assert r["packed"] and r["implementations"] == ["blockwise"] and not r["failed"]

@@ -1,6 +1,6 @@
 """Every attention implementation against the reference (values and gradients; the Pallas kernels interpreted
-on CPU), the decoder with blockwise and Pallas attention against the reference decoder, and the memory
-blockwise attention saves."""
+on CPU), blockwise attention over packed rows' block pairs, the decoder with blockwise and Pallas attention
+against the reference decoder, and the memory blockwise attention saves."""
 from __future__ import annotations
 
 import functools
@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from searchrl.models import TRAIN_RULES, AttentionConfig, KVCache, forward, get_preset, init_params
+from searchrl.models import (TRAIN_RULES, AttentionConfig, KVCache, Segments, forward, get_preset,
+                             init_params, visible_block_pairs)
 from searchrl.models import attention as attention_lib
 
 B, T, H, KV, HD, S = 3, 6, 4, 2, 8, 13  # GQA: two query heads per key head
@@ -165,6 +166,67 @@ def test_kernels_match_the_reference_bfloat16(name, case):
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r, np.float32), atol=BF16_TOL * scale)
 
 
+def _padded_pairs(ids: np.ndarray, valid: np.ndarray, block: int, extra: int = 0) -> jax.Array:
+    """Block pairs [B, P, 2] of packed rows as `packing.pack` lays them out: each row's, then `extra` or
+    more (-1, -1)."""
+    pairs = visible_block_pairs(ids, valid, block)
+    padded = np.full((len(pairs), max(map(len, pairs)) + extra, 2), -1, np.int32)
+    for row, p in enumerate(pairs):
+        padded[row, :len(p)] = p
+    return jnp.asarray(padded)
+
+
+def test_block_pairs_are_the_blocks_that_hold_a_visible_pair():
+    """For packed rows (contiguous sequences, then padding), exactly the (query block, key block) pairs with
+    some query that may attend some key: none across sequences, above the diagonal or on padding alone."""
+    rng = np.random.default_rng(3)
+    width, block = 40, 6
+    for _ in range(20):
+        lengths = rng.integers(1, 15, rng.integers(1, 5))
+        lengths = lengths[np.cumsum(lengths) <= width]
+        ids = np.zeros((1, width), np.int32)
+        ids[0, :lengths.sum()] = np.repeat(np.arange(1, len(lengths) + 1), lengths)
+        valid = ids > 0
+        sees = np.asarray(attention_lib.attend_mask(jnp.asarray(valid), jnp.arange(width)[None],
+                                                    jnp.arange(width), (jnp.asarray(ids),) * 2))[0]
+        sees = sees & valid[0][:, None]  # padding queries see no key
+        n = -(-width // block)
+        padded = np.zeros((n * block, n * block), bool)
+        padded[:width, :width] = sees
+        expected = np.argwhere(padded.reshape(n, block, n, block).any(axis=(1, 3)))
+        np.testing.assert_array_equal(visible_block_pairs(ids, valid, block)[0], expected)
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, F32_TOL), (jnp.bfloat16, BF16_TOL)])
+@pytest.mark.parametrize("block", [3, 4, 64])
+@pytest.mark.parametrize("case", ["packed", "square_padding"])
+def test_block_sparse_blockwise_matches_the_reference(case, block, dtype, tol):
+    """Blockwise attention over packed rows' block pairs (padding pairs included) equals the reference on
+    every query with a key to attend, in values and gradients; a row of one sequence is its own case."""
+    key_valid, query_slot, segment_ids = CASES[case]
+    ids = np.where(key_valid, 1, 0) if segment_ids is None else segment_ids
+    args = _operands(case, dtype)[0]
+    read = np.asarray(attention_lib.attend_mask(jnp.asarray(key_valid), jnp.asarray(query_slot),
+                                                jnp.arange(S), (jnp.asarray(ids),) * 2)).any(axis=-1)
+    segments = Segments(jnp.asarray(ids), _padded_pairs(ids, key_valid, block, extra=2))
+    config = AttentionConfig("blockwise", block_size=block)
+
+    def sparse(q, k, v, key_valid, query_slot, config, segment_ids):
+        return attention_lib.attention(q, k, v, key_valid, query_slot, config, segments)
+
+    ref = attention_lib.reference(*args, AttentionConfig(), jnp.asarray(ids))
+    got = jax.jit(sparse, static_argnums=5)(*args, config, None)
+    assert got.dtype == ref.dtype and np.isfinite(np.asarray(got, np.float32)).all()
+    np.testing.assert_allclose(np.asarray(got, np.float32)[read], np.asarray(ref, np.float32)[read],
+                               atol=tol, rtol=tol if dtype == jnp.float32 else 0)
+    grads = (_gradients(f, c, args, jnp.asarray(ids), read)
+             for f, c in ((sparse, config), (attention_lib.reference, AttentionConfig())))
+    for g, r in zip(*grads):
+        scale = 1.0 if dtype == jnp.float32 else float(jnp.abs(r.astype(jnp.float32)).max())
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r, np.float32), atol=tol * scale,
+                                   rtol=tol if dtype == jnp.float32 else 0)
+
+
 CFG = get_preset("tiny")
 PARAMS = init_params(CFG, jax.random.key(0))
 BLOCKWISE = AttentionConfig("blockwise", block_size=4)
@@ -184,11 +246,13 @@ def test_forward_with_blockwise_attention_matches_the_reference():
     np.testing.assert_allclose(np.asarray(got)[np.asarray(mask)], np.asarray(ref)[np.asarray(mask)], atol=1e-5)
 
 
-@pytest.mark.parametrize("attention", [AttentionConfig(), BLOCKWISE, PALLAS],
-                         ids=["reference", "blockwise", "pallas"])
-def test_packed_forward_equals_each_sequence_alone(attention):
+@pytest.mark.parametrize("attention,pairs", [(AttentionConfig(), False), (BLOCKWISE, False),
+                                             (BLOCKWISE, True), (PALLAS, False)],
+                         ids=["reference", "blockwise", "blockwise_pairs", "pallas"])
+def test_packed_forward_equals_each_sequence_alone(attention, pairs):
     """Three sequences packed in one row (positions restarting per sequence, padding at the end) give each
-    the logits of its own unpadded forward pass."""
+    the logits of its own unpadded forward pass (blockwise attention also over the row's block pairs
+    alone)."""
     rng = np.random.default_rng(2)
     lengths = (5, 7, 3)
     sequences = [rng.integers(3, CFG.vocab_size, n) for n in lengths]
@@ -199,9 +263,10 @@ def test_packed_forward_equals_each_sequence_alone(attention):
     segment_ids[0, :sum(lengths)] = np.repeat(np.arange(1, 4), lengths)
     positions = np.zeros((1, width), np.int32)
     positions[0, :sum(lengths)] = np.concatenate([np.arange(n) for n in lengths])
+    block_pairs = _padded_pairs(segment_ids, segment_ids > 0, attention.block_size) if pairs else None
     packed = jax.jit(functools.partial(forward, CFG, rules=TRAIN_RULES, attention=attention, remat=False))(
         PARAMS, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segment_ids > 0),
-        segment_ids=jnp.asarray(segment_ids))[0]
+        segments=Segments(jnp.asarray(segment_ids), block_pairs))[0]
     start = 0
     for seq in sequences:
         alone = _forward(AttentionConfig())(PARAMS, jnp.asarray(seq[None], jnp.int32),

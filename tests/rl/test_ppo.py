@@ -358,11 +358,28 @@ def test_pack_places_every_sequence_once_whole_and_within_budget():
                 flat = packed.sources[e, m, k].reshape(-1)
                 for b, start in zip(packed.sequences[e, m, k], packed.starts[e, m, k]):
                     if b < B:  # whole, in one packed row, in order
-                        assert start % S + lengths[b] <= S
+                        assert start % packed.width + lengths[b] <= packed.width
                         np.testing.assert_array_equal(flat[start:start + lengths[b]],
                                                       b * S + np.arange(lengths[b]))
                 held = packed.sequences[e, m, k]
                 assert np.sum(flat < B * S) == np.sum(lengths[held[held < B]])
+
+
+def test_pack_widens_rows_where_that_takes_fewer_slots():
+    """Two micro-batches of two rows of 256 slots hold 150 + 150 + 120 + 120 tokens (no two fit in a row);
+    rows of 384 (17/16 of 256 in multiples of 128) hold them in one micro-batch: 768 slots, not 1,024. Rows
+    widen only with block pairs (attention computing nothing across sequences)."""
+    lengths = np.array([150, 120, 150, 120])
+    orders = np.arange(4)[None]
+    plan = packing.pack(lengths, orders, minibatch_size=4, sequences=4, rows=2, width=256, block=64)
+    assert (plan.width, plan.micro_batches) == (384, 1)
+    assert packing.packed_widths(256) == [256, 384] and packing.packed_widths(256, max_width=300) == [256]
+    narrow = packing.pack(lengths, orders, minibatch_size=4, sequences=4, rows=2, width=256)
+    assert (narrow.width, narrow.micro_batches) == (256, 2)
+    for p in (plan, narrow):  # every sequence whole, each in its own segment of the batch's slots
+        held = np.sort(p.sources[p.sources < 4 * 256])
+        expected = np.concatenate([b * 256 + np.arange(n) for b, n in enumerate(lengths)])
+        np.testing.assert_array_equal(held, expected)
 
 
 @pytest.mark.parametrize("overrides", [
@@ -376,16 +393,29 @@ def test_pack_places_every_sequence_once_whole_and_within_budget():
 def test_packed_learn_equals_padded_learn(overrides):
     """On the (2, 2, 2) mesh, `learn` on packed rows (segments, positions restarting, per-sequence
     advantages and loss aggregation) gives the padded layout's parameters, optimizer states and metrics."""
-    config = rl_config(**overrides)
+    _check_packed_learn_equals_padded_learn(rl_config(**overrides))
+
+
+def test_packed_learn_over_block_pairs_of_wider_rows_equals_padded_learn():
+    """The same with blockwise attention computing only the packed rows' block pairs, in packed rows of 24
+    slots for a batch of 16."""
+    config = dataclasses.replace(rl_config(loss_agg_mode="token-mean", use_reference=True),
+                                 attention=models.AttentionConfig("blockwise", block_size=4))
+    plan = _check_packed_learn_equals_padded_learn(config, widths=[24])
+    assert plan.width == 24 and plan.block_pairs.shape[-2] > 0
+
+
+def _check_packed_learn_equals_padded_learn(config: ppo.PPOConfig, widths: list[int] | None = None
+                                            ) -> packing.Packing:
     mesh = make_mesh_8()
     data = short_rows_data(3)
     batch = ppo.Batch(**data, temperature=0.9)
     orders = ppo.update_orders(new_state(config, mesh), B, config)
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
     plan = packing.pack(data["attention_mask"].sum(1), orders, config.rl.minibatch_size,
-                        config.rl.micro_batch_size, shards, S)
+                        config.rl.micro_batch_size, shards, S, models.pair_block(config.attention), widths)
     assert np.sum(plan.sources < B * S) // config.rl.ppo_epochs == data["attention_mask"].sum()
-    assert np.any(plan.starts[plan.sequences < B] % S > 0)  # some row holds two sequences
+    assert np.any(plan.starts[plan.sequences < B] % plan.width > 0)  # some row holds two sequences
     padded, padded_metrics = ppo.learn(new_state(config, mesh), batch, config, mesh)
     packed, packed_metrics = ppo.learn(new_state(config, mesh), batch._replace(packing=plan), config, mesh)
     scale = max(float(np.max(np.abs(x))) for x in jax.tree.leaves(host(padded.policy)))
@@ -393,6 +423,7 @@ def test_packed_learn_equals_padded_learn(overrides):
     assert padded_metrics.keys() == packed_metrics.keys()
     for name, value in padded_metrics.items():
         np.testing.assert_allclose(packed_metrics[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+    return plan
 
 
 def test_a_reference_in_host_memory_gives_the_same_step():
