@@ -43,9 +43,9 @@ def _row_flops(config: ppo.PPOConfig, mesh, rows: int, max_len: int, vocab: int)
     return np.poly1d(np.polyfit(widths, flops, 2))
 
 
-def run(config: RunConfig, attention: str = "blockwise", seed: int = 0) -> dict:
+def run(config: RunConfig, packed_attention: str = "blockwise", seed: int = 0) -> dict:
     """The padded and packed steps' FLOPs per FLOP of the real tokens, the packed step computing attention
-    by `attention` (module docstring)."""
+    by the implementation `packed_attention` (module docstring)."""
     cfg = models.config_from_source(dataclasses.replace(config.model, path=""))  # the preset's architecture
     rl, rollout = config.rl, config.rollout
     mesh = models.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
@@ -53,7 +53,7 @@ def run(config: RunConfig, attention: str = "blockwise", seed: int = 0) -> dict:
     dense = dataclasses.replace(config.mesh.attention, impl="reference")
     padded_config = ppo.PPOConfig.create(dataclasses.replace(rl, pack=False), cfg, rules, dense)
     packed_config = ppo.PPOConfig.create(dataclasses.replace(rl, pack=True), cfg, rules,
-                                         dataclasses.replace(config.mesh.attention, impl=attention))
+                                         dataclasses.replace(config.mesh.attention, impl=packed_attention))
     rows = batch_rows(config.train, rl)
     lengths = search_r1_lengths(rows, rollout, seed)
     width = padded_width(int(lengths.max()), rollout.max_len)
@@ -65,7 +65,7 @@ def run(config: RunConfig, attention: str = "blockwise", seed: int = 0) -> dict:
                                    cfg.vocab_size)(lengths)))
     padded = learn_flops(batch, padded_config, mesh)
     packed = learn_flops(batch._replace(packing=plan), packed_config, mesh)
-    return {"config": config.model.preset, "attention": attention, "rows": rows, "width": width,
+    return {"config": config.model.preset, "attention": packed_attention, "rows": rows, "width": width,
             "shards": shards,
             "tokens": int(lengths.sum()), "length_mean": float(lengths.mean()),
             "length_max": int(lengths.max()),

@@ -27,6 +27,7 @@ SAME_NAME_OTHER_MEANING = {
     ("searchrl.benchmarks.lengths.search_r1_lengths", "seed"): "a benchmark's length-mix seed",
     ("searchrl.benchmarks.lengths.packing_of", "seed"): "a benchmark's length-mix seed",
     ("searchrl.benchmarks.padding.run", "seed"): "a benchmark's length-mix seed",
+    ("searchrl.benchmarks.attention.packed_ids", "seed"): "a benchmark's length-mix seed",
     ("searchrl.benchmarks.retrieval.synthetic_corpus", "vocab_size"): "a benchmark corpus's, not a demo's",
     ("searchrl.tasks.autosearch.baselines.evaluate_baselines", "options"): "the baselines' Options() with its "
                                                                            "defaults, not RetrievalConfig's",
