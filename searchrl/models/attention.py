@@ -146,6 +146,34 @@ def _trips(slots: int, block: int) -> jax.Array:
     return jnp.asarray(-(-slots // block), jnp.int32)
 
 
+def _softmax_step(carry: tuple[jax.Array, jax.Array, jax.Array], scores: jax.Array, values: jax.Array
+                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One key block of the online softmax: (max, sum of exp(score - max), the weighted values so far), of
+    shapes [..., G, T] and [..., G, T, hd], updated with the block's scores [..., G, T, s] of values
+    [..., s, hd]."""
+    m, l, acc = carry
+    m_new = jnp.maximum(m, scores.max(axis=-1))
+    p = jnp.exp(scores - m_new[..., None])
+    scale = jnp.exp(m - m_new)
+    pv = jnp.einsum("...gts,...sh->...gth", p.astype(values.dtype), values,
+                    preferred_element_type=jnp.float32)
+    return m_new, l * scale + p.sum(axis=-1), acc * scale[..., None] + pv
+
+
+def _block_gradients(scores: jax.Array, m: jax.Array, l: jax.Array, delta: jax.Array, d_out: jax.Array,
+                     q: jax.Array, keys: jax.Array, values: jax.Array
+                     ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """FlashAttention-2's gradients (dq, dk, dv) through one key block, float32: the probabilities recomputed
+    from the block's scores [..., G, T, s] and the saved statistics (max m, sum l); masked slots pass no
+    gradient to q or k (as `where`)."""
+    p = jnp.exp(scores - m[..., None]) / l[..., None]
+    dp = jnp.einsum("...gth,...sh->...gts", d_out, values, preferred_element_type=jnp.float32)
+    ds = jnp.where(scores > MASKED, p * (dp - delta[..., None]), 0.0) / math.sqrt(q.shape[-1])
+    return (jnp.einsum("...gts,...sh->...gth", ds, keys, preferred_element_type=jnp.float32),
+            jnp.einsum("...gts,...gth->...sh", ds, q, preferred_element_type=jnp.float32),
+            jnp.einsum("...gts,...gth->...sh", p, d_out))
+
+
 def _flash_forward(qg: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Array, query_slot: jax.Array,
                    segment_ids: jax.Array | None, block: int
                    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
@@ -156,15 +184,9 @@ def _flash_forward(qg: jax.Array, k: jax.Array, v: jax.Array, key_valid: jax.Arr
     shape = qg.shape[:-1]
 
     def step(i, carry):
-        m, l, acc = carry
         start, first = _block_start(i, block, S)
         scores = _block_scores(qg, k, key_valid, query_slot, segment_ids, start, first, block)
-        m_new = jnp.maximum(m, scores.max(axis=-1))
-        p = jnp.exp(scores - m_new[..., None])
-        scale = jnp.exp(m - m_new)
-        values = jax.lax.dynamic_slice_in_dim(v, start, block, axis=2)
-        pv = jnp.einsum("bkgts,bksh->bkgth", p.astype(v.dtype), values, preferred_element_type=jnp.float32)
-        return m_new, l * scale + p.sum(axis=-1), acc * scale[..., None] + pv
+        return _softmax_step(carry, scores, jax.lax.dynamic_slice_in_dim(v, start, block, axis=2))
 
     init = (jnp.full(shape, MASKED, jnp.float32), jnp.zeros(shape, jnp.float32),
             jnp.zeros((*shape, v.shape[-1]), jnp.float32))
@@ -191,25 +213,14 @@ def _flash_bwd(block, residuals, d_out):
     S = k.shape[2]
     d_out = d_out.astype(jnp.float32)
     delta = jnp.sum(d_out * out.astype(jnp.float32), axis=-1)  # [B, KV, G, T]
-    scale = 1 / math.sqrt(qg.shape[-1])
-
-    def add(buf: jax.Array, start: jax.Array, x: jax.Array) -> jax.Array:
-        return jax.lax.dynamic_update_slice_in_dim(
-            buf, jax.lax.dynamic_slice_in_dim(buf, start, block, axis=2) + x, start, axis=2)
 
     def step(i, carry):
         dq, dk, dv = carry
         start, first = _block_start(i, block, S)
         scores = _block_scores(qg, k, key_valid, query_slot, segment_ids, start, first, block)
-        allowed = scores > MASKED  # attended slots: masked ones pass no gradient to q or k (as `where`)
-        p = jnp.exp(scores - m[..., None]) / l[..., None]  # [B, KV, G, T, block]
         keys, values = (jax.lax.dynamic_slice_in_dim(x, start, block, axis=2) for x in (k, v))
-        dv = add(dv, start, jnp.einsum("bkgts,bkgth->bksh", p, d_out))
-        dp = jnp.einsum("bkgth,bksh->bkgts", d_out, values, preferred_element_type=jnp.float32)
-        ds = jnp.where(allowed, p * (dp - delta[..., None]), 0.0) * scale
-        dq = dq + jnp.einsum("bkgts,bksh->bkgth", ds, keys, preferred_element_type=jnp.float32)
-        dk = add(dk, start, jnp.einsum("bkgts,bkgth->bksh", ds, qg, preferred_element_type=jnp.float32))
-        return dq, dk, dv
+        dq_b, dk_b, dv_b = _block_gradients(scores, m, l, delta, d_out, qg, keys, values)
+        return dq + dq_b, _add_block(dk, start, dk_b, 2), _add_block(dv, start, dv_b, 2)
 
     init = tuple(jnp.zeros(x.shape, jnp.float32) for x in (qg, k, v))
     dq, dk, dv = jax.lax.fori_loop(0, _trips(S, block), step, init)
@@ -217,6 +228,13 @@ def _flash_bwd(block, residuals, d_out):
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def _add_block(buf: jax.Array, start: jax.Array, x: jax.Array, axis: int) -> jax.Array:
+    """`buf` with `x` added into its entries start .. start + len(x) - 1 along `axis`."""
+    block = x.shape[axis]
+    return jax.lax.dynamic_update_slice_in_dim(
+        buf, jax.lax.dynamic_slice_in_dim(buf, start, block, axis=axis) + x, start, axis=axis)
 
 
 def _blocks_of(start: jax.Array, block: int, arrays: tuple[jax.Array, ...], axes: tuple[int, ...]
@@ -240,19 +258,13 @@ def _sparse_forward(qg, k, v, key_valid, query_slot, ids, pairs, block):
     softmax of `_flash_forward`, over the row's block pairs only. A query block no pair names gets output
     0 (its queries have no key)."""
     def step(carry, pair):
-        m, l, acc = carry
         q_start, k_start = jnp.maximum(pair, 0) * block  # a padding pair (-1, -1) reads block 0
-        q, m_b, l_b, acc_b, qs, qi = _blocks_of(q_start, block, (qg, m, l, acc, query_slot, ids),
-                                                (2, 2, 2, 2, 0, 0))
+        q, qs, qi, *stats = _blocks_of(q_start, block, (qg, query_slot, ids, *carry), (2, 0, 0, 2, 2, 2))
         keys, values, valid, ki = _blocks_of(k_start, block, (k, v, key_valid, ids), (1, 1, 0, 0))
         scores = _pair_scores(q, keys, valid, qs, qi, ki, k_start + jnp.arange(block), pair[0] >= 0)
-        m_new = jnp.maximum(m_b, scores.max(axis=-1))
-        p = jnp.exp(scores - m_new[..., None])
-        scale = jnp.exp(m_b - m_new)
-        pv = jnp.einsum("kgts,ksh->kgth", p.astype(v.dtype), values, preferred_element_type=jnp.float32)
-        write = functools.partial(jax.lax.dynamic_update_slice_in_dim, start_index=q_start, axis=2)
-        return (write(m, m_new), write(l, l_b * scale + p.sum(axis=-1)),
-                write(acc, acc_b * scale[..., None] + pv)), None
+        updated = _softmax_step(tuple(stats), scores, values)
+        return tuple(jax.lax.dynamic_update_slice_in_dim(x, u, q_start, axis=2)
+                     for x, u in zip(carry, updated)), None
 
     shape = qg.shape[:-1]
     init = (jnp.full(shape, MASKED, jnp.float32), jnp.zeros(shape, jnp.float32),
@@ -265,8 +277,7 @@ def _sparse_forward(qg, k, v, key_valid, query_slot, ids, pairs, block):
 def _sparse_flash(qg, k, v, key_valid, query_slot, ids, pairs, block):
     """`_flash` of packed rows over their block pairs: qg [B, KV, G, T, hd], k, v [B, KV, T, hd], T a
     multiple of `block`. A `scan` over each row's pairs (their number is static)."""
-    return jax.vmap(_sparse_forward, in_axes=(0,) * 7 + (None,))(qg, k, v, key_valid, query_slot, ids, pairs,
-                                                                   block)[0]
+    return _sparse_flash_fwd(qg, k, v, key_valid, query_slot, ids, pairs, block)[0]
 
 
 def _sparse_flash_fwd(qg, k, v, key_valid, query_slot, ids, pairs, block):
@@ -280,26 +291,18 @@ def _sparse_backward(qg, k, v, key_valid, query_slot, ids, pairs, out, stats, d_
     m, l = stats
     d_out = d_out.astype(jnp.float32)
     delta = jnp.sum(d_out * out.astype(jnp.float32), axis=-1)
-    l = jnp.where(l > 0, l, 1.0)
-    scale = 1 / math.sqrt(qg.shape[-1])
+    l = jnp.where(l > 0, l, 1.0)  # a query block no pair names (a padding pair reads it: p = 0 / 1)
 
     def step(carry, pair):
         dq, dk, dv = carry
         q_start, k_start = jnp.maximum(pair, 0) * block
-        q, do, m_b, l_b, delta_b, dq_b, qs, qi = _blocks_of(
-            q_start, block, (qg, d_out, m, l, delta, dq, query_slot, ids), (2, 2, 2, 2, 2, 2, 0, 0))
-        keys, values, dk_b, dv_b, valid, ki = _blocks_of(k_start, block, (k, v, dk, dv, key_valid, ids),
-                                                         (1, 1, 1, 1, 0, 0))
+        q, do, m_b, l_b, delta_b, qs, qi = _blocks_of(
+            q_start, block, (qg, d_out, m, l, delta, query_slot, ids), (2, 2, 2, 2, 2, 0, 0))
+        keys, values, valid, ki = _blocks_of(k_start, block, (k, v, key_valid, ids), (1, 1, 0, 0))
         scores = _pair_scores(q, keys, valid, qs, qi, ki, k_start + jnp.arange(block), pair[0] >= 0)
-        p = jnp.exp(scores - m_b[..., None]) / l_b[..., None]  # [KV, G, bq, bk]; 0 for a padding pair
-        dp = jnp.einsum("kgth,ksh->kgts", do, values, preferred_element_type=jnp.float32)
-        ds = jnp.where(scores > MASKED, p * (dp - delta_b[..., None]), 0.0) * scale
-        dq = jax.lax.dynamic_update_slice_in_dim(
-            dq, dq_b + jnp.einsum("kgts,ksh->kgth", ds, keys, preferred_element_type=jnp.float32), q_start, 2)
-        dk = jax.lax.dynamic_update_slice_in_dim(
-            dk, dk_b + jnp.einsum("kgts,kgth->ksh", ds, q, preferred_element_type=jnp.float32), k_start, 1)
-        dv = jax.lax.dynamic_update_slice_in_dim(dv, dv_b + jnp.einsum("kgts,kgth->ksh", p, do), k_start, 1)
-        return (dq, dk, dv), None
+        dq_b, dk_b, dv_b = _block_gradients(scores, m_b, l_b, delta_b, do, q, keys, values)
+        return (_add_block(dq, q_start, dq_b, 2), _add_block(dk, k_start, dk_b, 1),
+                _add_block(dv, k_start, dv_b, 1)), None
 
     init = tuple(jnp.zeros(x.shape, jnp.float32) for x in (qg, k, v))
     (dq, dk, dv), _ = jax.lax.scan(step, init, pairs)
