@@ -53,7 +53,6 @@ from searchrl.benchmarks.jaxpr_cost import MatmulCost, matmul_cost
 from searchrl.benchmarks.lengths import packing_of, search_r1_lengths
 from searchrl.rl import advantages, ppo
 from searchrl.rl.config import batch_rows as rl_batch_rows
-from searchrl.rl.train_state import abstract_train_state
 from searchrl.rollout import generate
 from searchrl.run_config import RunConfig
 
@@ -123,8 +122,9 @@ def batch_rows(config: RunConfig) -> int:
     return rl_batch_rows(config.train, config.rl)
 
 
-def learn_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh):
-    """The PPO step's program and abstract (state, batch) at the config's shapes."""
+def learn_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> dict[str, tuple[Any, tuple]]:
+    """The PPO step's programs (`ppo.learn_programs`: "learn", and "score" where the scoring pass is a
+    program of its own) with their abstract (state, batch) at the config's shapes."""
     rows, width = batch_rows(config), config.rollout.max_len
     ppo_config = ppo.PPOConfig.create(config.rl, cfg, models.rules_named(config.mesh.train_rules),
                                       config.mesh.attention)
@@ -146,8 +146,7 @@ def learn_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh):
         replicated = NamedSharding(mesh, PartitionSpec())
         batch = batch._replace(packing=jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), plan))
-    program, batch = ppo.learn_program(batch, ppo_config, mesh)
-    return program, (abstract_train_state(ppo_config.spec, mesh), batch)
+    return ppo.learn_programs(batch, ppo_config, mesh)
 
 
 def rollout_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> dict[str, tuple[Any, tuple]]:
@@ -232,7 +231,7 @@ def report(config: RunConfig, topology: str, devices: Sequence[jax.Device],
     cfg = models.config_from_source(dataclasses.replace(config.model, path=""))
     data, fsdp, tensor = mesh_sizes or (config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
     mesh = models.make_mesh(data, fsdp, tensor, devices=devices)
-    jobs = {"learn": learn_inputs(config, cfg, mesh), **rollout_inputs(config, cfg, mesh)}
+    jobs = {**learn_inputs(config, cfg, mesh), **rollout_inputs(config, cfg, mesh)}
     unknown = set(programs or ()) - set(jobs)
     if unknown:
         raise ValueError(f"unknown programs {sorted(unknown)}; known: {list(jobs)}")

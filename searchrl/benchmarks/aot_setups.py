@@ -71,12 +71,17 @@ def compile_run(config: str, topology: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+STEP_PROGRAMS = ("score", "learn")  # the PPO step's programs (`ppo.learn_programs`)
+
+
 def on_device_gib(rows: dict[str, dict]) -> dict[str, float | None]:
-    """Each program's GiB per device while it runs (None: it did not compile). The PPO step's own figure
-    holds the train state (its arguments); a rollout program's adds the train state, which stays on the
-    devices between steps: the PPO step's arguments (its batch is a few MiB of them)."""
+    """Each program's GiB per device while it runs (None: it did not compile). The PPO step's programs' own
+    figures hold the train state (their arguments); a rollout program's adds the train state, which stays
+    on the devices between steps: the arguments of the step's "learn" program (its batch is a few MiB of
+    them; a reference in host memory is not among them where the scoring pass is a program of its own)."""
     state = rows["learn"].get("arguments_gib", 0.0) if "learn" in rows else 0.0
-    return {name: None if "total_gib" not in row else row["total_gib"] + (0.0 if name == "learn" else state)
+    return {name: None if "total_gib" not in row else row["total_gib"] + (0.0 if name in STEP_PROGRAMS
+                                                                          else state)
             for name, row in rows.items()}
 
 
@@ -99,6 +104,8 @@ def render(results: dict) -> str:
         report, budget = run["report"], budget_gib(run["report"])
         gib = on_device_gib({row["program"]: row for row in report["programs"]})
         cells = [_memory(gib[p], budget) if p in gib else "(chunked: extend)" for p in programs]
+        if "score" in gib:  # the step's scoring pass is a program of its own
+            cells[0] += f"; scoring pass {_memory(gib['score'], budget)}"
         fits = all(g is not None and g <= budget for g in gib.values())
         mesh = ", ".join(str(n) for n in report["mesh"].values())
         lines.append(f"| `{run['config']}` | {run['topology']} | {mesh} | {budget:.0f} | "

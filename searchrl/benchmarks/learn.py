@@ -31,7 +31,7 @@ from searchrl.benchmarks.hardware import GiB, device_chip, device_name
 from searchrl.benchmarks.jaxpr_cost import matmul_cost
 from searchrl.rl import ppo
 from searchrl.rl.config import RLConfig
-from searchrl.rl.train_state import abstract_train_state, init_train_state
+from searchrl.rl.train_state import init_train_state
 from searchrl.run_config import RunConfig
 
 
@@ -71,11 +71,11 @@ def model_flops(cfg: models.ModelConfig, rl: RLConfig, rows: int, width: int) ->
 
 
 def learn_flops(batch: ppo.Batch, config: ppo.PPOConfig, mesh) -> float:
-    """Matmul FLOPs of one `learn` step on `batch` (all devices together), as its program runs them: counted
-    on its jaxpr."""
-    program, batch = ppo.learn_program(batch, config, mesh)
+    """Matmul FLOPs of one `learn` step on `batch` (all devices together), as its programs run them: counted
+    on their jaxprs."""
     with jax.set_mesh(mesh):
-        return matmul_cost(program.trace(abstract_train_state(config.spec, mesh), batch).jaxpr).flops
+        return sum(matmul_cost(program.trace(*args).jaxpr).flops
+                   for program, args in ppo.learn_programs(batch, config, mesh).values())
 
 
 def run(config: RunConfig, steps: int) -> dict:

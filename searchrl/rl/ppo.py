@@ -1,5 +1,6 @@
 """PPO (and GRPO, RLOO, REINFORCE++) readable in one file: `learn(state, batch)` is one RL step as ONE jitted,
-sharded program.
+sharded program (two with the reference in host memory, `rl.offload_reference`: the scoring pass, then the
+rest, which never holds the reference on the devices).
 
     score the rollout (policy log-probs, critic values, reference log-probs; in micro-batches)
     -> KL penalty in the reward (optional; the coefficient's controller steps in the state)
@@ -30,6 +31,7 @@ way; the metric `train/nonfinite` is 1 on such a step.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 from typing import Callable, NamedTuple
@@ -48,7 +50,7 @@ from searchrl.rl import losses
 from searchrl.rl.config import RLConfig
 from searchrl.rl.optim import apply_gradients, learning_rate, make_optimizer
 from searchrl.rl.packing import Packing
-from searchrl.rl.train_state import StateSpec, TrainState, state_shardings
+from searchrl.rl.train_state import StateSpec, TrainState, abstract_train_state, state_shardings
 
 _ROWS = ("batch", "length")
 
@@ -423,27 +425,31 @@ def _check_update_batch(batch: PPOBatch, config: PPOConfig) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _sharded(fn: Callable, config: PPOConfig, mesh: Mesh, batch_specs: NamedTuple, donate: bool):
-    """`fn(config, state, batch)` jitted over the state's and the batch's shardings. With `donate`, it returns
-    (new state, scalar metrics) and the state is donated; without, [B, S] arrays sharded like the tokens."""
+def _sharded(fn: Callable, config: PPOConfig, mesh: Mesh, batch_specs: NamedTuple, donate: bool,
+             reference: bool = True):
+    """`fn(config, state, batch)` jitted over the state's and the batch's shardings (a state without its
+    reference unless `reference`). With `donate`, it returns (new state, scalar metrics) and the state is
+    donated; without, [B, S] arrays sharded like the tokens."""
     shardings = state_shardings(config.spec, mesh)
+    shardings = shardings if reference else shardings._replace(ref=None)
     out = (shardings, NamedSharding(mesh, PartitionSpec())) if donate else batch_specs.tokens
     return jax.jit(functools.partial(fn, config), in_shardings=(shardings, batch_specs), out_shardings=out,
                    donate_argnums=0 if donate else ())
 
 
-def _program(fn: Callable, batch: NamedTuple, config: PPOConfig, mesh: Mesh, donate: bool
-             ) -> tuple[Callable, NamedTuple, NamedTuple]:
+def _program(fn: Callable, batch: NamedTuple, config: PPOConfig, mesh: Mesh, donate: bool,
+             reference: bool = True) -> tuple[Callable, NamedTuple, NamedTuple]:
     """`fn` jitted for batches shaped like `batch` (once per config, mesh and batch shape), `batch` as it
     takes it, and its shardings."""
     batch = batch._replace(temperature=np.float32(batch.temperature))  # one dtype: no retrace per caller type
     shardings = batch_shardings(batch, mesh, config)
-    return _sharded(fn, config, mesh, shardings, donate), batch, shardings
+    return _sharded(fn, config, mesh, shardings, donate, reference), batch, shardings
 
 
-def _run(fn: Callable, state: TrainState, batch: NamedTuple, config: PPOConfig, mesh: Mesh, donate: bool):
+def _run(fn: Callable, state: TrainState, batch: NamedTuple, config: PPOConfig, mesh: Mesh, donate: bool,
+         reference: bool = True):
     """`fn` on (state, batch); host arrays of `batch` are put on the mesh explicitly."""
-    jitted, batch, shardings = _program(fn, batch, config, mesh, donate)
+    jitted, batch, shardings = _program(fn, batch, config, mesh, donate, reference)
     batch = jax.tree.map(lambda x, s: x if isinstance(x, jax.Array) else jax.device_put(x, s), batch,
                          shardings)
     with jax.set_mesh(mesh):
@@ -517,12 +523,26 @@ def explained_variance(returns: jax.Array, values: jax.Array, mask: jax.Array) -
     return 1.0 - adv_lib.masked_var(returns - values, mask) / (adv_lib.masked_var(returns, mask) + 1e-5)
 
 
+# A `Batch` with its scoring pass's outputs: what the step after scoring reads.
+_ScoredBatch = collections.namedtuple("_ScoredBatch", (*Batch._fields, "logprobs", "values", "ref_logprobs"))
+
+
+def _score_batch(config: PPOConfig, state: TrainState, batch: Batch):
+    return _score(config, state, batch.tokens, batch.attention_mask, batch.temperature, batch.packing)
+
+
 def _learn(config: PPOConfig, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
     """One RL step (the module docstring's pipeline), pure."""
+    return _learn_scored(config, state, _ScoredBatch(*batch, *_score_batch(config, state, batch)))
+
+
+def _learn_scored(config: PPOConfig, state: TrainState, scored: _ScoredBatch) -> tuple[TrainState, dict]:
+    """The step after its scoring pass, pure: KL penalty, advantages, PPO epochs (the reference's log-probs
+    are in `scored`: `state.ref` is not read)."""
     rl = config.rl
+    batch = Batch(*scored[:len(Batch._fields)])
+    logprobs, values, ref = scored.logprobs, scored.values, scored.ref_logprobs
     mask = batch.loss_mask.astype(jnp.float32)
-    logprobs, values, ref = _score(config, state, batch.tokens, batch.attention_mask, batch.temperature,
-                                   batch.packing)
     rewards, metrics, kl_state = batch.token_rewards, {}, state.kl
     if rl.kl_in_reward:
         rewards, kl = kl_lib.apply_kl_penalty(rewards, logprobs, ref, mask, state.kl.coef,
@@ -551,14 +571,32 @@ def learn(state: TrainState, batch: Batch, config: PPOConfig, mesh: Mesh) -> tup
     """One RL step on a rollout batch as one jitted, sharded program: score -> KL penalty -> advantages ->
     PPO epochs. `state` is donated. Returns the new state and scalar metrics (device arrays): `ppo_update`'s,
     rollout/{logprob_gap_max, kl, kl_coef} and critic/vf_explained_var. Non-finite rewards (KL penalty
-    included) skip the update and keep the KL controller's state; train/nonfinite is then 1."""
+    included) skip the update and keep the KL controller's state; train/nonfinite is then 1.
+
+    With the reference in host memory (`rl.offload_reference`), the scoring pass is a program of its own
+    (it copies the reference to the devices) and the rest another, given the state without its reference:
+    the PPO epochs then never hold it (verl, too, scores with the reference in a pass of its own)."""
     _check_rows(batch, config)
-    return _run(_learn, state, batch, config, mesh, donate=True)
+    if not config.spec.offload_reference or state.ref is None:
+        return _run(_learn, state, batch, config, mesh, donate=True)
+    scored = _ScoredBatch(*batch, *_run(_score_batch, state, batch, config, mesh, donate=False))
+    new_state, metrics = _run(_learn_scored, state._replace(ref=None), scored, config, mesh, donate=True,
+                              reference=False)
+    return new_state._replace(ref=state.ref), metrics
 
 
-def learn_program(batch: Batch, config: PPOConfig, mesh: Mesh) -> tuple[Callable, Batch]:
-    """`learn`'s jitted program for batches shaped like `batch` (arrays or `jax.ShapeDtypeStruct`s), and
-    `batch` as it takes it: for ahead-of-time lowering (`searchrl.benchmarks.aot`), under
-    `jax.set_mesh(mesh)`."""
+def learn_programs(batch: Batch, config: PPOConfig, mesh: Mesh) -> dict[str, tuple[Callable, tuple]]:
+    """`learn`'s jitted programs for batches shaped like `batch` (arrays or `jax.ShapeDtypeStruct`s), each
+    with its abstract (state, batch) arguments, for ahead-of-time lowering (`searchrl.benchmarks.aot`) under
+    `jax.set_mesh(mesh)`: {"learn": the step} or, with the reference in host memory, {"score": its scoring
+    pass, "learn": the rest}."""
     _check_rows(batch, config)
-    return _program(_learn, batch, config, mesh, donate=True)[:2]
+    state = abstract_train_state(config.spec, mesh)
+    if not config.spec.offload_reference or state.ref is None:
+        program, batch = _program(_learn, batch, config, mesh, donate=True)[:2]
+        return {"learn": (program, (state, batch))}
+    score_program, batch, shardings = _program(_score_batch, batch, config, mesh, donate=False)
+    per_token = jax.ShapeDtypeStruct(batch.tokens.shape, jnp.float32, sharding=shardings.tokens)
+    scored = _ScoredBatch(*batch, per_token, per_token if config.spec.critic else None, per_token)
+    program, scored = _program(_learn_scored, scored, config, mesh, donate=True, reference=False)[:2]
+    return {"score": (score_program, (state, batch)), "learn": (program, (state._replace(ref=None), scored))}

@@ -134,6 +134,12 @@ def test_the_setups_table_marks_what_exceeds_the_budget():
     row = aot_setups.render(results).splitlines()[-1]
     assert row == ("| `x.py:paper,a100x8` | a100:8 | 1, 8, 1 | 60 | 30.0 | (chunked: extend) | 59.5 "
                    "| 60.5 (over) | no |")
+    # A scoring pass of its own (the reference in host memory) holds its own arguments and is shown beside.
+    report["programs"] = [state, _setups_row("score", 61.0) | {"arguments_gib": 24.0},
+                          _setups_row("extend", 39.5), _setups_row("decode", 40.0)]
+    row = aot_setups.render(results).splitlines()[-1]
+    assert row == ("| `x.py:paper,a100x8` | a100:8 | 1, 8, 1 | 60 | 30.0; scoring pass 61.0 (over) "
+                   "| (chunked: extend) | 59.5 | 60.0 | no |")
 
 
 def test_the_docs_table_of_the_papers_setups_is_the_results_files():
