@@ -12,8 +12,9 @@ Mosaic on TPUs, for the PPO step's rows; the blockwise XLA implementation agains
 recomputes each layer in the backward pass (`rl.remat`) and, as every run does, computes the LM head in
 chunks of `rl.logits_chunk` positions and packs the PPO step's rows (`rl.pack`). On 2 and 4 A100s
 (DeepRetrieval) the reference model waits in host memory between scoring passes (`rl.offload_reference`), as
-DeepRetrieval's scripts keep it (`actor_rollout_ref.ref.fsdp_config.param_offload=True`), and on 4 (Coder-7B)
-JAX preallocates 0.9 of each GPU's memory (`distributed.memory_fraction`) instead of its default 0.75.
+DeepRetrieval's scripts keep it (`actor_rollout_ref.ref.fsdp_config.param_offload=True`): the scoring pass is
+then a program of its own, and the PPO epochs never hold the reference. On 4 (Coder-7B) JAX preallocates 0.9
+of each GPU's memory (`distributed.memory_fraction`) instead of its default 0.75.
 `python -m searchrl.benchmarks.aot --config configs/FILE.py:PRESET,SETUP --topology ...` compiles every
 program of the run for the setup's devices without them and reports its memory (docs/benchmarks.md).
 """

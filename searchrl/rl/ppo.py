@@ -429,12 +429,13 @@ def _sharded(fn: Callable, config: PPOConfig, mesh: Mesh, batch_specs: NamedTupl
              reference: bool = True):
     """`fn(config, state, batch)` jitted over the state's and the batch's shardings (a state without its
     reference unless `reference`). With `donate`, it returns (new state, scalar metrics) and the state is
-    donated; without, [B, S] arrays sharded like the tokens."""
+    donated; without, [B, S] arrays sharded like the tokens. Arguments `fn` does not read stay arguments,
+    so a program's memory report (`searchrl.benchmarks.aot`) counts the whole state beside it."""
     shardings = state_shardings(config.spec, mesh)
     shardings = shardings if reference else shardings._replace(ref=None)
     out = (shardings, NamedSharding(mesh, PartitionSpec())) if donate else batch_specs.tokens
     return jax.jit(functools.partial(fn, config), in_shardings=(shardings, batch_specs), out_shardings=out,
-                   donate_argnums=0 if donate else ())
+                   donate_argnums=0 if donate else (), keep_unused=True)
 
 
 def _program(fn: Callable, batch: NamedTuple, config: PPOConfig, mesh: Mesh, donate: bool,
