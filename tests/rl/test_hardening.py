@@ -87,9 +87,7 @@ def test_nonfinite_rewards_skip_the_update_in_the_same_program():
     state, metrics = ppo.learn(state, rollout_batch(2), config, test_ppo.ONE)
     assert float(metrics["train/nonfinite"]) == 0.0
     assert test_ppo.max_abs_diff(test_ppo.host(state.policy), before.policy) > 1e-5
-    batch = rollout_batch(0)
-    jitted = ppo._sharded(ppo._learn, config, test_ppo.ONE, ppo.batch_shardings(
-        batch._replace(temperature=np.float32(1.0)), test_ppo.ONE, config), True)
+    jitted = ppo._program(ppo._learn, rollout_batch(0), config, test_ppo.ONE, donate=True)[0]
     assert jitted._cache_size() == 1
 
 

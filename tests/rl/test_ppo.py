@@ -223,7 +223,7 @@ def test_update_compiles_once():
     for seed in range(3):
         batch = make_batch(config, make_data(seed))
         state, _ = ppo.ppo_update(state, batch, config, ONE)
-    jitted = ppo._sharded(ppo._ppo_update, config, ONE, ppo.batch_shardings(batch, ONE, config), True)
+    jitted = ppo._program(ppo._ppo_update, batch, config, ONE, donate=True)[0]
     assert jitted._cache_size() == 1
     assert int(state.step) == 3
 
