@@ -87,8 +87,8 @@ def tiny(config):
                                obs_buckets=(112, 192), max_len=48 + 3 * 24 + 2 * 112, chunk_steps=12))
     config.rollout.sampling.temperature = 1.0
     # The cold start: prompts and first turns of every training task of every GlobalQA type (the copy of the
-    # group's name into the query, cheap: up to 97 tokens each in the worlds of seeds 0-4), then whole
-    # trajectories of the trained types.
+    # group's name into the query, cheap: rows of 128 tokens, as seed 4's world has some of more than 96),
+    # then whole trajectories of the trained types.
     config.demo.prefix_sft.update(dict(steps=300, batch_size=64, max_len=128))
     config.demo.prefix_sft.optim.update(dict(lr=3e-3, warmup_steps=20, decay="cosine", decay_steps=300,
                                              min_lr_ratio=0.1))
