@@ -1,5 +1,6 @@
 """What every attention implementation module shares: the registry `ATTENTION` that `AttentionConfig.impl`
-selects from, the score of a masked key, and the backend each accelerator-only implementation needs.
+selects from, the score of a masked key, the backend each accelerator-only implementation needs, and packed
+rows' `Segments` with the block pairs that hold their visible (query, key) pairs (listed on the host).
 (`searchrl.models.attention` holds the implementations in plain XLA and the visibility rule they all follow;
 `searchrl.models.attention_pallas` the Pallas kernels.)"""
 from __future__ import annotations
@@ -21,9 +22,9 @@ ATTENTION: Registry[Attention] = Registry("attention implementation", "config.me
 class Segments(NamedTuple):
     """The sequences of packed rows (no cache, T == S): query t sees key s only if ids[b, s] == ids[b, t].
 
-    `block_pairs` [B, P, 2] (optional) are, per row, the (query block, key block) pairs of `block` slots that
-    hold every visible (query, key) pair (`visible_block_pairs`), then (-1, -1) to P. An implementation in
-    `SKIPS_BLOCKS` computes only those blocks; the others read the ids alone. Queries with no visible key
+    `block_pairs` [B, P, 2] (optional) are, per row, the (query block, key block) pairs that hold every
+    visible (query, key) pair (`visible_block_pairs`, blocks of `attention.pair_block` slots), then (-1, -1)
+    to P. An implementation in `SKIPS_BLOCKS` computes only those blocks; the others read the ids alone. Queries with no visible key
     stay unspecified either way."""
 
     ids: jax.Array  # int [B, T]
