@@ -24,8 +24,8 @@ class Segments(NamedTuple):
 
     `block_pairs` [B, P, 2] (optional) are, per row, the (query block, key block) pairs that hold every
     visible (query, key) pair (`visible_block_pairs`, blocks of `attention.pair_block` slots), then (-1, -1)
-    to P. An implementation in `SKIPS_BLOCKS` computes only those blocks; the others read the ids alone. Queries with no visible key
-    stay unspecified either way."""
+    to P. An implementation in `SKIPS_BLOCKS` computes only those blocks; the others read the ids alone.
+    Queries with no visible key stay unspecified either way."""
 
     ids: jax.Array  # int [B, T]
     block_pairs: jax.Array | None = None  # int32 [B, P, 2]
