@@ -57,11 +57,8 @@ def attention_call(cfg: ModelConfig, batch: int, seq: int, dtype: str, config: A
     segments = None
     if ids is not None:
         block = attention_lib.pair_block(config)
-        pairs = visible_block_pairs(ids, ids > 0, block) if block else []
-        padded = np.full((batch, max(map(len, pairs), default=0), 2), -1, np.int32)
-        for row, p in enumerate(pairs):
-            padded[row, :len(p)] = p
-        segments = Segments(jnp.asarray(ids), jnp.asarray(padded))
+        segments = Segments(jnp.asarray(ids), jnp.asarray(visible_block_pairs(ids, ids > 0, block)) if block
+                            else None)
 
     def loss(q, k, v):
         out = attention_lib.attention(q, k, v, key_valid, query_slot, config, segments)

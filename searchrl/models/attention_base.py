@@ -31,11 +31,12 @@ class Segments(NamedTuple):
     block_pairs: jax.Array | None = None  # int32 [B, P, 2]
 
 
-def visible_block_pairs(ids: np.ndarray, valid: np.ndarray, block: int) -> list[np.ndarray]:
-    """Per packed row (host arrays: segment ids [R, W] and whether each slot holds a token), the (query
-    block, key block) pairs [n, 2] of `block` slots with a visible (query, key) pair, sorted: query block i
-    needs key blocks from the one holding the first slot of the earliest segment among its queries up to i
-    (keys come at or before their query, in its segment). A block of padding alone needs none."""
+def visible_block_pairs(ids: np.ndarray, valid: np.ndarray, block: int, multiple: int = 1) -> np.ndarray:
+    """Int32 [R, P, 2]: per packed row (host arrays: segment ids [R, W] and whether each slot holds a token),
+    the (query block, key block) pairs of `block` slots with a visible (query, key) pair, sorted, then
+    (-1, -1) up to P, the most any row has rounded up to a multiple of `multiple`. Query block i needs key
+    blocks from the one holding the first slot of the earliest segment among its queries up to i (keys come
+    at or before their query, in its segment); a block of padding alone needs none."""
     pairs = []
     for row_ids, row_valid in zip(np.asarray(ids), np.asarray(valid, bool)):
         slots = np.flatnonzero(row_valid)
@@ -43,9 +44,11 @@ def visible_block_pairs(ids: np.ndarray, valid: np.ndarray, block: int) -> list[
         earliest = np.full(round_up(len(row_ids), block), np.iinfo(np.int64).max)
         earliest[slots] = slots[first[np.searchsorted(known, row_ids[slots])]]
         lowest = earliest.reshape(-1, block).min(axis=1) // block
-        pairs.append(np.asarray([(i, j) for i, lo in enumerate(lowest) if lo <= i for j in range(lo, i + 1)],
-                                np.int32).reshape(-1, 2))
-    return pairs
+        pairs.append([(i, j) for i, lo in enumerate(lowest) if lo <= i for j in range(lo, i + 1)])
+    padded = np.full((len(pairs), round_up(max(map(len, pairs), default=0), multiple), 2), -1, np.int32)
+    for row, p in enumerate(pairs):
+        padded[row, :len(p)] = np.reshape(p, (-1, 2))
+    return padded
 
 
 def round_up(n: int, multiple: int) -> int:

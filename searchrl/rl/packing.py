@@ -86,18 +86,15 @@ def _block_pairs(sources: np.ndarray, width: int, empty: int, block: int) -> np.
     """The packed rows' block pairs [..., P, 2] (module docstring) from their `sources` [..., rows, W] of a
     batch of `width` slots a row."""
     flat = sources.reshape(-1, sources.shape[-1])
-    pairs = visible_block_pairs(flat // width, flat != empty, block)
-    count = round_up(max((len(p) for p in pairs), default=0), -(-flat.shape[1] // block))
-    padded = np.full((len(pairs), count, 2), -1, np.int32)
-    for row, p in enumerate(pairs):
-        padded[row, :len(p)] = p
-    return padded.reshape(*sources.shape[:-1], count, 2)
+    pairs = visible_block_pairs(flat // width, flat != empty, block, multiple=-(-flat.shape[1] // block))
+    return pairs.reshape(*sources.shape[:-1], *pairs.shape[1:])
 
 
-def packed_widths(width: int, max_width: int | None = None) -> list[int]:
-    """The packed widths `pack` tries for a batch of `width` slots a row: `width`, and `WIDENINGS`
-    sixteenths of it in multiples of `ALIGN` up to `max_width`."""
-    wider = {round_up(width * n // 16, ALIGN) for n in WIDENINGS}
+def packed_widths(width: int, block: int, max_width: int | None = None) -> list[int]:
+    """The packed widths `pack` tries for a batch of `width` slots a row: `width`, and with block pairs of
+    `block` slots (0: none) `WIDENINGS` sixteenths of it in multiples of `ALIGN` up to `max_width`. Without
+    block pairs `width` alone: attention that computes every pair of a row would pay for a wider one."""
+    wider = {round_up(width * n // 16, ALIGN) for n in WIDENINGS} if block else set()
     return sorted({width} | {w for w in wider if width <= w <= (max_width or w)})
 
 
@@ -105,12 +102,11 @@ def pack(lengths: np.ndarray, orders: np.ndarray, minibatch_size: int, sequences
          width: int, block: int = 0, widths: Sequence[int] | None = None) -> Packing:
     """The packed layout (`Packing`) of a batch whose row b holds `lengths[b]` tokens (a prefix of its
     `width` slots), updated in `orders` [E, B] (each epoch's rows, minibatch after minibatch), in packed rows
-    of the one of `widths` that takes the fewest slots; with `block`, its rows' block pairs of `block` slots.
-    By default `widths` are `packed_widths(width)` with block pairs, else `width` alone: attention that
-    computes every pair of a row would pay for a wider one."""
+    of the one of `widths` (default `packed_widths(width, block)`) that takes the fewest slots; with `block`,
+    its rows' block pairs of `block` slots."""
     lengths = np.asarray(lengths, np.int64)
     batch = lengths.size
-    widths = widths or (packed_widths(width) if block else [width])
+    widths = widths or packed_widths(width, block)
     if lengths.max(initial=0) > min(widths):
         raise ValueError(f"a row of {lengths.max()} tokens does not fit in packed rows of {min(widths)}")
     epochs = np.asarray(orders).reshape(len(orders), -1, minibatch_size)

@@ -476,7 +476,7 @@ def _score(config: PPOConfig, state: TrainState, tokens, attention_mask, tempera
     `packing` (each sequence once)."""
     rows, width = tokens.shape
     ref_params = state.ref
-    if config.spec.offload_reference and ref_params is not None:  # in host memory: a device copy for now
+    if config.spec.reference_on_host:  # in host memory: a device copy for this pass
         ref_params = jax.device_put(ref_params, jax.memory.Space.Device)
 
     def one(x):
@@ -578,7 +578,7 @@ def learn(state: TrainState, batch: Batch, config: PPOConfig, mesh: Mesh) -> tup
     (it copies the reference to the devices) and the rest another, given the state without its reference:
     the PPO epochs then never hold it (verl, too, scores with the reference in a pass of its own)."""
     _check_rows(batch, config)
-    if not config.spec.offload_reference or state.ref is None:
+    if not config.spec.reference_on_host:
         return _run(_learn, state, batch, config, mesh, donate=True)
     scored = _ScoredBatch(*batch, *_run(_score_batch, state, batch, config, mesh, donate=False))
     new_state, metrics = _run(_learn_scored, state._replace(ref=None), scored, config, mesh, donate=True,
@@ -593,7 +593,7 @@ def learn_programs(batch: Batch, config: PPOConfig, mesh: Mesh) -> dict[str, tup
     pass, "learn": the rest}."""
     _check_rows(batch, config)
     state = abstract_train_state(config.spec, mesh)
-    if not config.spec.offload_reference or state.ref is None:
+    if not config.spec.reference_on_host:
         program, batch = _program(_learn, batch, config, mesh, donate=True)[:2]
         return {"learn": (program, (state, batch))}
     score_program, batch, shardings = _program(_score_batch, batch, config, mesh, donate=False)

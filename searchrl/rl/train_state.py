@@ -47,6 +47,11 @@ class StateSpec:
     offload_reference: bool = False  # the reference in host memory (`RLConfig.offload_reference`)
     rules: ShardingRules = dataclasses.field(kw_only=True)  # the params' layout: `MeshConfig.train_rules`
 
+    @property
+    def reference_on_host(self) -> bool:
+        """Whether the state holds a reference, in host memory."""
+        return self.reference and self.offload_reference
+
 
 def _init(spec: StateSpec, policy: dict, critic: dict | None, key_data: jax.Array, kl_coef: float
           ) -> TrainState:
@@ -104,7 +109,7 @@ def state_shardings(spec: StateSpec, mesh: Mesh) -> TrainState:
 
 def _reference_shardings(spec: StateSpec, policy: dict) -> dict | None:
     """The reference's shardings: the policy's, in pinned host memory with `spec.offload_reference`."""
-    if not spec.reference or not spec.offload_reference:
+    if not spec.reference_on_host:
         return policy if spec.reference else None
     return jax.tree.map(lambda s: s.with_memory_kind("pinned_host"), policy)
 

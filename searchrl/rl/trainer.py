@@ -305,9 +305,8 @@ class Trainer:
         lengths = np.concatenate([np.asarray(x) for x in distributed.all_processes(lengths.tolist())])
         orders = ppo.update_orders(self.state, self.batch_rows, self.ppo)
         block = models.pair_block(self.ppo.attention)
-        widths = packing.packed_widths(width, self.ppo.spec.model.sliding_window) if block else None
         plan = packing.pack(lengths, orders, rl.minibatch_size, rl.micro_batch_size, self.shards, width,
-                            block, widths)
+                            block, packing.packed_widths(width, block, self.ppo.spec.model.sliding_window))
         shape = (plan.width, plan.micro_batches, plan.block_pairs.shape[-2])
         if shape not in self.packed_shapes:
             self.packed_shapes.add(shape)

@@ -373,7 +373,8 @@ def test_pack_widens_rows_where_that_takes_fewer_slots():
     orders = np.arange(4)[None]
     plan = packing.pack(lengths, orders, minibatch_size=4, sequences=4, rows=2, width=256, block=64)
     assert (plan.width, plan.micro_batches) == (384, 1)
-    assert packing.packed_widths(256) == [256, 384] and packing.packed_widths(256, max_width=300) == [256]
+    assert packing.packed_widths(256, block=64) == [256, 384] and packing.packed_widths(256, 0) == [256]
+    assert packing.packed_widths(256, block=64, max_width=300) == [256]
     narrow = packing.pack(lengths, orders, minibatch_size=4, sequences=4, rows=2, width=256)
     assert (narrow.width, narrow.micro_batches) == (256, 2)
     for p in (plan, narrow):  # every sequence whole, each in its own segment of the batch's slots
