@@ -100,7 +100,8 @@ def claims_table(claims: Sequence[dict[str, Any]]) -> str:
 
 
 def measured_text(measured: Any) -> str:
-    """A claim's measured value in words: mean [low, high] over n seeds, or its per-seed verdicts."""
+    """A claim's measured value in words: mean [low, high] over n seeds, its per-seed verdicts, or each of
+    several named measurements."""
     if isinstance(measured, dict) and "mean" in measured:
         if measured["low"] is None:
             return f"{measured['mean']:.3f} (1 seed)"
@@ -109,7 +110,9 @@ def measured_text(measured: Any) -> str:
     if isinstance(measured, dict) and "per_seed" in measured:
         held = measured["per_seed"]
         return f"{sum(map(bool, held.values()))} of {len(held)} seeds"
-    return str(measured)
+    if isinstance(measured, dict):  # several named measurements
+        return "; ".join(f"{name} {measured_text(value)}" for name, value in measured.items())
+    return f"{measured:.3f}" if isinstance(measured, float) else str(measured)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
