@@ -106,6 +106,9 @@ def test_claims_table_states_failures():
     failing = claim("rpl", "b", "mutation gain", {"per_seed": {"0": 0.01}, **interval([0.01])}, "> 0", False)
     table = reproduce.claims_table([failing])
     assert "| rpl | mutation gain | 0.010 (1 seed) | > 0 | **no** |" in table
+    several = {"extra_em_loss": interval([0.1, 0.3]), "one_hop_drop": {"a": 0.4, "b": 0.5}, "drop_gap": 0.1}
+    assert reproduce.measured_text(several) == (
+        "extra_em_loss 0.200 [-1.071, 1.471], 2 seeds; one_hop_drop a 0.400; b 0.500; drop_gap 0.100")
 
 
 def test_a_paper_run_again_replaces_only_its_own_record(tmp_path, monkeypatch):
