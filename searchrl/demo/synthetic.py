@@ -105,6 +105,23 @@ _VOWELS, _CODAS = "aeiou", ("", "", "", "r", "l", "n", "s")
 _LAST_VOWELS, _LAST_CODAS = "aou", ("", "", "n", "m", "k", "th")
 
 
+
+def _syllable_pattern() -> str:
+    """A regex matching each syllable of a name word after its first: an onset and a vowel, and a coda unless
+    a vowel follows it (then it is the next onset). Only inside words that start like a name (a capitalised
+    onset, then a vowel), so that ordinary words keep their BPE merges."""
+    onset = "(?:" + "|".join(sorted(_ONSETS, key=len, reverse=True)) + ")"
+    first = "(?:" + "|".join(sorted((o.capitalize() for o in _ONSETS), key=len, reverse=True)) + ")"
+    codas = sorted({c for c in _CODAS + _LAST_CODAS if c}, key=len, reverse=True)
+    return rf"(?<=\b{first}[aeiou][a-z]*){onset}[aeiou](?:(?:{'|'.join(codas)})(?![aeiou]))?"
+
+
+# The demo tokenizer's split_pattern: names become syllable tokens, the same inventory in every split, so that
+# copying an unseen name is copying tokens seen in training (byte-level BPE otherwise cuts each name its own
+# way, often after its first letter, which near-duplicates such as Fusso and Fasso then share).
+NAME_SYLLABLES = _syllable_pattern()
+
+
 @dataclasses.dataclass
 class Entity:
     """`attributes` maps relation names to a literal (year, occupation, industry) or another entity's id."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Iterable, Sequence
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 import transformers
 
 from searchrl import cli
@@ -35,10 +35,17 @@ def train_bpe_tokenizer(
     vocab_size: int,
     out_dir: str | None = None,
     special_tokens: Sequence[str] = PROTOCOL_TAGS,
+    split_pattern: str | None = None,
 ) -> transformers.PreTrainedTokenizerBase:
-    """Trains a byte-level BPE tokenizer (EOS first, then `special_tokens`), saving it to `out_dir` if given."""
+    """Trains a byte-level BPE tokenizer (EOS first, then `special_tokens`), saving it to `out_dir` if given.
+
+    split_pattern: a regex whose every match becomes a piece of its own before byte-level BPE, so that no
+    token spans a match's boundary (a world's names cut into syllables, say).
+    """
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.pre_tokenizer = byte_level if split_pattern is None else pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(split_pattern), behavior="isolated"), byte_level])
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -2,6 +2,7 @@
 plan query, reader compatibility, and scale."""
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -10,10 +11,11 @@ import pytest
 import Stemmer
 
 from searchrl.data import read_flashrag_jsonl
-from searchrl.demo.synthetic import (DISTRACTOR, ORG_SUFFIXES, RELATIONS, SPLITS, TYPE_RELATIONS,
-                                     generate_world, write_world)
+from searchrl.demo.synthetic import (DISTRACTOR, NAME_SYLLABLES, ORG_SUFFIXES, RELATIONS, SPLITS,
+                                     TYPE_RELATIONS, generate_world, write_world)
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.retrieval.corpus import CorpusStore
+from searchrl.text.tokenizer import load_tokenizer, train_bpe_tokenizer
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FILES = ("corpus.jsonl", "train.jsonl", "dev.jsonl", "test.jsonl", "world.json")
@@ -226,3 +228,31 @@ def test_hundred_thousand_passages(tmp_path):
           f"written in {time.perf_counter() - start - generated:.1f} s")
     assert len(world.passages) >= 100_000
     assert sum(1 for _ in open(tmp_path / "corpus.jsonl", encoding="utf-8")) == len(world.passages)
+
+
+def test_demo_tokenizer_cuts_names_into_syllables(world, tmp_path):
+    """With `NAME_SYLLABLES`, every token of a name word lies within one syllable (the first syllable keeps
+    its leading space), other words tokenize as without it, and decoding gives the text back."""
+    from tokenizers import Regex, pre_tokenizers
+
+    split = pre_tokenizers.Split(Regex(NAME_SYLLABLES), behavior="isolated")
+    assert [p for p, _ in split.pre_tokenize_str(" Hirtho Mavon's father, Nisstok Zerorkran; The Guild")] == [
+        " Hir", "tho", " Ma", "von", "'s father, Nis", "stok", " Ze", "ror", "kran", "; The Guild"]
+    texts = [p.to_json()["contents"] for p in world.passages]
+    train_bpe_tokenizer(texts, 600, out_dir=tmp_path, split_pattern=NAME_SYLLABLES)
+    tokenizer = load_tokenizer(str(tmp_path))  # as the demo reads it back
+    syllable = re.compile(r" ?(?:[bdfghklmnprstvz]|br|dr|kr|st|th)[aeiou](?:[rlnsmk]|th)?", re.IGNORECASE)
+    for entity in world.entities.values():
+        for word in entity.name.split():
+            if word in ORG_SUFFIXES:
+                continue
+            pieces = [p for p, _ in split.pre_tokenize_str(" " + word)]
+            assert "".join(pieces) == " " + word and all(syllable.fullmatch(p) for p in pieces)
+            tokens = tokenizer.convert_ids_to_tokens(tokenizer.encode(" " + word))
+            ends = {len("".join(pieces[: i + 1])) for i in range(len(pieces))}
+            spans = [len("".join(t.replace("Ġ", " ") for t in tokens[: i + 1])) for i in range(len(tokens))]
+            assert ends <= set(spans), (word, tokens)
+    plain = train_bpe_tokenizer(texts, 600)
+    sentence = "The Guild was founded in 1901."
+    assert tokenizer.tokenize(sentence) == plain.tokenize(sentence)
+    assert all(tokenizer.decode(tokenizer.encode(t)) == t for t in texts[:200])

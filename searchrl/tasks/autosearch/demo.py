@@ -63,7 +63,8 @@ def build_world(config: RunConfig, demo: DemoConfig) -> dict[str, str]:
     texts = [p.to_json()["contents"] for p in world.passages]
     texts += [q["question"] + " " + q["golden_answers"][0] for qs in world.questions.values() for q in qs]
     texts += [scripted.search_turn("x"), scripted.answer_turn("x"), config.env.prompt_template]
-    train_bpe_tokenizer(texts, demo.vocab_size, out_dir=config.tokenizer)
+    train_bpe_tokenizer(texts, demo.vocab_size, out_dir=config.tokenizer,
+                        split_pattern=synthetic.NAME_SYLLABLES)
     return {k: str(v) for k, v in paths.items()}
 
 
