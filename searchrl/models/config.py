@@ -364,6 +364,7 @@ ModelSource = dataclasses.make_dataclass("ModelSource", [
     ("param_dtype", str, "float32"),  # bfloat16 on accelerators; master weights stay float32 in the optimizer
     *((name, kind | None, None) for name, kind in OVERRIDABLE.items()),
 ], frozen=True)
+ModelSource.__module__ = __name__  # picklable (a run's config goes to the processes that run its seeds)
 
 
 def config_from_source(model: ModelSource) -> ModelConfig:

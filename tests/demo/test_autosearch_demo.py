@@ -130,7 +130,8 @@ def test_demo_pipeline_writes_its_results(tmp_path):
     config = autosearch.get_config("tiny")
     workdir = str(tmp_path / "demo")
     config.workdir = workdir
-    config.demo.update(dict(entities=60, eval_questions=8, budgets=(0, 1), seeds=(0, 1), arms=ARMS))
+    config.demo.update(dict(entities=60, eval_questions=8, budgets=(0, 1), seeds=(0, 1), arms=ARMS,
+                            parallel_seeds=2))  # the seeds side by side, as `make reproduce` runs them
     # One step per SFT stage: a later step compiles the SFT step again (its rows pad to another width, or
     # the params come back with the mesh's sharding), which this shape check does not need.
     config.sft.update(dict(steps=1, batch_size=8))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from searchrl.demo import publish, reproduce
-from searchrl.demo.results import claim, excludes_zero, interval, paired
+from searchrl.demo.results import claim, excludes_zero, interval, paired, run_seeds
 
 # Student-t 0.975 quantile with 4 degrees of freedom (statistical tables): 2.7764.
 T_975_4 = 2.776445
@@ -37,6 +38,20 @@ def test_paired_difference_is_per_seed():
     gain = paired(per_seed, "rl", "sft", "r")
     assert gain["per_seed"] == {"0": pytest.approx(0.4), "1": pytest.approx(0.2)}
     assert gain["mean"] == pytest.approx(0.3) and gain["n"] == 2
+
+
+def pid_and_square(x: int) -> tuple[int, int]:
+    return os.getpid(), x * x
+
+
+def test_seeds_side_by_side_give_what_one_after_another_gives():
+    alone = run_seeds(pid_and_square, [3, 1, 4], processes=1)
+    side_by_side = run_seeds(pid_and_square, [3, 1, 4], processes=2)
+    assert [r for _, r in side_by_side] == [r for _, r in alone] == [9, 1, 16]  # in the jobs' order
+    assert {pid for pid, _ in alone} == {os.getpid()}
+    assert os.getpid() not in {pid for pid, _ in side_by_side}
+    with pytest.raises(ValueError, match="processes must be >= 1"):
+        run_seeds(pid_and_square, [3], processes=0)
 
 
 def record(root: Path, recall_gains: list[float]) -> dict:

@@ -21,6 +21,7 @@ class DemoConfig:
     budgets: tuple[int, ...] = (0, 1, 2, 3)  # search budgets of the accuracy-vs-budget curve
     prefix_sft: SFTConfig = SFTConfig()  # the first cold-start stage, on two-turn prefixes
     seeds: tuple[int, ...] = (0,)  # whole runs (world, model, cold start, RL arms), one per seed
+    parallel_seeds: int = 1  # seeds run side by side, each in a process of its own (results.run_seeds)
     # RL arms, each trained from its seed's cold start (`demo.ARMS`): "autosearch" (config.env.autosearch),
     # "no_efficiency" (its efficiency terms off), "step_penalty" (those off, `step_penalty` per search).
     arms: tuple[str, ...] = ("autosearch",)

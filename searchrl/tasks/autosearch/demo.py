@@ -30,7 +30,7 @@ from searchrl.data import datasets  # noqa: E402
 from searchrl.demo import synthetic  # noqa: E402
 from searchrl.demo.config import seed_config, world_config  # noqa: E402
 from searchrl.demo.results import (claim, excludes_zero, interval, paired, per_seed_interval,  # noqa: E402
-                                   seed_intervals, write_results)
+                                   run_seeds, seed_intervals, write_results)
 from searchrl.eval import harness, report  # noqa: E402
 from searchrl.retrieval.bm25 import BM25Retriever  # noqa: E402
 from searchrl.rl import sft  # noqa: E402
@@ -299,7 +299,8 @@ def run(config: RunConfig) -> dict[str, Any]:
     demo = config.demo
     for arm in demo.arms:
         arm_config(config, arm)  # an unknown arm fails before any seed runs
-    per_seed = {str(seed): run_seed(world_config(seed_config(config, seed))) for seed in demo.seeds}
+    configs = [world_config(seed_config(config, seed)) for seed in demo.seeds]
+    per_seed = dict(zip(map(str, demo.seeds), run_seeds(run_seed, configs, demo.parallel_seeds)))
     intervals = over_seeds(per_seed)
     results = {"held_out": per_seed, "over_seeds": intervals, "claims": claims(per_seed),
                "seconds": time.perf_counter() - start}
