@@ -119,12 +119,13 @@ def tiny(config):
     # Four questions per entity (12,800 training questions), not two: at two the tiny model memorised its
     # training subjects instead of learning to copy them. Same SFT steps: on seed 0 the first query copied the
     # subject right 55% -> 90% of the time and cold-start 1-hop EM rose 0.295 -> 0.589; but seed 1 reached
-    # only 0.326 at four. Copying still emerges on some seeds only (also with 600 prefix steps or 8,000
-    # entities).
+    # only 0.326 at four (byte-level BPE names: 600 prefix steps gave seeds 1 and 2 0.476 and 0.489; 8,000
+    # entities on top, 0.581 and 0.316).
     config.demo.questions_per_entity = 4.0
     # Names are cut into syllables (synthetic.NAME_SYLLABLES); 2,000 tokens hold the syllable inventory whole,
     # so that a name's first token says which name it is. Byte-level BPE at 1,200 often cut a name after its
-    # first letter. On seed 2 cold-start 1-hop EM rose 0.310 -> 0.478; seed 1 stayed (0.326 -> 0.332).
+    # first letter. At 300 prefix steps, seed 2's cold-start 1-hop EM rose 0.310 -> 0.478; seed 1's stayed
+    # (0.326 -> 0.332): its answers still came from memory, not the passage (see the prefix steps below).
     config.demo.vocab_size = 2000
     model = config.model
     model.preset = "tiny"

@@ -105,7 +105,6 @@ _VOWELS, _CODAS = "aeiou", ("", "", "", "r", "l", "n", "s")
 _LAST_VOWELS, _LAST_CODAS = "aou", ("", "", "n", "m", "k", "th")
 
 
-
 def _syllable_pattern() -> str:
     """A regex matching each syllable of a name word after its first: an onset and a vowel, and a coda unless
     a vowel follows it (then it is the next onset). Only inside words that start like a name (a capitalised
