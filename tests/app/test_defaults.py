@@ -34,6 +34,8 @@ SAME_NAME_OTHER_MEANING = {
     ("searchrl.retrieval.dense.DenseRetriever.build", "seed"): "the index builder's seed, not SFTConfig.seed",
     ("searchrl.retrieval.dense.DenseRetriever.build", "batch_size"): "encoder batch, not a run's batch",
     ("searchrl.retrieval.encoder.DenseEncoder.__init__", "batch_size"): "encoder batch, not a run's batch",
+    ("searchrl.retrieval.encoder.DenseEncoder.__init__", "path"): "the encoder's directory, not the policy's",
+    ("searchrl.demo.publish.intervals", "path"): "keys into a results tree, not ModelSource.path",
     ("searchrl.retrieval.encoder.DenseEncoder.from_pretrained", "batch_size"): "encoder batch",
     ("searchrl.retrieval.rerank.CrossEncoderReranker.__init__", "batch_size"): "reranker batch",
     ("searchrl.retrieval.rerank.CrossEncoderReranker.from_pretrained", "batch_size"): "reranker batch",
