@@ -9,6 +9,7 @@ import time
 
 import pytest
 import Stemmer
+from tokenizers import Regex, pre_tokenizers
 
 from searchrl.data import read_flashrag_jsonl
 from searchrl.demo.synthetic import (DISTRACTOR, NAME_SYLLABLES, ORG_SUFFIXES, RELATIONS, SPLITS,
@@ -233,8 +234,6 @@ def test_hundred_thousand_passages(tmp_path):
 def test_demo_tokenizer_cuts_names_into_syllables(world, tmp_path):
     """With `NAME_SYLLABLES`, every token of a name word lies within one syllable (the first syllable keeps
     its leading space), other words tokenize as without it, and decoding gives the text back."""
-    from tokenizers import Regex, pre_tokenizers
-
     split = pre_tokenizers.Split(Regex(NAME_SYLLABLES), behavior="isolated")
     assert [p for p, _ in split.pre_tokenize_str(" Hirtho Mavon's father, Nisstok Zerorkran; The Guild")] == [
         " Hir", "tho", " Ma", "von", "'s father, Nis", "stok", " Ze", "ror", "kran", "; The Guild"]
