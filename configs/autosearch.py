@@ -156,9 +156,10 @@ def tiny(config):
     # A 40-step run sees each decision a few hundred times, not a thousand steps' worth: the overshoot penalty
     # is raised from 0.05, at which 1-hop searches fell only 15% and 25% (seeds 2 and 3). It lands on the
     # extra search and on the answer turn, so a right answer after one unneeded search nets 1 - 2 * penalty:
-    # at 0.25 half a right answer, so stopping early paid even where it lost answers, and 3-hop EM fell on
-    # both seeds (-1.3, -2.8 points; over 5 seeds at 0.25: -4.0). At 0.1, 1-hop searches still halved while
-    # 2- and 3-hop questions kept more of their searches (3-hop EM unchanged on both seeds).
+    # at 0.25 half a right answer, so stopping early paid even where it lost answers: over 5 seeds 1-hop
+    # searches fell 47% but 2- and 3-hop EM by 1.8 and 4.0 points. At 0.1 (docs/results.md) 2- and 3-hop EM
+    # held (-0.3, -0.9 points) but 1-hop searches fell only 28%: in 40 steps seeds 1 and 3 barely learnt to
+    # stop (-2%, 8%; the others 34-49%).
     config.env.autosearch.efficiency_overshoot_penalty = 0.1
     # The step-penalty arm (`tiny_arms`) charges every search what AutoSearch charges an unneeded one.
     config.demo.step_penalty = config.env.autosearch.efficiency_overshoot_penalty
