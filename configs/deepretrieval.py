@@ -276,6 +276,7 @@ def tiny(config):
     config = _tiny(classic_msmarco(config))
     config.workdir = "runs/deepretrieval_demo"
     config.demo = to_config(RewriteDemoConfig())
+    config.demo.parallel_seeds = 2  # on 2 cores a tiny model's step keeps about one busy
     config.data.update(dict(dir=config.workdir, train="rewrite_world", eval="rewrite_world",
                             eval_split="test"))
     config.retrieval.update(dict(kind="local", index_dir=os.path.join(config.workdir, "index")))

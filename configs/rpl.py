@@ -82,6 +82,7 @@ def tiny(config):
     # group's own entity first (a city's 2 before the persons born there, an organisation's 4 before its
     # employees), so the members stand at different numbers in them: an answer has to read the passages.
     config.demo.cold_start_windows = ((0, 4), (2, 6), (4, 8))
+    config.demo.parallel_seeds = 2  # on 2 cores a tiny model's step keeps about one busy
     # Observations: a search's 3 passages take up to ~110 tokens, a program's 4 up to ~150.
     config.rollout.update(dict(max_prompt_tokens=48, max_turn_tokens=24, max_obs_tokens=192,
                                obs_buckets=(112, 192), max_len=48 + 3 * 24 + 2 * 112, chunk_steps=12))

@@ -73,3 +73,10 @@ def test_a_scripted_query_writes_the_name_with_the_tokens_of_the_question(world)
             for text, _ in turn:
                 ids = built.tokenizer.encode(text, add_special_tokens=False)
                 assert any(ids[i:i + len(name)] == name for i in range(len(ids))), (text, name)
+
+
+def test_seeds_side_by_side_need_a_cold_start_each():
+    config = rpl_configs.get_config("tiny")
+    config.demo.shared_cold_start = True
+    with pytest.raises(ValueError, match=r"config.demo: parallel_seeds=2 needs a cold start per seed"):
+        run_config.parse(config)

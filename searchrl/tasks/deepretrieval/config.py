@@ -13,3 +13,4 @@ class RewriteDemoConfig:
     vocab_size: int = 1200  # of the BPE tokenizer trained on the world: every word one token
     sft_samples: int = 4  # cold-start rewrites drawn per training question
     seeds: tuple[int, ...] = (0, 1)  # whole runs (world, model, cold start, RL), one per seed
+    parallel_seeds: int = 1  # seeds run side by side, each in a process of its own (results.run_seeds)

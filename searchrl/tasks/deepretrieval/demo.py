@@ -22,7 +22,7 @@ import jax
 from searchrl import experiment, models, task
 from searchrl.data import datasets
 from searchrl.demo.config import seed_config, world_config
-from searchrl.demo.results import claim, paired, seed_intervals, write_results
+from searchrl.demo.results import claim, paired, run_seeds, seed_intervals, write_results
 from searchrl.eval import harness, report
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.rl import sft
@@ -81,9 +81,10 @@ def held_out_metrics(results: dict[str, Any]) -> dict[str, dict[str, float]]:
                                                        "query_words": row["query_words"]}}
 
 
-def run_seed(config: RunConfig, demo: RewriteDemoConfig) -> dict[str, Any]:
+def run_seed(config: RunConfig) -> dict[str, Any]:
     """One seed from an empty directory: world, cold start, PPO, and the held-out metrics of each policy."""
     start = time.perf_counter()
+    demo = config.demo
     world = build_world(config, demo)
     built = experiment.build(config)
     test = datasets.load_examples(config.data.dir, DATASET, "test", config.data.format, config.data.tfds_dir)
@@ -139,7 +140,8 @@ def run(config: RunConfig) -> dict[str, Any]:
     intervals over the seeds, and the claim."""
     start = time.perf_counter()
     demo = config.demo
-    per_seed = {str(seed): run_seed(world_config(seed_config(config, seed)), demo) for seed in demo.seeds}
+    configs = [world_config(seed_config(config, seed)) for seed in demo.seeds]
+    per_seed = dict(zip(map(str, demo.seeds), run_seeds(run_seed, configs, demo.parallel_seeds)))
     results = {"held_out": per_seed, "over_seeds": seed_intervals(per_seed, POLICIES, METRICS),
                "claims": claims(per_seed), "seconds": time.perf_counter() - start}
     write_results(config.workdir, markdown(per_seed), results)

@@ -40,3 +40,10 @@ class RPLDemoConfig:
     prefix_sft: SFTConfig = SFTConfig()  # the first cold-start stage, on prompts and first turns
     seeds: tuple[int, ...] = (0, 1)  # whole runs (world, cold start, RL of every arm), one per seed
     shared_cold_start: bool = False  # one world and cold start (the config's seed) for every seed's RL
+    # Seeds run side by side, each in a process of its own (results.run_seeds; not with a shared cold start).
+    parallel_seeds: int = 1
+
+    def __post_init__(self):
+        if self.shared_cold_start and self.parallel_seeds > 1:
+            raise ValueError(f"parallel_seeds={self.parallel_seeds} needs a cold start per seed; "
+                             "shared_cold_start=True runs the seeds one after another in one process")

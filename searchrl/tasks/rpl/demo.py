@@ -39,7 +39,8 @@ from searchrl import experiment, models  # noqa: E402
 from searchrl.data import datasets  # noqa: E402
 from searchrl.demo import synthetic  # noqa: E402
 from searchrl.demo.config import seed_config, world_config  # noqa: E402
-from searchrl.demo.results import claim, excludes_zero, paired, seed_intervals, write_results  # noqa: E402
+from searchrl.demo.results import (claim, excludes_zero, paired, run_seeds, seed_intervals,  # noqa: E402
+                                   write_results)
 from searchrl.episode import Action, Observation  # noqa: E402
 from searchrl.eval import harness, report  # noqa: E402
 from searchrl.metric_writer import read_metrics  # noqa: E402
@@ -349,20 +350,27 @@ def plot(per_seed: Mapping[str, Mapping[str, Any]], path: str) -> None:
     plt.close(fig)
 
 
+def own_cold_start_seed(config: RunConfig) -> dict[str, Any]:
+    """One seed from its own world and cold start, then `run_seed` (a `results.run_seeds` job)."""
+    start = time.perf_counter()
+    cold = cold_started(config, config.demo)
+    print(f"seed {config.seed}: cold start done ({time.perf_counter() - start:.0f}s)")
+    return run_seed(config, config.demo, cold)
+
+
 def run(config: RunConfig) -> dict[str, Any]:
     """Every seed of `config.demo.seeds`: its own world and cold start (one shared by every seed with
     `demo.shared_cold_start`), then RL; results.json holds each seed's metrics, their means and 95%
     intervals over the seeds, and the claims."""
     start = time.perf_counter()
     demo = config.demo
-    shared = cold_started(world_config(config), demo) if demo.shared_cold_start else None
-    per_seed = {}
-    for seed in demo.seeds:  # a seed's runs under workdir/seed<seed>, its world too unless shared
-        seeded = (seed_config(world_config(config), seed) if shared
-                  else world_config(seed_config(config, seed)))
-        cold = shared or cold_started(seeded, demo)
-        print(f"seed {seed}: cold start done ({time.perf_counter() - start:.0f}s)")
-        per_seed[str(seed)] = run_seed(seeded, demo, cold)
+    if demo.shared_cold_start:  # one world and cold start, every seed's runs under workdir/seed<seed>
+        shared = cold_started(world_config(config), demo)
+        per_seed = {str(seed): run_seed(seed_config(world_config(config), seed), demo, shared)
+                    for seed in demo.seeds}
+    else:
+        configs = [world_config(seed_config(config, seed)) for seed in demo.seeds]
+        per_seed = dict(zip(map(str, demo.seeds), run_seeds(own_cold_start_seed, configs, demo.parallel_seeds)))
     results = {"held_out": per_seed, "over_seeds": seed_intervals(per_seed, POLICIES, METRICS),
                "claims": claims(per_seed), "seconds": time.perf_counter() - start}
     write_results(config.workdir, markdown(per_seed), results)
