@@ -18,8 +18,8 @@ class MutationConfig:
     rounds: int = 1  # of local search: each round mutates the last round's best verified variant
     max_shown: int = 10  # a verified variant shows at most this many documents (the context budget)
     keep_unimproved: bool = True  # also distil the programs no edit improves (the paper: variants only)
-    # Distil the policy's answers to the kept programs' documents too (the paper); False: the program turns
-    # alone, the answers left to RL (`searchrl.tasks.rpl.distill`).
+    # Distil the policy's answers to the kept programs' documents too; False: the program turns alone, the
+    # answers left to RL (`searchrl.tasks.rpl.distill`).
     distil_answers: bool = True
     sft: SFTConfig = SFTConfig(steps=50, batch_size=8, max_len=1024,
                                optim=OptimConfig(lr=1e-5, warmup_steps=5))

@@ -370,7 +370,8 @@ def run(config: RunConfig) -> dict[str, Any]:
                     for seed in demo.seeds}
     else:
         configs = [world_config(seed_config(config, seed)) for seed in demo.seeds]
-        per_seed = dict(zip(map(str, demo.seeds), run_seeds(own_cold_start_seed, configs, demo.parallel_seeds)))
+        seed_results = run_seeds(own_cold_start_seed, configs, demo.parallel_seeds)
+        per_seed = dict(zip(map(str, demo.seeds), seed_results))
     results = {"held_out": per_seed, "over_seeds": seed_intervals(per_seed, POLICIES, METRICS),
                "claims": claims(per_seed), "seconds": time.perf_counter() - start}
     write_results(config.workdir, markdown(per_seed), results)
