@@ -112,9 +112,9 @@ def tiny(config):
     config.workdir = "runs/demo"
     config.demo = to_config(DemoConfig())
     # The scripted SFT data over-searches on 60% of questions: the greedy cold start still searches once more
-    # than needed on 1-hop questions (2.00 searches), but sampling stops there 40% of the time, not 30%, so PPO
-    # sees both choices. At 0.7, in 40 steps seeds 1 and 3 barely learnt to stop (1-hop searches 1.98 -> 2.02,
-    # 1.99 -> 1.84); at 0.6 both stop at the minimal depth (2.00 -> 1.00, 2.01 -> 1.02).
+    # than needed on 1-hop questions (1.97-2.01 searches), but 40% of its trajectories stop there, not 30%, so
+    # PPO samples stopping more often. At 0.7, in 40 steps seeds 1 and 3 barely learnt to stop (1-hop searches
+    # 1.98 -> 2.02, 1.99 -> 1.84); at 0.6 both stop at the minimal depth (2.00 -> 1.00, 2.01 -> 1.02).
     config.demo.extra_search_fraction = 0.6
     # ... and practises the answer before that extra search on 30% of those (scripted.early_answers): at 0 a
     # policy stopping early answered worse (EM -2 to -5 points); at 1 the direct answer was the better one and
