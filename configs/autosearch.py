@@ -162,11 +162,11 @@ def tiny(config):
     # extra search and on the answer turn, so a right answer after one unneeded search nets 1 - 2 * penalty:
     # at 0.25 half a right answer, so stopping early paid even where it lost answers: over 5 seeds 1-hop
     # searches fell 47% but 2- and 3-hop EM by 1.8 and 4.0 points. At 0.1, with 70% over-search, 2- and 3-hop
-    # EM held (-0.3, -0.9 points) but 1-hop searches fell only 28%: seeds 1 and 3 barely learnt to stop. With
-    # 60% (docs/results.md) every seed stops at the minimal depth (1-hop searches -48%), and 2- and 3-hop EM
-    # fall 1.5 points each: the extra search, for a half-copied answer, finds the passage titled with the
-    # right one, whose title the answer then copies. That repaired 5-13% of the cold starts' over-searching 2-
-    # and 3-hop answers (seeds 0, 1), and the policy cannot tell which ones from the passages it has read.
+    # EM held (-0.3, -0.9 points) but 1-hop searches fell only 28% (seeds 1 and 3, above). With 60%
+    # (docs/results.md) every seed stops at the minimal depth (1-hop searches -48%), and 2- and 3-hop EM fall
+    # 1.5 points each: the extra search, for a half-copied answer, finds the passage titled with the right
+    # one, whose title the answer then copies. That repaired 5-13% of the cold starts' over-searching 2- and
+    # 3-hop answers (seeds 0, 1), and the policy cannot tell which ones from the passages it has read.
     config.env.autosearch.efficiency_overshoot_penalty = 0.1
     # The step-penalty arm (`tiny_arms`) charges every search what AutoSearch charges an unneeded one.
     config.demo.step_penalty = config.env.autosearch.efficiency_overshoot_penalty
