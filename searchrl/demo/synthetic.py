@@ -362,9 +362,8 @@ class _QuestionMaker:
         path = self.rng.choice(PATHS[subject.type][hops])
         if (subject.id, path) in self.seen:
             return None
-        node, visited, plan, support, answers, hop_subjects = subject, {subject.id}, [], [], [], []
+        node, visited, plan, support, answers = subject, {subject.id}, [], [], []
         for rel in path:
-            hop_subjects.append(node.name)
             plan.append(f"{node.name} {rel.keyword}")
             support.append(self.fact_passage[node.id, rel.name])
             value = node.attributes[rel.name]
@@ -379,8 +378,7 @@ class _QuestionMaker:
         for rel in path[:-1]:
             phrase = rel.phrase.format(x=phrase)
         question = self.rng.choice(path[-1].questions).format(x=phrase)
-        return _record(question, answers[-1], "bridge", [subject.id], path, plan, support, answers,
-                       hop_subjects)
+        return _record(question, answers[-1], "bridge", [subject.id], path, plan, support, answers)
 
     def comparison(self) -> dict[str, Any] | None:
         """Which of two subjects of one type was born / founded earlier (or later), or None."""
@@ -397,7 +395,7 @@ class _QuestionMaker:
         return _record(question, answer.name, "comparison", [a.id, b.id], (rel, rel),
                        [f"{a.name} {rel.keyword}", f"{b.name} {rel.keyword}"],
                        [self.fact_passage[a.id, rel.name], self.fact_passage[b.id, rel.name]],
-                       [str(year_a), str(year_b)], [a.name, b.name])
+                       [str(year_a), str(year_b)])
 
     def questions(self, split: str, total: int, hop_fractions: list[float],
                   comparison_fraction: float) -> list[dict[str, Any]]:
@@ -423,13 +421,11 @@ class _QuestionMaker:
 
 
 def _record(question: str, answer: str, kind: str, subjects: list[str], path: tuple[Relation, ...],
-            plan: list[str], support: list[str], hop_answers: list[str], hop_subjects: list[str]
-            ) -> dict[str, Any]:
-    """A FlashRAG QA row; its id is set once the split is shuffled. `hop_subjects`: the name each plan query
-    looks up."""
+            plan: list[str], support: list[str], hop_answers: list[str]) -> dict[str, Any]:
+    """A FlashRAG QA row; its id is set once the split is shuffled."""
     return {"id": "", "question": question, "golden_answers": [answer], "metadata": {
         "hops": len(plan), "type": kind, "supporting_ids": support, "plan": plan, "hop_answers": hop_answers,
-        "hop_subjects": hop_subjects, "subjects": subjects, "relations": [r.name for r in path]}}
+        "subjects": subjects, "relations": [r.name for r in path]}}
 
 
 def generate_world(seed: int, num_entities: int, *, questions_per_entity: float = 1.0,

@@ -19,9 +19,7 @@ class _EchoEnv:
 
 
 def _example(plan, answer):
-    subjects = [query.split()[0] for query in plan]
-    return {"question": "q?", "golden_answers": [answer],
-            "metadata": {"plan": plan, "hop_answers": [answer], "hop_subjects": subjects}}
+    return {"question": "q?", "golden_answers": [answer], "metadata": {"plan": plan, "hop_answers": [answer]}}
 
 
 def test_trajectories_search_the_plan_then_answer():
@@ -31,10 +29,9 @@ def test_trajectories_search_the_plan_then_answer():
                         ("<information>d z</information>", False), (scripted.answer_turn("e"), True)]
     assert [text for text, _ in never[0][1::2]] == [scripted.search_turn("a x"), scripted.search_turn("b y"),
                                                    scripted.answer_turn("c")]
-    # The extra search looks up the last hop's subject with the answer, just before answering.
-    assert always[1][-3:] == [(scripted.search_turn("d e"), True), ("<information>d e</information>", False),
+    # The extra search looks up the answer itself, just before answering.
+    assert always[1][-3:] == [(scripted.search_turn("e"), True), ("<information>e</information>", False),
                               (scripted.answer_turn("e"), True)]
-    assert always[0][-3][0] == scripted.search_turn("b c")
 
 
 def test_early_answers_branch_off_before_the_extra_search():

@@ -16,8 +16,6 @@ from searchrl.demo.synthetic import (DISTRACTOR, NAME_SYLLABLES, ORG_SUFFIXES, R
                                      TYPE_RELATIONS, generate_world, write_world)
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.retrieval.corpus import CorpusStore
-from searchrl.tasks.autosearch import rewards, scripted
-from searchrl.tasks.autosearch.rewards import RewardConfig
 from searchrl.text.tokenizer import load_tokenizer, train_bpe_tokenizer
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -86,7 +84,6 @@ def test_bridge_answers_follow_the_world(world):
         for hop, (name, pid, query, answer) in enumerate(zip(meta["relations"], meta["supporting_ids"],
                                                               meta["plan"], meta["hop_answers"])):
             rel, passage = RELATIONS[name], passages[pid]
-            assert meta["hop_subjects"][hop] == node.name
             assert (passage.entity, name in passage.relations) == (node.id, True)
             assert query == f"{node.name} {rel.keyword}"
             if hop:
@@ -117,7 +114,6 @@ def test_comparison_answers_follow_the_world(world):
         earlier, later = (a, b) if year_a < year_b else (b, a)
         assert q["golden_answers"] == [(earlier if "earlier" in q["question"] else later).name]
         assert meta["hop_answers"] == [str(year_a), str(year_b)]
-        assert meta["hop_subjects"] == [a.name, b.name]
         for entity, pid, year in zip((a, b), meta["supporting_ids"], (year_a, year_b)):
             assert passages[pid].entity == entity.id and str(year) in passages[pid].text
         assert any(q["golden_answers"][0] in passages[pid].text for pid in meta["supporting_ids"])
@@ -180,23 +176,6 @@ def test_plan_queries_retrieve_supporting_passage_first(world, paths, tmp_path):
     rate = sum(bool(h) and h[0].id == g for h, g in zip(hits, gold)) / len(gold)
     print(f"BM25 rank-1 rate of plan queries: {rate:.4f} over {len(gold)} hops")
     assert rate >= 0.95
-
-
-def test_verification_search_refinds_the_last_passage(world, paths, tmp_path):
-    """The scripted cold start's extra search (the last hop's subject and the answer) is a new query by
-    AutoSearch's redundancy check, yet on bridges nearly always finds the passage the answer was read from: it
-    brings nothing new. (A comparison's answer is one of the names its question holds.)"""
-    retriever = BM25Retriever.build(paths["corpus"], tmp_path / "bm25", show_progress=False, n_threads=0)
-    questions = _questions(world)
-    extra = [scripted.plan_queries(q, extra_search=True)[-1] for q in questions]
-    assert not any(rewards.is_redundant(query, q["metadata"]["plan"], RewardConfig().redundancy_threshold)
-                   for query, q in zip(extra, questions))
-    hits = retriever.search(extra, k=1)
-    bridges = [h[0].id == q["metadata"]["supporting_ids"][-1]
-               for h, q in zip(hits, questions) if q["metadata"]["type"] == "bridge"]
-    print(f"BM25 rank-1 rate of the last hop's passage for bridges' verification searches: "
-          f"{sum(bridges) / len(bridges):.4f}")
-    assert sum(bridges) / len(bridges) >= 0.9
 
 
 @pytest.mark.parametrize("fractions, comparison, kinds", [

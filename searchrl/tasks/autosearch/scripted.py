@@ -1,11 +1,9 @@
 """Scripted search trajectories for the supervised cold start: search each hop of a question's plan — sometimes
 once more than needed — then answer.
 
-The extra search verifies the answer: it looks up the last hop's subject together with the answer, which finds
-the passage the answer was read from once more (a new query, but nothing new to read), so the cold-started policy
-over-searches on some questions: the behaviour AutoSearch's efficiency reward is there to remove. (Looking up the
-answer alone found the answer's own passage, titled with its name: a second chance to copy a half-copied name,
-which made the extra search needed rather than redundant.) Observations come from the real environment (its retriever and its formatting), batched in one call.
+The extra search looks up the final answer itself (a "verification" search that never changes the answer), so the
+cold-started policy over-searches on some questions: the behaviour AutoSearch's efficiency reward is there to
+remove. Observations come from the real environment (its retriever and its formatting), batched in one call.
 """
 from __future__ import annotations
 
@@ -32,11 +30,9 @@ def answer_turn(answer: str) -> str:
 
 
 def plan_queries(example: dict[str, Any], extra_search: bool) -> list[str]:
-    """The plan's queries, plus a verification search when `extra_search`: the last hop's subject and the
-    answer."""
+    """The plan's queries, plus a verification search for the answer when `extra_search`."""
     meta = example["metadata"]
-    verify = f"{meta['hop_subjects'][-1]} {example['golden_answers'][0]}"
-    return list(meta["plan"]) + ([verify] if extra_search else [])
+    return list(meta["plan"]) + ([meta["hop_answers"][-1]] if extra_search else [])
 
 
 def scripted_trajectories(examples: Sequence[dict[str, Any]], env: SearchEnv, extra_search_fraction: float,
