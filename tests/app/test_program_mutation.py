@@ -55,7 +55,7 @@ def test_weak_programs_are_mutated_verified_and_turned_into_sft_examples(trainer
     best programs found, arno's answer (1 of 4: F1 0.4) beats 0, beni's turn is no answer, cora's (3 of 4:
     6/7) beats 2/3, dune's (0.4) does not, and the second arno's (all 4) beats 0: rows 0 and 2 are kept with
     their variants, row 4 with its own program, unless `keep_unimproved` is off; with `distil_answers` off the
-    same examples train their program turns alone."""
+    same examples end at their program turns."""
     answers = ["<answer> arno0 </answer>", None, "<answer> cora0, cora1, cora2 </answer>",
                "<answer> dune0 </answer>", "<answer> arno0, arno1, arno2, arno3 </answer>"]
     asked = []
@@ -79,7 +79,7 @@ def test_weak_programs_are_mutated_verified_and_turned_into_sft_examples(trainer
                       "variants": 2.0}
     assert [len(prefixes) for prefixes in asked] == [5, 4, 5]
     assert len(segments) == 3 and variants_only == segments[:2]
-    assert programs_only == [example[:3] + [(example[3][0], False)] for example in segments]  # programs alone
+    assert programs_only == [example[:2] for example in segments]  # the program turns alone
     for example, i in zip(segments, (0, 2, 4)):
         (prompt, is_prompt_policy), (turn, is_policy), (seen, is_seen_policy), answer = example
         assert not is_prompt_policy and is_policy and not is_seen_policy

@@ -5,9 +5,9 @@ rounds of verified edits), the variants whose execution verifies an improvement 
 policy's own greedy answer to it), those whose answer scores above 0 and at least as well as the rolled-out
 episode are distilled into the policy with SFT, and RL resumes from the distilled policy. Keeping only those
 answers matters: distilling every answer would teach the answers that cite nothing right along with the ones
-that do. With `MutationConfig.distil_answers` off, the kept trajectories train their program turns alone and
-the answers are left to RL (the CPU miniature's choice: there the distilled greedy answers lowered held-out
-answer F1 on seeds where the new programs raised doc F1; configs/rpl.py).
+that do. With `MutationConfig.distil_answers` off, the kept trajectories end at the program turn (the only
+one they train) and the answers are left to RL (the CPU miniature's choice: there the distilled greedy answers
+lowered held-out answer F1 on seeds where the new programs raised doc F1; configs/rpl.py).
 
 searchrl also distils, by default (`MutationConfig.keep_unimproved`), the policy's programs that no edit
 improves, each with its greedy answer: with the improved ones alone, distillation also moved programs that
@@ -158,7 +158,8 @@ def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], c
                  Turn(0, 0, answer, env.parse_action(answer, 1))]
         distilled = env.episode_reward(turns, c.example)
         if distilled > 0 and distilled >= c.rolled_out:
-            kept.append([(c.prompt, False), (c.turn, True), (shown, False), (answer, config.distil_answers)])
+            answered = [(shown, False), (answer, True)] if config.distil_answers else []
+            kept.append([(c.prompt, False), (c.turn, True), *answered])
             counts["variants"] += c.variant
     processes = distributed.all_processes([kept, counts])
     kept = [[tuple(segment) for segment in example] for part, _ in processes for example in part]
