@@ -167,11 +167,12 @@ def tiny(config):
     # 1.5 points each: the extra search, for a half-copied answer, finds the passage titled with the right
     # one, whose title the answer then copies. That repaired 5-13% of the cold starts' over-searching 2- and
     # 3-hop answers (seeds 0, 1), and the policy cannot tell which ones from the passages it has read.
-    # Nor is it the penalty's size or the policy's drift. From seeds 0 and 1's cold starts, EM on all 1,600
-    # test questions (on 384, one 3-hop question is 1.3 points): at 0.075, 1-hop EM +6 and +7 points, 2-hop
-    # -0.4 on both seeds, 3-hop -1.9 and -2.2 (its searches 3.7 -> 3.2, 4.0 -> 3.0); the KL loss at 0.01,
-    # 3-hop -2.9 and -1.2. On 384 questions, at 0.05: 2-hop -3.6 and -2.4, 3-hop -1.5 and -1.3; the actor at
-    # 5e-5: 3-hop -3.0 and +2.7, but seed 0's 1-hop searches fell only 28%.
+    # Nor is it the penalty's size, the policy's drift or the hop mix. From seeds 0 and 1's cold starts, the
+    # change of 2-hop / 3-hop EM on all 1,600 test questions (on 384, one 3-hop question is 1.3 points): at
+    # 0.1, -2.3 / -2.9 and +0.2 / -1.9; at 0.075, -0.4 / -1.9 and -0.4 / -2.2; the KL loss at 0.01,
+    # -1.4 / -2.9 and 0 / -1.2; RL on every multi-hop training question but only 2,560 1-hop ones,
+    # +1.5 / -1.3 (1-hop searches fell only 37%) and -1.7 / -2.5. On 384 questions, at 0.05: -3.6 / -1.5
+    # and -2.4 / -1.3; the actor at 5e-5: 0 / -3.0 (1-hop searches fell only 28%) and -2.4 / +2.7.
     config.env.autosearch.efficiency_overshoot_penalty = 0.1
     # The step-penalty arm (`tiny_arms`) charges every search what AutoSearch charges an unneeded one.
     config.demo.step_penalty = config.env.autosearch.efficiency_overshoot_penalty
