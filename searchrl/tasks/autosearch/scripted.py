@@ -4,11 +4,11 @@ once more than needed — then answer.
 The extra search looks up the final answer itself (a "verification" search), so the cold-started policy
 over-searches on some questions: the behaviour AutoSearch's efficiency reward is there to remove. Its passage,
 titled with the answer's name, gives a half-copied answer a second chance (docs/autosearch.md). A search that
-brings nothing new was tried instead: the last hop's subject with the answer, which re-finds the answer's
-passage for 95% of bridges. The final answer then copied the policy's own query, often mis-copied, and
-cold-start 1-hop EM fell to 0.23 and 0.16 (seeds 0 and 1), though the answer before that search was right on
-half of those questions. Observations come from the real environment (its retriever and its formatting),
-batched in one call.
+brings nothing new was tried instead: the last hop's subject with the answer, which finds the passage the
+answer was read from again for 95% of bridges. The final answer then copied the policy's own query, often
+mis-copied, and cold-start 1-hop EM fell to 0.23 and 0.16 (seeds 0 and 1), though the answer before that
+search was right on half of those questions. Observations come from the real environment (its retriever and
+its formatting), batched in one call.
 """
 from __future__ import annotations
 
