@@ -2,8 +2,8 @@
 the task adds (e.g. AutoSearch's search-depth analysis).
 
     python -m searchrl.eval --config configs/FILE.py:PRESET --checkpoint CKPT [--datasets nq,hotpotqa]
-        [--split test] [--out DIR] [--limit N] [--budgets 0,1,2,3,4] [--step N] [--batch_size B]
-        [--noside_branch] [--config.x.y=value ...]
+        [--split test] [--out DIR] [--limit N] [--budgets 0,1,2,3,4] [--budget_questions N] [--step N]
+        [--batch_size B] [--noside_branch] [--config.x.y=value ...]
 
 CKPT: a trainer checkpoint dir (`<workdir>/checkpoints`, or the workdir itself; --step picks a step, default
 the latest) or a Hugging Face model dir; without it, the config's own policy (config.model.path) is evaluated.
@@ -31,6 +31,8 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint", "", "Trainer checkpoint dir, run
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 _BUDGETS = flags.DEFINE_list("budgets", [], "Search budgets for the accuracy-vs-budget curve, e.g. 0,1,2,3,4 "
                              "(default: none).")
+_BUDGET_QUESTIONS = flags.DEFINE_integer("budget_questions", None, "Roll out the budget runs on each "
+                                         "dataset's first N questions only (default: all).", lower_bound=1)
 _SIDE_BRANCH = flags.DEFINE_bool("side_branch", True, "Run the env's side branch (for search QA with "
                                  "config.env.intermediate_answers: the depth analysis).")
 
@@ -41,7 +43,8 @@ def run_eval() -> None:
     results, info = harness.evaluate_checkpoint(
         config, _CHECKPOINT.value, step=_STEP.value, datasets=chosen.datasets.value, split=chosen.split.value,
         limit=chosen.limit.value, budgets=cli.non_negative_ints(_BUDGETS.value, "budgets"),
-        batch_size=chosen.batch_size.value, side_branch=_SIDE_BRANCH.value)
+        budget_questions=_BUDGET_QUESTIONS.value, batch_size=chosen.batch_size.value,
+        side_branch=_SIDE_BRANCH.value)
     if jax.process_index() != 0:
         return
     out = chosen.out.value or harness.default_out_dir(config, info)

@@ -87,6 +87,15 @@ def question_rows(env: Env, engine: RolloutEngine, params, examples: Sequence[Ma
     return rollout_rows(engine, params, examples, batch_size, rows_of, mesh, desc)
 
 
+def first_questions(datasets: Mapping[str, Sequence[Any]], n: int | None) -> list[int]:
+    """The positions in `tagged_examples(datasets)` of each dataset's first `n` questions (all: None)."""
+    positions, start = [], 0
+    for records in datasets.values():
+        positions += range(start, start + (len(records) if n is None else min(n, len(records))))
+        start += len(records)
+    return positions
+
+
 def placed_params(model_cfg: models.ModelConfig, params, mesh: Mesh | None, rules: models.ShardingRules):
     """`params` on device, once: on `mesh` in the sampling layout `rules` (across processes, every
     process's host copy becomes one global array), else on the default device."""
@@ -95,8 +104,8 @@ def placed_params(model_cfg: models.ModelConfig, params, mesh: Mesh | None, rule
     return jax.device_put(params, models.param_shardings(model_cfg, mesh, rules))
 
 
-def _check_inputs(env: Env, datasets: Mapping[str, Sequence[dict]], batch_size: int, budgets: Sequence[int]
-                  ) -> None:
+def _check_inputs(env: Env, datasets: Mapping[str, Sequence[dict]], batch_size: int, budgets: Sequence[int],
+                  budget_questions: int | None) -> None:
     for name, records in datasets.items():
         if not records:
             raise ValueError(f"Dataset {name!r} has no questions to evaluate.")
@@ -104,6 +113,8 @@ def _check_inputs(env: Env, datasets: Mapping[str, Sequence[dict]], batch_size: 
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if any(not isinstance(b, (int, np.integer)) or b < 0 for b in budgets):
         raise ValueError(f"Search budgets must be integers >= 0, got {list(budgets)}")
+    if budget_questions is not None and budget_questions < 1:
+        raise ValueError(f"budget_questions must be >= 1 (or None: every question), got {budget_questions}")
     if budgets and not hasattr(env, "with_max_turns"):
         raise ValueError(f"{type(env).__name__} has no search budget (with_max_turns): evaluate it without "
                          "budgets.")
@@ -113,38 +124,47 @@ def evaluate_policy(model_cfg: models.ModelConfig, params, tokenizer, env: Env,
                     datasets: Mapping[str, Sequence[dict]], rollout: RolloutConfig, batch_size: int,
                     budgets: Sequence[int] | None = None, side_branch: bool = True, warmup: bool = True,
                     spec: Report = Report(), *, rules: models.ShardingRules,
-                    attention: models.AttentionConfig, mesh: Mesh | None = None) -> dict[str, Any]:
+                    attention: models.AttentionConfig, mesh: Mesh | None = None,
+                    budget_questions: int | None = None) -> dict[str, Any]:
     """Greedy evaluation of `params` on each dataset; returns `report.aggregate`'s summaries plus "meta" and
     "predictions" (the main run's question rows).
 
     rollout: its sampling is replaced by greedy decoding. budgets: extra runs at env.max_turns = b each (the
-    accuracy-vs-budget curve). side_branch: run the env's side branch in the main run. spec: what the task
+    accuracy-vs-budget curve). budget_questions: those runs roll out only each dataset's first this many
+    questions (a budget run costs a whole evaluation; None: all). side_branch: run the env's side branch in
+    the main run. spec: what the task
     adds to the report (`searchrl.task.Report`). rules: the sampling layout (`MeshConfig.sample_rules`);
     attention: how attention is computed (`MeshConfig.attention`). mesh: roll out on it, across its processes
     (`rollout_rows`); batch_size is then rounded up to a multiple of its data-parallel size.
     """
     budgets = sorted(set(budgets or ()))
-    _check_inputs(env, datasets, batch_size, budgets)
+    _check_inputs(env, datasets, batch_size, budgets, budget_questions)
     rollout = dataclasses.replace(rollout, sampling=SamplingParams(temperature=0.0))
     batch_size = mesh_batch_size(batch_size, mesh)
     params = placed_params(model_cfg, params, mesh, rules)
     examples = tagged_examples(datasets)
 
-    def run(run_env: Env, with_branch: bool, desc: str) -> list[dict[str, Any]]:
+    def run(run_env: Env, with_branch: bool, desc: str, questions: list[dict[str, Any]]
+            ) -> list[dict[str, Any]]:
         engine = RolloutEngine(model_cfg, tokenizer, run_env, rollout, side_branch=with_branch, mesh=mesh,
                                rules=rules, attention=attention)
         if warmup:
             mine = process_rows(batch_size, mesh)
             engine.warmup(params, mine.stop - mine.start)
-        return question_rows(run_env, engine, params, examples, batch_size, desc, mesh)
+        return question_rows(run_env, engine, params, questions, batch_size, desc, mesh)
 
     branch = env.side_branch if side_branch else None
     max_turns = getattr(env, "max_turns", None)
-    rows = run(env, side_branch, "eval" if max_turns is None else f"eval (max_turns={max_turns})")
-    budget_runs = {b: rows if b == max_turns else run(env.with_max_turns(b), False, f"eval (budget {b})")
+    rows = run(env, side_branch, "eval" if max_turns is None else f"eval (max_turns={max_turns})", examples)
+    in_budget_runs = first_questions(datasets, budget_questions)
+    budget_examples = [examples[i] for i in in_budget_runs]
+    budget_runs = {b: [rows[i] for i in in_budget_runs] if b == max_turns
+                   else run(env.with_max_turns(b), False, f"eval (budget {b})", budget_examples)
                    for b in budgets}
     meta = {"env": type(env).__name__, "datasets": ",".join(datasets), "questions": len(examples),
             "max_turns": max_turns, "batch_size": batch_size, "decoding": "greedy"}
+    if budgets:
+        meta["budget_questions"] = len(budget_examples)
     if branch is not None:
         meta |= {"side_branch": branch.name, "side_branch_prompt": branch.prompt}
     return {"meta": meta, **report.aggregate(rows, budget_runs, spec, meta), "predictions": rows}
@@ -183,8 +203,8 @@ def load_eval_data(config: RunConfig, datasets: str = "", split: str = "", limit
 
 def evaluate_checkpoint(config: RunConfig, checkpoint: str = "", *, step: int | None = None,
                         datasets: str = "", split: str = "", limit: int | None = None,
-                        budgets: Sequence[int] = (), batch_size: int = 0, side_branch: bool = True
-                        ) -> tuple[dict[str, Any], dict[str, Any]]:
+                        budgets: Sequence[int] = (), budget_questions: int | None = None, batch_size: int = 0,
+                        side_branch: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
     """Evaluates a checkpoint (trainer checkpoint dir, run workdir or HF model dir; empty: the config's own
     policy) with the environment, retriever, rollout budgets and mesh of `config` (`experiment.build`,
     `models.mesh_of`), as every process of a multi-process run (`distributed.initialize` first). Empty / None
@@ -198,6 +218,7 @@ def evaluate_checkpoint(config: RunConfig, checkpoint: str = "", *, step: int | 
                               batch_size or config.train.batch_size, budgets, side_branch,
                               spec=task.get(config.task).report,
                               rules=models.rules_named(config.mesh.sample_rules),
-                              attention=config.mesh.attention, mesh=models.mesh_of(config.mesh))
+                              attention=config.mesh.attention, mesh=models.mesh_of(config.mesh),
+                              budget_questions=budget_questions)
     results["meta"] = {**built.source, "split": split, **results["meta"]}
     return results, built.source

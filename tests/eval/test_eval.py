@@ -319,6 +319,40 @@ def test_evaluate_policy_budgets_and_depth(world):
     assert plain["depth"] is None and "depth" not in plain["predictions"][0]
 
 
+def test_budget_runs_roll_out_the_first_questions(world, monkeypatch):
+    root, tokenizer = world
+    config, cfg, params, env, data = always_search_setup(root, tokenizer)
+    rollout, rolled_out = rollout_config(config), []
+
+    def counting_question_rows(run_env, engine, params, questions, *args):
+        rolled_out.append((run_env.max_turns, [q["id"] for q in questions]))
+        return question_rows(run_env, engine, params, questions, *args)
+
+    question_rows = harness.question_rows
+    monkeypatch.setattr(harness, "question_rows", counting_question_rows)
+    common = dict(side_branch=False, warmup=False, spec=autosearch_analysis.REPORT, rules=models.SAMPLE_RULES,
+                  attention=ATTENTION)
+    results = harness.evaluate_policy(cfg, params, tokenizer, env, data, rollout, batch_size=4, budgets=[0, 2],
+                                      budget_questions=2, **common)
+    first = {name: records[:2] for name, records in data.items()}
+    ids = [r["id"] for records in data.values() for r in records]
+    assert rolled_out == [(2, ids), (0, [r["id"] for records in first.values() for r in records])]
+    assert len(results["predictions"]) == 8 and results["meta"]["budget_questions"] == 4
+    # each budget's curve is an evaluation of the first questions alone; budget 2 reuses the main run's rows
+    curves = {c["dataset"]: c for c in results["budgets"]["datasets"]}
+    for budget, position in ((0, 0), (2, 1)):
+        alone = harness.evaluate_policy(cfg, params, tokenizer, env.with_max_turns(budget), first, rollout,
+                                        batch_size=4, **common)
+        for row in alone["table"]:
+            if row["dataset"] in first:
+                for metric in ("em", "f1", "searches"):
+                    assert curves[row["dataset"]][metric][position] == pytest.approx(row[metric], abs=1e-12)
+    assert [curves[name]["searches"] for name in first] == [[0.0, 2.0]] * 2
+    with pytest.raises(ValueError, match="budget_questions must be >= 1"):
+        harness.evaluate_policy(cfg, params, tokenizer, env, data, rollout, 4, budgets=[0], budget_questions=0,
+                                **common)
+
+
 def saved_checkpoint(directory, cfg, params):
     """A trainer-format checkpoint (whole TrainState + model config) at step 3."""
     spec = train_state.StateSpec(cfg, OptimConfig(1e-3), rules=models.TRAIN_RULES)

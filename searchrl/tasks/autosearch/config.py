@@ -17,8 +17,9 @@ class DemoConfig:
     vocab_size: int = 1200  # of the BPE tokenizer trained on the world
     extra_search_fraction: float = 0.7  # scripted trajectories that search once more than needed
     early_answer_fraction: float = 0.3  # of those, the ones that also practise the answer before that search
-    eval_questions: int = 384  # per evaluation set
+    eval_questions: int = 384  # of the test split, every policy's figures and claims
     budgets: tuple[int, ...] = (0, 1, 2, 3)  # search budgets of the accuracy-vs-budget curve
+    budget_questions: int = 384  # of those, the first this many in each budget's run (one evaluation each)
     prefix_sft: SFTConfig = SFTConfig()  # the first cold-start stage, on two-turn prefixes
     seeds: tuple[int, ...] = (0,)  # whole runs (world, model, cold start, RL arms), one per seed
     parallel_seeds: int = 1  # seeds run side by side, each in a process of its own (results.run_seeds)

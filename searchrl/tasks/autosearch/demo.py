@@ -165,7 +165,8 @@ def run_seed(config: RunConfig) -> dict[str, Any]:
         results = harness.evaluate_policy(
             built.model_cfg, params, built.tokenizer, built.env, test, built.rollout, config.train.batch_size,
             budgets=list(demo.budgets), spec=analysis.REPORT,
-            rules=models.rules_named(config.mesh.sample_rules), attention=config.mesh.attention)
+            rules=models.rules_named(config.mesh.sample_rules), attention=config.mesh.attention,
+            budget_questions=demo.budget_questions)
         report.write_report(results, out_dir, analysis.REPORT)
         return summarize(results)
 
