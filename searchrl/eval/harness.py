@@ -4,9 +4,9 @@
 One run rolls out every question with the env as configured, its side branch included (for search QA with
 intermediate answers on: the answer after every search and the minimal sufficient depth; the trajectories and
 final answers are those of a run without it). For an env with a search budget (`with_max_turns`), each extra
-budget b is one more run at max_turns = b, without the side branch. Batches keep one static shape (the last is
-padded by repeating a question, its extra rows dropped) and every engine is warmed up once, so nothing
-compiles mid-evaluation.
+budget b is one more run at max_turns = b, without the side branch (on each dataset's first
+`budget_questions` questions, or all). Batches keep one static shape (the last is padded by repeating a
+question, its extra rows dropped) and every engine is warmed up once, so nothing compiles mid-evaluation.
 
 At scale, evaluation runs as training does: on a `mesh` (`config.mesh`; rows data-parallel, heads and MLP over
 its tensor axis) and across processes (`config.distributed`), each process rolls out its rows of every batch
@@ -87,7 +87,7 @@ def question_rows(env: Env, engine: RolloutEngine, params, examples: Sequence[Ma
     return rollout_rows(engine, params, examples, batch_size, rows_of, mesh, desc)
 
 
-def first_questions(datasets: Mapping[str, Sequence[Any]], n: int | None) -> list[int]:
+def _first_questions(datasets: Mapping[str, Sequence[Any]], n: int | None) -> list[int]:
     """The positions in `tagged_examples(datasets)` of each dataset's first `n` questions (all: None)."""
     positions, start = [], 0
     for records in datasets.values():
@@ -132,10 +132,10 @@ def evaluate_policy(model_cfg: models.ModelConfig, params, tokenizer, env: Env,
     rollout: its sampling is replaced by greedy decoding. budgets: extra runs at env.max_turns = b each (the
     accuracy-vs-budget curve). budget_questions: those runs roll out only each dataset's first this many
     questions (a budget run costs a whole evaluation; None: all). side_branch: run the env's side branch in
-    the main run. spec: what the task
-    adds to the report (`searchrl.task.Report`). rules: the sampling layout (`MeshConfig.sample_rules`);
-    attention: how attention is computed (`MeshConfig.attention`). mesh: roll out on it, across its processes
-    (`rollout_rows`); batch_size is then rounded up to a multiple of its data-parallel size.
+    the main run. spec: what the task adds to the report (`searchrl.task.Report`). rules: the sampling layout
+    (`MeshConfig.sample_rules`); attention: how attention is computed (`MeshConfig.attention`). mesh: roll
+    out on it, across its processes (`rollout_rows`); batch_size is then rounded up to a multiple of its
+    data-parallel size.
     """
     budgets = sorted(set(budgets or ()))
     _check_inputs(env, datasets, batch_size, budgets, budget_questions)
@@ -156,7 +156,7 @@ def evaluate_policy(model_cfg: models.ModelConfig, params, tokenizer, env: Env,
     branch = env.side_branch if side_branch else None
     max_turns = getattr(env, "max_turns", None)
     rows = run(env, side_branch, "eval" if max_turns is None else f"eval (max_turns={max_turns})", examples)
-    in_budget_runs = first_questions(datasets, budget_questions)
+    in_budget_runs = _first_questions(datasets, budget_questions)
     budget_examples = [examples[i] for i in in_budget_runs]
     budget_runs = {b: [rows[i] for i in in_budget_runs] if b == max_turns
                    else run(env.with_max_turns(b), False, f"eval (budget {b})", budget_examples)
