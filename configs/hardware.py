@@ -13,8 +13,9 @@ recomputes each layer in the backward pass (`rl.remat`) and, as every run does, 
 chunks of `rl.logits_chunk` positions and packs the PPO step's rows (`rl.pack`). On 2 and 4 A100s
 (DeepRetrieval) the reference model waits in host memory between scoring passes (`rl.offload_reference`), as
 DeepRetrieval's scripts keep it (`actor_rollout_ref.ref.fsdp_config.param_offload=True`): the scoring pass is
-then a program of its own, and the PPO epochs never hold the reference. On 4 (Coder-7B) JAX preallocates 0.9
-of each GPU's memory (`distributed.memory_fraction`) instead of its default 0.75.
+then a program of its own, and the PPO epochs never hold the reference. On 4 (Coder-7B) both models keep
+Adam's first moment in bfloat16 (`OptimConfig.mu_dtype`; verl keeps it in float32), a quarter less optimizer
+state, which lets the PPO step fit JAX's default 0.75 of each GPU's memory.
 `python -m searchrl.benchmarks.aot --config configs/FILE.py:PRESET,SETUP --topology ...` compiles every
 program of the run for the setup's devices without them and reports its memory (docs/benchmarks.md).
 """
@@ -29,14 +30,15 @@ class Setup(NamedTuple):
     # whether the reference model waits in host memory between scoring passes (`rl.offload_reference`: on 2
     # or 4 A100s the float32 masters and Adam moments of the policy and the critic take most of the memory)
     offload_reference: bool = False
-    # the share of each GPU's memory JAX preallocates (`distributed.memory_fraction`; 0: JAX's 0.75)
-    memory_fraction: float = 0.0
+    # the dtype both models keep Adam's first moment in (`OptimConfig.mu_dtype`; "": float32, as verl)
+    mu_dtype: str = ""
 
 
 SETUPS = {
     "a100x2": Setup(2, "pallas_mha", offload_reference=True),
-    # Coder-7B's policy and critic with their Adam moments: 0.9 of 80 GiB, as JAX's default 0.75 is too little
-    "a100x4": Setup(4, "pallas_mha", offload_reference=True, memory_fraction=0.9),
+    # Coder-7B's policy and critic: their float32 masters and Adam moments took 62.7 GiB, over JAX's default
+    # 0.75 of 80; with bfloat16 first moments the PPO step takes 55.5
+    "a100x4": Setup(4, "pallas_mha", offload_reference=True, mu_dtype="bfloat16"),
     "a100x8": Setup(8, "pallas_mha"),
     "h100x8": Setup(8, "pallas_mha"),
     "v5p8": Setup(8, "pallas_tpu"),
@@ -57,5 +59,6 @@ def apply(config, setup: str | None):
     config.mesh.update(dict(data=1, fsdp=laid_out.devices, tensor=1))
     config.mesh.attention.impl = laid_out.attention
     config.rl.update(dict(remat=True, offload_reference=laid_out.offload_reference))
-    config.distributed.memory_fraction = laid_out.memory_fraction
+    if laid_out.mu_dtype:
+        config.rl.actor.mu_dtype = config.rl.critic.mu_dtype = laid_out.mu_dtype
     return config

@@ -8,6 +8,7 @@ import dataclasses
 import math
 
 DECAYS = ("constant", "cosine", "linear")
+MOMENT_DTYPES = ("", "float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,10 +29,16 @@ class OptimConfig:
     b2: float = 0.999
     eps: float = 1e-8
     clip_grad_norm: float = 1.0  # global-norm clipping threshold; 0 disables
+    # The dtype Adam's first moment is kept in between steps (optax's mu_dtype; "": the params'). verl keeps
+    # it in float32; "bfloat16" halves it where the float32 state does not fit (configs/hardware.py): each
+    # step decays it in bfloat16 and adds the gradient's share in float32, and the update is float32.
+    mu_dtype: str = ""
 
     def __post_init__(self):
         if self.decay not in DECAYS:
             raise ValueError(f"optimizer decay {self.decay!r} is not one of {DECAYS}")
+        if self.mu_dtype not in MOMENT_DTYPES:
+            raise ValueError(f"optimizer mu_dtype {self.mu_dtype!r} is not one of {MOMENT_DTYPES}")
         if self.lr < 0 or self.warmup_steps < 0 or self.clip_grad_norm < 0:
             raise ValueError(f"optimizer lr, warmup_steps and clip_grad_norm must be >= 0: {self}")
         if self.decay != "constant" and 0 < self.decay_steps <= self.warmup_steps:

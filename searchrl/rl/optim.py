@@ -34,7 +34,8 @@ def learning_rate(cfg: OptimConfig) -> optax.Schedule:
 
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
     """Clipping then AdamW at unit learning rate (see the module docstring)."""
-    adamw = optax.adamw(1.0, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    adamw = optax.adamw(1.0, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                        mu_dtype=jnp.dtype(cfg.mu_dtype) if cfg.mu_dtype else None)
     if cfg.clip_grad_norm == 0:
         return adamw
     return optax.chain(optax.clip_by_global_norm(cfg.clip_grad_norm), adamw)

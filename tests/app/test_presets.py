@@ -244,15 +244,17 @@ def test_ablation_presets_turn_one_component_off(preset, component):
                                                  (deepretrieval, "sql_coder7b,no_reasoning", "a100x4"),
                                                  (rpl, "paper_qwen3_4b,pm", "v5p8")])
 def test_a_hardware_setup_lays_out_the_run_and_changes_nothing_else(module, preset, setup):
-    """The setup sets the mesh, the attention, remat, the reference's offload and the GPU memory share; the
-    paper's batch, micro-batch, lengths and workdir stay."""
+    """The setup sets the mesh, the attention, remat, the reference's offload and the dtype of Adam's first
+    moments; the paper's batch, micro-batch, lengths, workdir and JAX's memory share stay."""
     plain, laid_out = module.get_config(preset), module.get_config(f"{preset},{setup}")
     expected = hardware.SETUPS[setup]
     assert (laid_out.mesh.data, laid_out.mesh.fsdp, laid_out.mesh.tensor) == (1, expected.devices, 1)
     assert laid_out.mesh.attention.impl == expected.attention and laid_out.rl.remat
     assert laid_out.rl.offload_reference == expected.offload_reference
-    assert laid_out.distributed.memory_fraction == expected.memory_fraction
-    for group in ("rollout", "train", "env", "data", "model"):
+    for model in ("actor", "critic"):
+        assert laid_out.rl[model].to_dict() == plain.rl[model].to_dict() | (
+            {"mu_dtype": expected.mu_dtype} if expected.mu_dtype else {}), model
+    for group in ("rollout", "train", "env", "data", "model", "distributed"):
         assert laid_out[group].to_dict() == plain[group].to_dict(), group
     assert laid_out.rl.micro_batch_size == plain.rl.micro_batch_size and laid_out.workdir == plain.workdir
     with pytest.raises(ValueError, match=r"optionally followed by .*'a100x2'"):
