@@ -332,8 +332,8 @@ def test_budget_runs_roll_out_the_first_questions(world, monkeypatch):
     monkeypatch.setattr(harness, "question_rows", counting_question_rows)
     common = dict(side_branch=False, warmup=False, spec=autosearch_analysis.REPORT, rules=models.SAMPLE_RULES,
                   attention=ATTENTION)
-    results = harness.evaluate_policy(cfg, params, tokenizer, env, data, rollout, batch_size=4, budgets=[0, 2],
-                                      budget_questions=2, **common)
+    results = harness.evaluate_policy(cfg, params, tokenizer, env, data, rollout, batch_size=4,
+                                      budgets=[0, 2], budget_questions=2, **common)
     first = {name: records[:2] for name, records in data.items()}
     ids = [r["id"] for records in data.values() for r in records]
     assert rolled_out == [(2, ids), (0, [r["id"] for records in first.values() for r in records])]
@@ -349,8 +349,8 @@ def test_budget_runs_roll_out_the_first_questions(world, monkeypatch):
                     assert curves[row["dataset"]][metric][position] == pytest.approx(row[metric], abs=1e-12)
     assert [curves[name]["searches"] for name in first] == [[0.0, 2.0]] * 2
     with pytest.raises(ValueError, match="budget_questions must be >= 1"):
-        harness.evaluate_policy(cfg, params, tokenizer, env, data, rollout, 4, budgets=[0], budget_questions=0,
-                                **common)
+        harness.evaluate_policy(cfg, params, tokenizer, env, data, rollout, 4, budgets=[0],
+                                budget_questions=0, **common)
 
 
 def saved_checkpoint(directory, cfg, params):
