@@ -37,7 +37,7 @@ class Setup(NamedTuple):
 SETUPS = {
     "a100x2": Setup(2, "pallas_mha", offload_reference=True),
     # Coder-7B's policy and critic: their float32 masters and Adam moments took 62.7 GiB, over JAX's default
-    # 0.75 of 80; with bfloat16 first moments the PPO step takes 55.5
+    # 0.75 of 80; with bfloat16 first moments the PPO step takes 55.4
     "a100x4": Setup(4, "pallas_mha", offload_reference=True, mu_dtype="bfloat16"),
     "a100x8": Setup(8, "pallas_mha"),
     "h100x8": Setup(8, "pallas_mha"),
