@@ -1,11 +1,12 @@
 """AutoSearch turn rewards on hand-worked trajectories."""
 import dataclasses
 import math
-import time
+import statistics
 
 import numpy as np
 import pytest
 
+from searchrl.benchmarks import interleave
 from searchrl.tasks.autosearch import rewards as au
 
 GOLDS = ["Paris"]
@@ -204,20 +205,19 @@ TEXTS = {"one_char": lambda n: "a" * n, "short_words": lambda n: "ab " * (n // 3
          "tags": lambda n: "<answer>" * (n // 8)}
 
 
-def reward_seconds(text: str) -> float:
-    start = time.perf_counter()
+def compute_rewards(text: str) -> None:
     au.is_redundant(text, [text[:1000], "paris"], 0.8)
     record = au.AutoSearchRecord([au.SearchTurn(text, text[:1000], True)], au.AnswerTurn(text, True), [text],
                                  GOLDS)
     au.autosearch_rewards(record)
-    return time.perf_counter() - start
 
 
 @pytest.mark.parametrize("make_text", TEXTS.values(), ids=TEXTS)
 def test_rewards_take_linear_time(make_text):
-    """8 times the text takes about 8 times as long, not 64 (a quadratic step): the medians of interleaved
-    runs, so that a loaded machine slows both sizes alike."""
+    """8 times the text takes about 8 times as long, not 64 (a quadratic step): the median ratio of rounds
+    that time both sizes in turns (`interleave.compare`), so that a loaded machine slows both alike."""
     small, large = make_text(MB // 8), make_text(MB)
-    runs = [(reward_seconds(small), reward_seconds(large)) for _ in range(3)]
-    ratio = float(np.median([t for _, t in runs]) / np.median([t for t, _ in runs]))
+    timed = interleave.compare(lambda: compute_rewards(small), lambda: compute_rewards(large), rounds=3,
+                               warmup=0)
+    ratio = statistics.median(timed.ratios)  # per round: the large text's seconds / the small one's
     assert ratio < 24, f"8x the text took {ratio:.1f}x the time"
