@@ -106,7 +106,8 @@ ANSWERS = {"arno": "<answer> arno0, arno1, arno2 </answer>", "beni": None,
            "cora": "<answer> cora0, cora1, cora2 </answer>", "dune": "<answer> dune0 </answer>"}
 
 
-def scripted_answers(trainer: Trainer, prefixes: list[str], key: jax.Array) -> list[str | None]:
+def scripted_answers(trainer: Trainer, prefixes: list[str], key: jax.Array, greedy: bool = True
+                     ) -> list[str | None]:
     """Stands in for `program_mutation.policy_answers` (the random policy answers nothing)."""
     return [ANSWERS[next(c for c in CITIES if f"in {c}" in prefix)] for prefix in prefixes]
 

@@ -60,7 +60,7 @@ def test_weak_programs_are_mutated_verified_and_turned_into_sft_examples(trainer
                "<answer> dune0 </answer>", "<answer> arno0, arno1, arno2, arno3 </answer>"]
     asked = []
 
-    def policy_answers(trainer, prefixes, key):
+    def policy_answers(trainer, prefixes, key, greedy=True):
         asked.append(prefixes)
         return answers[:len(prefixes)]
     monkeypatch.setattr(program_mutation, "policy_answers", policy_answers)
@@ -100,6 +100,42 @@ def test_weak_programs_are_mutated_verified_and_turned_into_sft_examples(trainer
         assert rpl.set_f1([h.id for h in result.shown], [f"{city}{i}" for i in range(4)]) > 2 / 3  # was 2/3
 
 
+def test_the_best_of_several_answers_is_distilled(trainer, monkeypatch):
+    """With `answer_samples=3` each program's answer is the best-scoring of the greedy answer and two sampled
+    ones (the greedy one first among equals); a program counts as answered when any try is an answer. Against
+    the gold of 4 documents, with the best programs found: arno's tries score 0.4, 6/7 and 2/3 (the second
+    is kept); beni answers only in a sample (all 4: kept); cora's three tries score 6/7 (the greedy text is
+    kept); dune's best, 0.4, is below its rolled-out 2/3 (dropped); the second arno keeps its greedy 0.4."""
+    def turn(*docs):
+        return f"<answer> {', '.join(docs)} </answer>" if docs else None
+    tries = [[turn("arno0"), turn(), turn("cora0", "cora1", "cora2"), turn("dune0"), turn("arno0")],
+             [turn("arno0", "arno1", "arno2"), turn("beni0", "beni1", "beni2", "beni3"),
+              turn("cora0", "cora1", "cora2"), turn(), turn("arno0")],
+             [turn("arno0", "arno1"), turn(), turn("cora3", "cora2", "cora1"), turn("dune0"), turn("nobody")]]
+    calls = []
+
+    def policy_answers(trainer, prefixes, key, greedy=True):
+        calls.append((prefixes, jax.random.key_data(key).tolist(), greedy))
+        return tries[len(calls) - 1][:len(prefixes)]
+    monkeypatch.setattr(program_mutation, "policy_answers", policy_answers)
+    config = MutationConfig(max_variants=64, max_shown=4, answer_samples=3)
+    real_engine, trainer.engine = trainer.engine, ScriptedEngine(trainer.engine)
+    try:
+        segments, counts = program_mutation.mutation_examples(trainer, trainer.train_examples[:5], config,
+                                                              jax.random.key(0))
+    finally:
+        trainer.engine = real_engine
+    assert [greedy for _, _, greedy in calls] == [True, False, False]
+    assert calls[0][0] == calls[1][0] == calls[2][0] and len(calls[0][0]) == 5
+    assert len({str(key) for _, key, _ in calls}) == 3  # each try its own key
+    assert counts["answered"] == 5.0 and counts["variants"] == 3.0
+    assert [example[-1] for example in segments] == [(tries[1][0], True), (tries[1][1], True),
+                                                     (tries[0][2], True), (tries[0][4], True)]
+    assert [example[0][0].strip()[-4:] for example in segments] == ["arno", "beni", "cora", "arno"]
+    with pytest.raises(ValueError, match="answer_samples must be at least 1"):
+        MutationConfig(answer_samples=0)
+
+
 def test_policy_answers_are_the_greedy_continuation_of_each_prefix(trainer, monkeypatch):
     """Every turn counts as an answer here (the random policy writes none): each is the greedy decode of
     the prefix, token by token with the full forward pass, cut after the first stop string."""
@@ -124,6 +160,9 @@ def test_policy_answers_are_the_greedy_continuation_of_each_prefix(trainer, monk
         stops = [text.index(s) + len(s) for s in trainer.env.stop_strings if s in text]
         expected.append(text[:min(stops)] if stops else text)
     assert program_mutation.policy_answers(trainer, prefixes, jax.random.key(1)) == expected
+    sampled = program_mutation.policy_answers(trainer, prefixes, jax.random.key(1), greedy=False)
+    assert sampled == program_mutation.policy_answers(trainer, prefixes, jax.random.key(1), greedy=False)
+    assert sampled != expected  # the random policy's samples (temperature 1) are not its greedy turns
 
 
 def test_distillation_replaces_the_policy_and_the_train_hook_resumes_rl(trainer):

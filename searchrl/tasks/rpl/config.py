@@ -21,8 +21,16 @@ class MutationConfig:
     # Distil the policy's answers to the kept programs' documents too; False: the program turns alone, the
     # answers left to RL (`searchrl.tasks.rpl.distill`).
     distil_answers: bool = True
+    # Answers tried per kept program: the greedy one, then answers sampled as the rollouts sample; the
+    # highest-scoring is the trajectory's answer (1: the greedy answer alone).
+    answer_samples: int = 1
     sft: SFTConfig = SFTConfig(steps=50, batch_size=8, max_len=1024,
                                optim=OptimConfig(lr=1e-5, warmup_steps=5))
+
+    def __post_init__(self):
+        if self.answer_samples < 1:
+            raise ValueError(f"config.env.mutation.answer_samples must be at least 1 (the greedy answer), got "
+                             f"{self.answer_samples}")
 
 
 @dataclasses.dataclass(frozen=True)

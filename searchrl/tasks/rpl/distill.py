@@ -2,15 +2,16 @@
 programs on training questions are mutated (`searchrl.tasks.rpl.mutation`, for `MutationConfig.rounds`
 rounds of verified edits), the variants whose execution verifies an improvement are turned into trajectories
 (the prompt, the policy's turn with the variant in place of its program, the variant's observation, and the
-policy's own greedy answer to it), those whose answer scores above 0 and at least as well as the rolled-out
-episode are distilled into the policy with SFT, and RL resumes from the distilled policy. Keeping only those
+policy's own answer to it: greedy, or the best of `MutationConfig.answer_samples` tries), those whose answer
+scores above 0 and at least as well as the rolled-out episode are distilled into the policy with SFT, and RL
+resumes from the distilled policy. Keeping only those
 answers matters: distilling every answer would teach the answers that cite nothing right along with the ones
 that do. With `MutationConfig.distil_answers` off, the kept trajectories end at the program turn (the only
-one they train) and the answers are left to RL (the CPU miniature's choice: there the distilled greedy answers
-lowered held-out answer F1 on seeds where the new programs raised doc F1; configs/rpl.py).
+one they train) and the answers are left to RL (in the CPU miniature the answers then kept citing where the
+old programs showed the members; configs/rpl.py).
 
 searchrl also distils, by default (`MutationConfig.keep_unimproved`), the policy's programs that no edit
-improves, each with its greedy answer: with the improved ones alone, distillation also moved programs that
+improves, each with its answer: with the improved ones alone, distillation also moved programs that
 were already best (in the miniature, the window that suits one question type was written for others).
 
 A program is scored by what it shows: for GlobalQA the dF1 of the shown documents against the evidence, for
@@ -72,13 +73,15 @@ class _Continuing:
         return getattr(self._env, name)
 
 
-def policy_answers(trainer: Trainer, prefixes: Sequence[str], key: jax.Array) -> list[str | None]:
-    """The policy's greedy next turn after each of `prefixes` (rendered trajectories that end where the
-    policy writes), when that turn is an answer; None when it is not. Runs on the trainer's rollout
-    settings, mesh and dtype, with room for the prefix as the prompt."""
+def policy_answers(trainer: Trainer, prefixes: Sequence[str], key: jax.Array, greedy: bool = True
+                   ) -> list[str | None]:
+    """The policy's next turn after each of `prefixes` (rendered trajectories that end where the policy
+    writes), when that turn is an answer; None when it is not. Greedy, or sampled as the rollouts sample
+    (`greedy=False`). Runs on the trainer's rollout settings, mesh and dtype, with room for the prefix as
+    the prompt."""
     engine = trainer.engine
-    rollout = dataclasses.replace(engine.config, sampling=SamplingParams(temperature=0.0),
-                                  max_prompt_tokens=engine.config.max_len)
+    sampling = SamplingParams(temperature=0.0) if greedy else engine.config.sampling
+    rollout = dataclasses.replace(engine.config, sampling=sampling, max_prompt_tokens=engine.config.max_len)
     continuing = RolloutEngine(trainer.model_cfg, engine.tokenizer, _Continuing(trainer.env), rollout,
                                side_branch=False, mesh=engine.train_mesh, dtype=engine.dtype,
                                rules=engine.rules, attention=engine.attention)
@@ -101,7 +104,9 @@ def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], c
     """Rolls out `examples` with the trainer's policy, mutates their first programs (`mutation.climb`) and
     returns the SFT examples: prompt, the policy's turn with the best program found in place of its own
     (`before + source + after`: its reasoning and tags stay as written), that program's observation (as a
-    rollout shows it) and the policy's greedy answer to it. The best program is the verified variant, or
+    rollout shows it) and the policy's best answer to it: of its greedy answer and, with
+    `config.answer_samples` > 1, answers sampled as the rollouts sample, the one of the highest reward (a
+    rejection-sampling step, as in expert iteration). The best program is the verified variant, or
     under `config.keep_unimproved` the policy's own when no edit improves it: distillation then moves the
     programs mutation improved and holds the others where they were. A trajectory is kept when its reward
     (`ProgramEnv.episode_reward`: the task metric of that answer) is positive and at least the rolled-out
@@ -146,17 +151,19 @@ def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], c
     seen = [trainer.engine.observation_text(observation, len(trainer.engine.tokenizer.encode(
         c.prompt + c.turn, add_special_tokens=False))) for c, observation
         in zip(candidates, observations)]  # as a rollout shows it
-    answers = policy_answers(trainer, [c.prompt + c.turn + shown for c, shown in zip(candidates, seen)],
-                             answer_key) if candidates else []
+    prefixes = [c.prompt + c.turn + shown for c, shown in zip(candidates, seen)]
+    tries = [policy_answers(trainer, prefixes, jax.random.fold_in(answer_key, k), greedy=k == 0)
+             for k in range(config.answer_samples)] if candidates else []
     kept = []
     counts["answered"] = counts["variants"] = 0
-    for c, action, observation, shown, answer in zip(candidates, actions, observations, seen, answers):
-        if answer is None:
+    for c, action, observation, shown, answers in zip(candidates, actions, observations, seen, zip(*tries)):
+        scored = [(env.episode_reward([Turn(0, 0, c.turn, action, shown, observation.info),
+                                       Turn(0, 0, answer, env.parse_action(answer, 1))], c.example), -k, answer)
+                  for k, answer in enumerate(answers) if answer is not None]
+        if not scored:
             continue
         counts["answered"] += 1
-        turns = [Turn(0, 0, c.turn, action, shown, observation.info),
-                 Turn(0, 0, answer, env.parse_action(answer, 1))]
-        distilled = env.episode_reward(turns, c.example)
+        distilled, _, answer = max(scored)  # the best-scoring answer, the first of equals (greedy first)
         if distilled > 0 and distilled >= c.rolled_out:
             answered = [(shown, False), (answer, True)] if config.distil_answers else []
             kept.append([(c.prompt, False), (c.turn, True), *answered])
