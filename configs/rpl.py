@@ -118,7 +118,8 @@ def tiny(config):
     # Mutation minus continued RL, held-out answer F1 at step 20 on seeds 2 and 3: programs alone, 256 steps,
     # -0.004 and -0.012 (over 5 seeds +0.031 [-0.022, 0.083]); with the greedy answers +0.067 and -0.058;
     # best of 8, +0.048 and -0.025; best of 8 for 14 passes, +0.067 and +0.004 (seed 3 keeps 193
-    # trajectories, seed 2 312: 256 steps are 21 passes over seed 3's, which then copied held-out names worse).
+    # trajectories, seed 2 312: 256 steps are 21 passes over seed 3's, which then copied held-out names
+    # worse).
     config.env.mutation.update(dict(episodes=512, max_variants=16, max_shown=4, rounds=4, answer_samples=8))
     config.env.mutation.sft.update(dict(epochs=14.0, batch_size=16, max_len=288))
     config.env.mutation.sft.optim.update(dict(lr=2e-4, warmup_steps=5))

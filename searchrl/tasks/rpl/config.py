@@ -29,8 +29,8 @@ class MutationConfig:
 
     def __post_init__(self):
         if self.answer_samples < 1:
-            raise ValueError(f"config.env.mutation.answer_samples must be at least 1 (the greedy answer), got "
-                             f"{self.answer_samples}")
+            raise ValueError(f"config.env.mutation.answer_samples must be at least 1 (the greedy answer), "
+                             f"got {self.answer_samples}")
 
 
 @dataclasses.dataclass(frozen=True)
