@@ -65,15 +65,12 @@ def test_weak_programs_are_mutated_verified_and_turned_into_sft_examples(trainer
         return answers[:len(prefixes)]
     monkeypatch.setattr(program_mutation, "policy_answers", policy_answers)
     config, rows = MutationConfig(max_variants=64, max_shown=4), trainer.train_examples[:5]
-    real_engine, trainer.engine = trainer.engine, ScriptedEngine(trainer.engine)
-    try:
-        segments, counts = program_mutation.mutation_examples(trainer, rows, config, jax.random.key(0))
-        variants_only, _ = program_mutation.mutation_examples(
-            trainer, rows, dataclasses.replace(config, keep_unimproved=False), jax.random.key(0))
-        programs_only, _ = program_mutation.mutation_examples(
-            trainer, rows, dataclasses.replace(config, distil_answers=False), jax.random.key(0))
-    finally:
-        trainer.engine = real_engine
+    monkeypatch.setattr(trainer, "engine", ScriptedEngine(trainer.engine))
+    segments, counts = program_mutation.mutation_examples(trainer, rows, config, jax.random.key(0))
+    variants_only, _ = program_mutation.mutation_examples(
+        trainer, rows, dataclasses.replace(config, keep_unimproved=False), jax.random.key(0))
+    programs_only, _ = program_mutation.mutation_examples(
+        trainer, rows, dataclasses.replace(config, distil_answers=False), jax.random.key(0))
     # one round each
     assert counts == {"programs": 5.0, "weak": 4.0, "improved": 4.0, "edits": 4.0, "answered": 4.0,
                       "variants": 2.0}
@@ -119,12 +116,9 @@ def test_the_best_of_several_answers_is_distilled(trainer, monkeypatch):
         return tries[len(calls) - 1][:len(prefixes)]
     monkeypatch.setattr(program_mutation, "policy_answers", policy_answers)
     config = MutationConfig(max_variants=64, max_shown=4, answer_samples=3)
-    real_engine, trainer.engine = trainer.engine, ScriptedEngine(trainer.engine)
-    try:
-        segments, counts = program_mutation.mutation_examples(trainer, trainer.train_examples[:5], config,
-                                                              jax.random.key(0))
-    finally:
-        trainer.engine = real_engine
+    monkeypatch.setattr(trainer, "engine", ScriptedEngine(trainer.engine))
+    segments, counts = program_mutation.mutation_examples(trainer, trainer.train_examples[:5], config,
+                                                          jax.random.key(0))
     assert [greedy for _, _, greedy in calls] == [True, False, False]
     assert calls[0][0] == calls[1][0] == calls[2][0] and len(calls[0][0]) == 5
     assert len({str(key) for _, key, _ in calls}) == 3  # each try its own key
