@@ -1,14 +1,13 @@
 """Program mutation inside an RL run (Retrieval Program Learning's PM): at a chosen step, the policy's weaker
-programs on training questions are mutated (`searchrl.tasks.rpl.mutation`, for `MutationConfig.rounds`
-rounds of verified edits), the variants whose execution verifies an improvement are turned into trajectories
-(the prompt, the policy's turn with the variant in place of its program, the variant's observation, and the
+programs on training questions are mutated (`searchrl.tasks.rpl.mutation`, for `MutationConfig.rounds` rounds
+of verified edits), the variants whose execution verifies an improvement are turned into trajectories (the
+prompt, the policy's turn with the variant in place of its program, the variant's observation, and the
 policy's own answer to it: greedy, or the best of `MutationConfig.answer_samples` tries), those whose answer
 scores above 0 and at least as well as the rolled-out episode are distilled into the policy with SFT, and RL
-resumes from the distilled policy. Keeping only those
-answers matters: distilling every answer would teach the answers that cite nothing right along with the ones
-that do. With `MutationConfig.distil_answers` off, the kept trajectories end at the program turn (the only
-one they train) and the answers are left to RL (in the CPU miniature the answers then kept citing where the
-old programs showed the members; configs/rpl.py).
+resumes from the distilled policy. Keeping only those answers matters: distilling every answer would teach the
+answers that cite nothing right along with the ones that do. With `MutationConfig.distil_answers` off, the
+kept trajectories end at the program turn (the only one they train) and the answers are left to RL (in the CPU
+miniature the answers then kept citing where the old programs showed the members; configs/rpl.py).
 
 searchrl also distils, by default (`MutationConfig.keep_unimproved`), the policy's programs that no edit
 improves, each with its answer: with the improved ones alone, distillation also moved programs that
