@@ -28,8 +28,9 @@ whole batch at once as the trainer rolls it out (or on `rollout.decode_rows` row
 Per program: bytes per device from XLA's memory analysis of the compiled program (arguments, outputs,
 temporaries, code; a donated argument counts once) against the device's HBM; matmul FLOPs and bytes per step
 (`jaxpr_cost`: counted on the jaxpr with every loop's trip count, since XLA's cost analysis counts a loop
-body once), split evenly over the devices; and the step time they imply at the chip's peak bf16 FLOP/s and
-HBM bandwidth (a roofline lower bound: the slower of the two).
+body once), the FLOPs split evenly over the devices, the bytes per device by the arguments' shardings (a
+replicated weight is read whole by every device); and the step time they imply at the chip's peak bf16
+FLOP/s and HBM bandwidth (a roofline lower bound: the slower of the two).
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ from ml_collections import config_flags
 
 from searchrl import cli, models, run_config
 from searchrl.benchmarks.hardware import GPU_TARGETS, MEGACORE, GiB, Chip, GpuTarget, chip_of
-from searchrl.benchmarks.jaxpr_cost import MatmulCost, matmul_cost
+from searchrl.benchmarks.jaxpr_cost import MatmulCost, input_shards, matmul_cost
 from searchrl.benchmarks.lengths import packing_of, search_r1_lengths
 from searchrl.rl import advantages, ppo
 from searchrl.rl.config import batch_rows as rl_batch_rows
@@ -151,21 +152,28 @@ def learn_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> dict
 
 def rollout_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> dict[str, tuple[Any, tuple]]:
     """Each rollout program's name -> (jitted function, its arguments: abstract arrays and static
-    settings), on the rollout's decode rows (`rollout.decode_rows`, else one a row of the batch)."""
+    settings), on the rollout's decode rows (`rollout.decode_rows`, else one a row of the batch), with its
+    page pool (`rollout.pool_pages` a device, else every row's slots)."""
     rollout = config.rollout
     rows, rules = rollout.decode_rows or batch_rows(config), models.rules_named(config.mesh.sample_rules)
     slots = rollout.slots(max(rollout.obs_buckets))
     dtype = jnp.dtype(config.rl.compute_dtype)
-    params = _abstract(jax.eval_shape(lambda: models.init_params(cfg, jax.random.key(0), dtype)),
-                       models.param_shardings(cfg, mesh, rules))
+    params = _abstract(jax.eval_shape(lambda: models.unstack_layers(models.init_params(cfg, jax.random.key(0),
+                                                                                       dtype))),
+                       models.unstack_shardings(models.param_shardings(cfg, mesh, rules), cfg.num_layers))
     state = jax.tree.map(
         lambda axes, x: jax.ShapeDtypeStruct(x.shape, x.dtype,
                                              sharding=models.logical_to_sharding(axes, mesh, rules, x.shape)),
         generate.state_logical_axes(),
-        jax.eval_shape(lambda: generate.init_state(cfg, rows, slots, jax.random.key(0), dtype)),
+        jax.eval_shape(lambda: generate.init_state(rows, slots, rollout.page_size, jax.random.key(0))),
         is_leaf=lambda axes: type(axes) is tuple)
-
-    per_call = min(rollout.extend_rows or rows, rows)  # rows an append call computes (`RolloutEngine`)
+    shards = models.row_shards(dict(mesh.shape), rules, rows)
+    pages = (rollout.pool_pages or -(-rows // shards) * state.pages.shape[1]) * shards
+    pool_sharding = models.pool_sharding(cfg, mesh, rules, rows)
+    pool = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=pool_sharding),
+                        jax.eval_shape(lambda: models.KVPool.init(cfg, pages, rollout.page_size, dtype)))
+    # rows an append call computes: `rollout.extend_rows`, an equal share of each block (`RolloutEngine`)
+    per_call = min(-(-(rollout.extend_rows or rows) // shards), rows // shards) * shards
 
     def chunk(width: int) -> tuple:  # the rows appended to, their tokens and lengths, those starting a turn
         shapes = (((per_call, width), jnp.int32), ((per_call,), jnp.int32), ((per_call,), jnp.bool_))
@@ -173,18 +181,18 @@ def rollout_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> di
         return (index,) + tuple(_rows_sharded(shape, kind, mesh, rules) for shape, kind in shapes)
 
     spec = generate.DecodeSpec(rollout.chunk_steps, rollout.max_turn_tokens, rollout.max_len,
-                               rollout.sampling, rules=rules, attention=config.mesh.attention,
-                               unstack_layers=generate.unstacks_layers(mesh.devices.flat))
+                               rollout.sampling, rules=rules, attention=config.mesh.attention)
     replicated = NamedSharding(mesh, PartitionSpec())
     stops = jax.ShapeDtypeStruct(STOP_TABLE, jnp.int32, sharding=replicated)
     eos = jax.ShapeDtypeStruct(EOS_IDS, jnp.int32, sharding=replicated)
+    allowed = _rows_sharded((rows,), jnp.bool_, mesh, rules)
     prefill = {} if rollout.chunked_prefill else {
-        "prefill": (generate.extend, (cfg, params, state, *chunk(rollout.max_prompt_tokens), rollout.sampling,
-                                      rules, config.mesh.attention))}
+        "prefill": (generate.extend, (cfg, params, pool, state, *chunk(rollout.max_prompt_tokens),
+                                      rollout.sampling, rules, config.mesh.attention))}
     return prefill | {
-        "extend": (generate.extend, (cfg, params, state, *chunk(max(rollout.obs_buckets)), rollout.sampling,
+        "extend": (generate.extend, (cfg, params, pool, state, *chunk(max(rollout.obs_buckets)), rollout.sampling,
                                      rules, config.mesh.attention)),
-        "decode": (generate.decode_chunk, (cfg, params, state, stops, eos, spec)),
+        "decode": (generate.decode_chunk, (cfg, params, pool, state, allowed, stops, eos, spec)),
     }
 
 
@@ -207,7 +215,7 @@ def analyse(name: str, jitted, args: tuple, mesh: Mesh, chip: Chip) -> dict[str,
             if "RESOURCE_EXHAUSTED" not in str(e):
                 raise
             memory, error = None, str(e).splitlines()[0]
-    cost: MatmulCost = matmul_cost(traced.jaxpr, while_trips=1) * (1 / mesh.size)
+    cost: MatmulCost = matmul_cost(traced.jaxpr, while_trips=1, devices=mesh.size, in_shards=input_shards(args))
     compute_s, memory_s = cost.flops / flops_per_s, cost.bytes / bandwidth
     row = {"program": name, "hbm_gib": hbm / GiB, "tflop_per_step": cost.flops / 1e12,
            "gb_per_step": cost.bytes / 1e9, "compute_ms": 1e3 * compute_s, "memory_ms": 1e3 * memory_s,

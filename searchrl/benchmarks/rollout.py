@@ -17,7 +17,10 @@
     tool calls overlapped with decoding, rows waiting for them parked in `--parked_rows` rows), both
     appending `--extend_rows` rows a call, in interleaved rounds: episodes/s (median ratio and range), decode
     slot utilisation, the device's idle share waiting for the host, compiles after warm-up.
-Run: `python -m searchrl.benchmarks.rollout [--json] [--parts abd] [--preset bench_small] [--passages 20000]
+(s) decode scaling: one decode step of `--batch` rows holding `--scaling_live` tokens each, with 512 and with
+    8,192 slots reserved a row (`--scaling_slots`), in interleaved rounds: ms a step and the cost ratio
+    (paged, a step reads the live pages only).
+Run: `python -m searchrl.benchmarks.rollout [--json] [--parts abds] [--preset bench_small] [--passages 20000]
 [--retriever dense] [--encoder DIR] [--dtype bfloat16]` (`--parts a` measures generation only; b and c share
 one run).
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import tempfile
 import time
 import zlib
@@ -62,33 +66,79 @@ _SAMPLE_RULES = models.rules_named(models.MeshConfig().sample_rules)
 _ATTENTION = models.MeshConfig().attention
 
 
-def _generation(cfg: models.ModelConfig, batch: int, prompt_len: int, new_tokens: int
-                ) -> tuple[generate.GenState, generate.DecodeSpec]:
-    """The empty generation state and the decode spec of `searchrl_generate`."""
-    slots = prompt_len + new_tokens + 1
-    spec = generate.DecodeSpec(new_tokens, new_tokens, slots - 1, SamplingParams(temperature=0.0),
-                               rules=_SAMPLE_RULES, attention=_ATTENTION,
-                               unstack_layers=generate.unstacks_layers(jax.devices()))
-    return generate.init_state(cfg, batch, slots, jax.random.key(0)), spec
+def _generation(cfg: models.ModelConfig, batch: int, prompt_len: int, new_tokens: int, slots: int = 0,
+                dtype=jnp.float32) -> tuple[models.KVPool, generate.GenState, generate.DecodeSpec]:
+    """The empty pool and generation state and the decode spec of `searchrl_generate`: rows of `slots`
+    slots (default: the prompt and the new tokens) holding the pages of the prompt and the new tokens."""
+    used = prompt_len + new_tokens + 1
+    spec = generate.DecodeSpec(new_tokens, new_tokens, max(slots, used) - 1, SamplingParams(temperature=0.0),
+                               rules=_SAMPLE_RULES, attention=_ATTENTION)
+    page_size = RolloutConfig.page_size
+    pages, held = generate.owned_pages(batch, used, page_size)
+    state = generate.init_state(batch, max(slots, used), page_size, jax.random.key(0))
+    table = np.zeros(state.pages.shape, np.int32)
+    table[:, :held.shape[1]] = held
+    return models.KVPool.init(cfg, pages, page_size, dtype), state._replace(pages=jnp.asarray(table)), spec
+
+
+def _prefilled(cfg: models.ModelConfig, params, prompts: np.ndarray, new_tokens: int, slots: int = 0
+               ) -> tuple[models.KVPool, generate.GenState, generate.DecodeSpec]:
+    batch, prompt_len = prompts.shape
+    dtype = jax.tree.leaves(params)[0].dtype
+    pool, state, spec = _generation(cfg, batch, prompt_len, new_tokens, slots, dtype)
+    lengths = np.full((batch,), prompt_len, np.int32)
+    pool, state = generate.extend(cfg, params, pool, state, None, prompts, lengths, np.ones(batch, bool),
+                                  spec.sampling, spec.rules, spec.attention)
+    return pool, state, spec
 
 
 def searchrl_generate(cfg: models.ModelConfig, params, prompts: np.ndarray, new_tokens: int) -> np.ndarray:
-    """Greedy generation of exactly `new_tokens` per row with prefill + one decode chunk."""
-    batch, prompt_len = prompts.shape
-    state, spec = _generation(cfg, batch, prompt_len, new_tokens)
-    lengths = np.full((batch,), prompt_len, np.int32)
-    state = generate.extend(cfg, params, state, None, prompts, lengths, np.ones(batch, bool), spec.sampling,
-                            spec.rules, spec.attention)
-    state = generate.decode_chunk(cfg, params, state, generate.stop_table(_NEVER), _NO_EOS, spec)
+    """Greedy generation of exactly `new_tokens` per row with prefill + one decode chunk (`params`
+    unstacked: `models.unstack_layers`)."""
+    pool, state, spec = _prefilled(cfg, params, prompts, new_tokens)
+    _, state = generate.decode_chunk(cfg, params, pool, state, np.ones(len(prompts), bool),
+                                     generate.stop_table(_NEVER), _NO_EOS, spec)
+    prompt_len = prompts.shape[1]
     return np.asarray(state.tokens[:, prompt_len:prompt_len + new_tokens])
 
 
 def decode_step_bytes(cfg: models.ModelConfig, params, batch: int, prompt_len: int, new_tokens: int) -> float:
     """Bytes one decode step of `searchrl_generate` moves at least: its matmuls' operands and outputs
-    (`jaxpr_cost`: every weight, the whole KV cache, the step's activations)."""
-    state, spec = _generation(cfg, batch, prompt_len, new_tokens)
-    traced = generate.decode_chunk.trace(cfg, params, state, generate.stop_table(_NEVER), _NO_EOS, spec)
-    return matmul_cost(traced.jaxpr, while_trips=1).bytes
+    (`jaxpr_cost`: every weight, the live pages at the end of generation, the step's activations)."""
+    pool, state, spec = _generation(cfg, batch, prompt_len, new_tokens, dtype=jax.tree.leaves(params)[0].dtype)
+    traced = generate.decode_chunk.trace(cfg, params, pool, state, np.ones(batch, bool),
+                                         generate.stop_table(_NEVER), _NO_EOS, spec)
+    live_pages = -(-(prompt_len + new_tokens) // RolloutConfig.page_size)
+    return matmul_cost(traced.jaxpr, while_trips=1, trips={"paged_attention.reference": live_pages}).bytes
+
+
+def bench_decode_scaling(preset: str, batch: int, live: int, slots: tuple[int, int], steps: int, rounds: int,
+                         dtype: str) -> dict:
+    """Part (s): ms per decode step of `batch` rows holding `live` tokens each, with `slots[0]` and with
+    `slots[1]` slots reserved a row, in interleaved rounds. Paged, a step reads the live pages only, so the
+    two should cost the same; a static cache walks every reserved slot."""
+    cfg = dataclasses.replace(models.get_preset(preset), eos_token_id=None)
+    params = models.unstack_layers(models.init_params(cfg, jax.random.key(0), jnp.dtype(dtype)))
+    prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, live)).astype(np.int32)
+    stops, allowed = generate.stop_table(_NEVER), np.ones(batch, bool)
+    runs = {}
+    for n in slots:
+        pool, state, spec = _prefilled(cfg, params, prompts, steps, n)
+        spec = dataclasses.replace(spec, max_turn_tokens=n)  # rows stay active: the next call decodes again
+        runs[n] = [pool, state, spec]
+
+    def decode(n: int) -> None:  # `steps` steps, then back to `live` tokens (in place: no copy)
+        pool, state, spec = runs[n]
+        pool, state = generate.decode_chunk(cfg, params, pool, state, allowed, stops, _NO_EOS, spec)
+        runs[n][:2] = pool, jax.block_until_ready(generate.truncate(state, np.full(batch, live, np.int32)))
+
+    timed = compare(lambda: decode(slots[1]), lambda: decode(slots[0]), rounds, calls=3, warmup=1)
+    return {"decode_scaling_slots": list(slots), "decode_scaling_rows": batch, "decode_scaling_live": live,
+            "decode_scaling_ms_per_step": [1e3 * statistics.median(t) / steps
+                                           for t in (timed.peer_s, timed.ours_s)],
+            # how many times the many-slot step costs the few-slot one, per round: median and range
+            "decode_scaling_cost_ratio": 1 / statistics.median(timed.ratios),
+            "decode_scaling_cost_ratio_range": [1 / max(timed.ratios), 1 / min(timed.ratios)]}
 
 
 def bench_generate(preset: str, batch: int, prompt_len: int, new_tokens: int, rounds: int, dtype: str) -> dict:
@@ -98,6 +148,7 @@ def bench_generate(preset: str, batch: int, prompt_len: int, new_tokens: int, ro
     with tempfile.TemporaryDirectory() as tmp:
         models.save_hf(cfg, params, tmp)  # the same weights on both sides
         torch_model = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=getattr(torch, dtype))
+    params = models.unstack_layers(params)
     device = torch_device()
     torch_model = torch_model.to(device).eval()
     ids = torch.from_numpy(prompts).long().to(device)
@@ -301,9 +352,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                                     flag_values=values)
     dtype = flags.DEFINE_enum("dtype", "float32", ("float32", "bfloat16"), "parameter and compute dtype",
                               flag_values=values)
-    parts = flags.DEFINE_enum("parts", "abd", ("a", "b", "d", "ab", "ad", "bd", "abd"),
-                              "a: generation against transformers; b: search rollout (with c); d: long tail",
-                              flag_values=values)
+    parts = flags.DEFINE_string("parts", "abd", "any of a: generation against transformers; b: search rollout "
+                                "(with c); d: long tail; s: decode cost against reserved slots",
+                                flag_values=values)
+    scaling_preset = flags.DEFINE_string("scaling_preset", "tiny", "model preset of the decode scaling (s)",
+                                         flag_values=values)
+    scaling_live = flags.DEFINE_integer("scaling_live", 100, "live tokens a row (s)", flag_values=values)
+    scaling_slots = flags.DEFINE_list("scaling_slots", ["512", "8192"], "the two slot counts a row (s)",
+                                      flag_values=values)
+    scaling_steps = flags.DEFINE_integer("scaling_steps", 16, "decode steps a timed call (s)", flag_values=values)
     episodes = flags.DEFINE_integer("episodes", 256, "episodes per long-tail rollout (d)", flag_values=values)
     decode_rows = flags.DEFINE_integer("decode_rows", 16, "decode rows of the long-tail engines (d)",
                                        flag_values=values)
@@ -316,6 +373,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     as_json = flags.DEFINE_boolean("json", False, "print one JSON object instead of a table",
                                    flag_values=values)
     cli.parse(values, argv, __doc__)
+    if not parts.value or set(parts.value) - set("abds"):
+        raise SystemExit(f"--parts={parts.value!r}: give one or more of the letters a, b, d, s.")
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     r = {"preset": preset.value, "device": device_name(), "batch": batch.value,
          "dtype": dtype.value}
@@ -328,6 +387,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "d" in parts.value:
         r |= bench_long_tail(preset.value, episodes.value, decode_rows.value, extend_rows.value,
                              parked_rows.value, passages.value, latency_ms.value, rounds.value, dtype.value)
+    if "s" in parts.value:
+        slots = tuple(int(n) for n in scaling_slots.value)
+        if len(slots) != 2:
+            raise SystemExit(f"--scaling_slots={scaling_slots.value}: give two slot counts.")
+        r |= bench_decode_scaling(scaling_preset.value, batch.value, scaling_live.value, slots,
+                                  scaling_steps.value, rounds.value, dtype.value)
     if as_json.value:
         print(json.dumps(r))
         return
@@ -337,6 +402,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         _print_search_rollout(r, passages.value, turns.value)
     if "d" in parts.value:
         _print_long_tail(r, episodes.value, decode_rows.value, latency_ms.value)
+    if "s" in parts.value:
+        _print_decode_scaling(r, scaling_preset.value)
 
 
 def _print_generate(r: dict, prompt_len: int, new_tokens: int) -> None:
@@ -370,6 +437,16 @@ def _print_long_tail(r: dict, episodes: int, rows: int, latency_ms: float) -> No
               f"device idle waiting for the host {idle:.1%} (at most)")
     print(f"    {describe(r, 'long_tail').replace('searchrl / peer', 'continuous / lock-step')}")
     print(f"    compiled after warm-up: {r['long_tail_compiles_after_warmup']}")
+
+
+def _print_decode_scaling(r: dict, preset: str) -> None:
+    few, many = r["decode_scaling_slots"]
+    ms = r["decode_scaling_ms_per_step"]
+    low, high = r["decode_scaling_cost_ratio_range"]
+    print(f"(s) decode step, {preset}, {r['decode_scaling_rows']} rows x {r['decode_scaling_live']} live tokens, "
+          f"{r['dtype']}, {r['device']}")
+    print(f"    {few} slots a row {ms[0]:.2f} ms, {many} slots {ms[1]:.2f} ms: {many} slots cost "
+          f"{r['decode_scaling_cost_ratio']:.2f}x (range {low:.2f}-{high:.2f})")
 
 
 if __name__ == "__main__":

@@ -391,6 +391,7 @@ class AttentionConfig:
     block_size: int = 512  # key slots per block of "blockwise"
     kernel_block: int = 64  # queries and key slots per tile of "pallas", "pallas_mha" (2^n; >= 16 on a GPU)
     interpret: bool = False  # run the Pallas kernels in Pallas' interpret mode (what CPU can run)
+    paged: str = "reference"  # which implementation of attention over the paged KV cache (PAGED_ATTENTION)
 
     def __post_init__(self):
         if self.block_size < 1:

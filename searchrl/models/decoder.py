@@ -1,9 +1,10 @@
 """Qwen2/Qwen2.5, Qwen3, Llama-3 and Mistral decoder (and its value model) as a Flax linen module, used
 pure-functionally: the functions below apply `Decoder` to a plain-dict params pytree.
 
-Layers are stacked on a leading axis and run with `nn.scan`, so compile time does not grow with depth; the
-decode loop runs them unrolled from per-layer params instead (`unstack_layers`). One forward pass serves
-training (no cache), prefill, single-token decode and multi-turn extends (with a `KVCache`).
+Layers are stacked on a leading axis and run with `nn.scan`, so compile time does not grow with depth. A
+forward pass over the paged KV cache (prefill, single-token decode, multi-turn extends: a `KVCache`) runs them
+unrolled from per-layer params instead (`unstack_layers`, once per rollout), so that it reads each layer's
+weights and pages in place. One forward pass serves training (no cache) and the rollout (with one).
 `param_table` declares every param once (shape, logical axes, initialiser, HF tensor): the modules declare
 their params from it, and init, shardings and `models.hf` read it.
 Compute runs in the params' dtype; norms, softmax, logits and values are float32.
@@ -11,7 +12,7 @@ Compute runs in the params' dtype; norms, softmax, logits and values are float32
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -23,7 +24,7 @@ from searchrl.models import layout
 from searchrl.models.attention import sharded_attention
 from searchrl.models.attention_base import Segments
 from searchrl.models.config import AttentionConfig, ModelConfig
-from searchrl.models.kv_cache import KVCache, write_layer, write_rows
+from searchrl.models.kv_cache import KVCache, attend
 from searchrl.models.layout import (HEADS, HEADS_IN, HEADS_OUT, TRANSPOSED, ParamSpec, Table, normal, ones,
                                    zeros)
 from searchrl.models.sharding import ShardingRules, constrain
@@ -77,6 +78,15 @@ def param_table(cfg: ModelConfig, *, value: bool = False) -> Table:
     return table
 
 
+class CachedRows(NamedTuple):
+    """The rows a forward pass over the cache appends to: page tables [B, n], live slots before the pass [B]
+    and the tokens each appends [B] (its unmasked ones, a prefix of its chunk)."""
+
+    pages: jax.Array
+    start: jax.Array
+    count: jax.Array
+
+
 class Layer(nn.Module):
     """One pre-norm block: grouped-query attention (RoPE, optional biases and q/k norms), then SwiGLU."""
 
@@ -87,15 +97,15 @@ class Layer(nn.Module):
 
     @nn.compact
     def __call__(self, carry: tuple, index: jax.Array | int, positions: jax.Array,
-                 keys: tuple[jax.Array, jax.Array, Segments | None], start: jax.Array | None
-                 ) -> tuple[tuple, None]:
-        """carry = (x [B, T, D], the stacked cache's (k, v) or None); keys = (key_valid [B, S], query_slot
-        [B, T], packed rows' `Segments` or None) say which keys each query sees (`searchrl.models.attention`);
-        writes layer `index`'s keys/values."""
+                 keys: tuple[jax.Array, jax.Array, Segments | None] | CachedRows) -> tuple[tuple, None]:
+        """carry = (x [B, T, D], the cache's per-layer pools (k, v) or None); without a cache, keys =
+        (key_valid [B, S], query_slot [B, T], packed rows' `Segments` or None) say which keys each query
+        sees (`searchrl.models.attention`); with one, the rows' `CachedRows`, and layer `index` (static)
+        writes its keys/values into its pools."""
         cfg = self.cfg
         lp = layout.declare(self, param_table(cfg), ("layers",))
         x, kv = carry
-        y, kv = _attention(cfg, lp, x, positions, keys, kv, index, start, self.rules, self.attention)
+        y, kv = _attention(cfg, lp, x, positions, keys, kv, index, self.rules, self.attention)
         x = constrain(x + y, _ACT, self.rules)
         x = constrain(x + _mlp(cfg, lp, x, self.rules), _ACT, self.rules)
         return (x, kv), None
@@ -136,12 +146,13 @@ class Decoder(nn.Module):
         self.embed, self.final_norm, self.lm_head = top["embed"], top["final_norm"], top.get("lm_head")
         layer = (nn.remat(Layer) if self.remat
                  else nn.remat(Layer, prevent_cse=False, policy=_SAVED_FOR_BACKWARD))
-        if self.unrolled:  # XLA:CPU copies a weight sliced from a stack on every decode step: no stack
-            self.layers = [layer(cfg, self.rules, self.attention, self.param_dtype)
+        if self.unrolled:  # per-layer params and pools, read in place: no slice of a stack, no copy (a
+            # forward pass: nothing to keep for a backward one)
+            self.layers = [Layer(cfg, self.rules, self.attention, self.param_dtype)
                            for _ in range(cfg.num_layers)]
-        else:  # The stacked cache is carried (not scanned over) so each layer updates its slots in place.
+        else:
             stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
-                            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+                            in_axes=(0, nn.broadcast, nn.broadcast), length=cfg.num_layers,
                             metadata_params={nn.PARTITION_NAME: "layers"})
             self.layers = stack(cfg, self.rules, self.attention, self.param_dtype)
         if self.value:
@@ -152,27 +163,28 @@ class Decoder(nn.Module):
         """Final-normed hidden states [B, T, D] and the extended cache (see `forward`)."""
         cfg, rules = self.cfg, self.rules
         T = tokens.shape[1]
-        check_window(cfg, T if cache is None else cache.k.shape[3])
+        check_window(cfg, T if cache is None else cache.slots)
         if cache is None:  # query t sees the unmasked tokens up to t (of its own segment, if packed)
-            start, kv = None, None
+            kv = None
             keys = (mask, jnp.broadcast_to(jnp.arange(T), mask.shape), segments)
-        else:  # query t sees the valid slots up to its own, length + t
+        else:  # query t sees the row's live slots up to its own, length + t
             if segments is not None:
                 raise ValueError("Packed rows (segments) have no KV cache.")
-            start = cache.length
-            valid = write_rows(cache.valid, mask, start)
-            keys = (valid, start[:, None] + jnp.arange(T), None)
+            if not self.unrolled:
+                raise ValueError("The KV cache is read by the unrolled decoder (per-layer params: "
+                                 "`unstack_layers`).")
+            keys = CachedRows(cache.pages, cache.length, jnp.sum(mask, axis=1, dtype=jnp.int32))
             kv = (cache.k, cache.v)
         carry = (constrain(jnp.take(self.embed, tokens, axis=0), _ACT, rules), kv)
         if self.unrolled:
             for index, layer in enumerate(self.layers):
-                carry, _ = layer(carry, index, positions, keys, start)
+                carry, _ = layer(carry, index, positions, keys)
         else:
-            carry, _ = self.layers(carry, jnp.arange(cfg.num_layers), positions, keys, start)
+            carry, _ = self.layers(carry, jnp.arange(cfg.num_layers), positions, keys)
         x, kv = carry
         hidden = rms_norm(x, self.final_norm, cfg.rms_norm_eps)
         if cache is not None:
-            cache = KVCache(k=kv[0], v=kv[1], valid=valid, length=cache.length + T)
+            cache = KVCache(k=kv[0], v=kv[1], pages=cache.pages, length=cache.length + keys.count)
         return hidden, cache
 
     def logits(self, hidden: jax.Array) -> jax.Array:
@@ -267,11 +279,12 @@ def _dense(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
 
 
 def _attention(cfg: ModelConfig, lp: dict, x: jax.Array, positions: jax.Array,
-               visible: tuple[jax.Array, jax.Array, Segments | None],
-               kv: tuple[jax.Array, jax.Array] | None, layer: int | jax.Array, start: jax.Array | None,
+               visible: tuple[jax.Array, jax.Array, Segments | None] | CachedRows,
+               kv: tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]] | None, layer: int | jax.Array,
                rules: ShardingRules, config: AttentionConfig):
-    """Grouped-query attention over the keys `visible` = (key_valid, query_slot, segments) describes,
-    computed by `config.impl`; with the stacked cache `kv`, writes this layer's keys/values at `start`."""
+    """Grouped-query attention over the keys `visible` describes (without a cache: (key_valid, query_slot,
+    segments), computed by `config.impl`); with the cache's per-layer pools `kv`, appends this layer's
+    keys/values to the `CachedRows` and attends over their live pages (`kv_cache.attend`)."""
     h = rms_norm(x, lp["attn_norm"], cfg.rms_norm_eps)
     q, k, v = _dense(h, lp["q"]), _dense(h, lp["k"]), _dense(h, lp["v"])
     if cfg.attention_bias:
@@ -283,21 +296,27 @@ def _attention(cfg: ModelConfig, lp: dict, x: jax.Array, positions: jax.Array,
     q = constrain(apply_rope(q, positions, inv_freq), ("batch", "length", "heads", "head_dim"), rules)
     k = constrain(apply_rope(k, positions, inv_freq), ("batch", "length", "kv_heads", "head_dim"), rules)
     v = constrain(v, ("batch", "length", "kv_heads", "head_dim"), rules)
-    if kv is None:
-        keys, values = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
-    else:
-        kv = tuple(constrain(write_layer(c, layer, new, start), KVCache.logical_axes().k, rules)
-                   for c, new in zip(kv, (k, v)))
-        keys, values = (jax.lax.dynamic_index_in_dim(c, layer, keepdims=False).astype(x.dtype) for c in kv)
     B, T, H, hd = q.shape
-    key_valid, query_slot, segments = visible
-    out = sharded_attention(q, keys, values, key_valid, query_slot, config, segments, rules)
-    out = out.reshape(B, T, H * hd)
+    if kv is None:
+        key_valid, query_slot, segments = visible
+        out = sharded_attention(q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), key_valid, query_slot, config,
+                                segments, rules)
+    else:
+        (k_pools, v_pools), rows = kv, visible
+        out, k_pool, v_pool = attend(q, k, v, k_pools[layer], v_pools[layer], rows.pages, rows.start,
+                                     rows.count, config, rules)
+        kv = (_replaced(k_pools, layer, k_pool), _replaced(v_pools, layer, v_pool))
+    out = out.astype(x.dtype).reshape(B, T, H * hd)
     # One flat contraction: the weight reshape is free, the heads keep their order (no per-call weight copy).
     y = _dense(out, lp["o"].reshape(H * hd, -1))
     if cfg.o_bias:
         y = y + lp["o_bias"]
     return y, kv
+
+
+def _replaced(items: tuple, index: int, item) -> tuple:
+    """`items` with entry `index` replaced by `item`."""
+    return items[:index] + (item,) + items[index + 1:]
 
 
 def _mlp(cfg: ModelConfig, lp: dict, x: jax.Array, rules: ShardingRules) -> jax.Array:
@@ -318,16 +337,22 @@ def backbone(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.A
 
 def unstack_layers(params: dict) -> dict:
     """The same params with the stacked `layers` split into per-layer `layers_0` .. (Flax's names for the
-    list `Decoder.layers` of the unrolled decoder, `unrolled=True`).
-
-    Scanning stacked layers slices every weight out of its stack on each call, and XLA:CPU copies each slice;
-    a decode loop runs many steps of a small batch, each reading all the weights, so it unstacks them once,
-    before the loop.
+    list `Decoder.layers` of the unrolled decoder, `unrolled=True`): what a forward pass over the KV cache
+    reads. A rollout splits them once (`searchrl.rollout`); a step then reads each layer's weights in place,
+    where slicing them from the stack would copy them on every step (XLA:CPU always, accelerators often).
     """
     params = dict(params)
     layers = params.pop("layers")
     depth = jax.tree.leaves(layers)[0].shape[0]
     return params | {f"layers_{i}": jax.tree.map(lambda w, i=i: w[i], layers) for i in range(depth)}
+
+
+def unstack_shardings(shardings: dict, num_layers: int) -> dict:
+    """`param_shardings` of the stacked params, as the shardings of `unstack_layers`' per-layer params."""
+    shardings = dict(shardings)
+    layer = jax.tree.map(lambda s: jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec(*s.spec[1:])),
+                         shardings.pop("layers"))
+    return shardings | {f"layers_{i}": layer for i in range(num_layers)}
 
 
 def forward(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
@@ -337,9 +362,10 @@ def forward(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Ar
     """(logits fp32 [B, T, V], final hidden [B, T, D], cache); tokens, positions int32 and mask bool [B, T].
 
     Without a cache, query t attends to key s iff s <= t and mask[b, s] (and, for rows packed with several
-    sequences, iff `segments.ids[b, s] == segments.ids[b, t]`; positions then restart per sequence). With one,
-    row b's new keys/values go to slots length[b] .. length[b]+T-1 (valid there := mask), each query attends
-    to valid slots up to its own, and the returned cache has length += T. Positions (for RoPE) always come
+    sequences, iff `segments.ids[b, s] == segments.ids[b, t]`; positions then restart per sequence). With one
+    (the unrolled decoder), row b's unmasked tokens (a prefix of its chunk: mask[b] is true on its first n_b
+    tokens) go to slots length[b] .. length[b]+n_b-1 in the pages its table names, each of them attends to
+    the row's slots up to its own, and the returned cache has length += n_b. Positions (for RoPE) always come
     from the caller. Outputs at masked positions are unspecified. `rules` lay out the activations under a
     mesh; `attention` picks how attention is computed (`MeshConfig.attention`); `remat` recomputes each whole
     layer in the backward pass to save memory (`Decoder`; `RLConfig.remat`); `unrolled` takes the per-layer

@@ -37,6 +37,14 @@ class RolloutConfig:
     # (a second cache, on device) while episodes wait for a decode row, so that the row decodes another
     # episode; a parked episode moves back into a free row when its observation is in. 0: none.
     parked_rows: int = 0
+    # The paged KV cache (`searchrl.rollout.pages`). 16 slots a page: vLLM's default block size, a multiple
+    # of the Pallas kernels' tiles, and at most 15 slots of a row's last page unused.
+    page_size: int = 16
+    # Pages per device (per block of rows): the KV memory of a rollout, whatever its rows and max_len. 0:
+    # enough for every row (decode and parked) at its largest, so no row ever waits for pages. With fewer,
+    # a row that finds none free waits (sits out a decode chunk; its observation or prompt waits a round)
+    # while the oldest episode always goes on: nothing is dropped. At least one episode at its largest.
+    pool_pages: int = 0
 
     def slots(self, widest_chunk: int) -> int:
         """Token slots per row: `max_len`, plus room for the widest chunk that may be appended at the last
@@ -46,6 +54,9 @@ class RolloutConfig:
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"rollout.schedule={self.schedule!r} is not one of {SCHEDULES}.")
+        if self.page_size < 1 or self.pool_pages < 0:
+            raise ValueError(f"rollout.page_size={self.page_size} must be >= 1 and rollout.pool_pages="
+                             f"{self.pool_pages} >= 0.")
         if min(self.decode_rows, self.extend_rows, self.parked_rows) < 0 or self.env_workers < 1:
             raise ValueError(f"rollout.decode_rows={self.decode_rows}, rollout.extend_rows="
                              f"{self.extend_rows} and rollout.parked_rows={self.parked_rows} must be >= 0 "

@@ -40,6 +40,7 @@ from searchrl import models
 from searchrl.episode import Action, Env, Observation, SideBranch, Trajectory, Turn
 from searchrl.rollout import generate
 from searchrl.rollout.config import RolloutConfig, SamplingParams
+from searchrl.rollout.pages import PagePool
 from searchrl.text import chat
 
 
@@ -50,7 +51,8 @@ class RolloutStats:
     `device_s`: time the host waited for jitted work; `idle_s`: time the device had nothing to do while the
     host worked or waited for the env (an upper bound, `_IdleClock`); `decode_row_steps`: rows x decode steps
     run; `decode_tokens`: the tokens those steps wrote (the other row-steps were rows waiting, finished or
-    idle); `parks`: rows waiting for the env that were parked (`rollout.parked_rows`).
+    idle); `parks`: rows waiting for the env that were parked (`rollout.parked_rows`); `page_waits`: decode
+    rows that sat out a chunk for want of pages (`rollout.pool_pages`).
     """
 
     wall_s: float = 0.0
@@ -60,6 +62,7 @@ class RolloutStats:
     decode_row_steps: int = 0
     decode_tokens: int = 0
     parks: int = 0
+    page_waits: int = 0
 
     @property
     def host_fraction(self) -> float:
@@ -119,10 +122,8 @@ class RolloutEngine:
         self.eos_set = _eos_ids(tokenizer, cfg)
         self.eos_ids = self._replicated(jnp.asarray(sorted(self.eos_set), jnp.int32))
         self.stops = self._replicated(generate.stop_table([self._encode(s) for s in env.stop_strings]))
-        devices = jax.devices() if mesh is None else mesh.devices.flat
         self.spec = generate.DecodeSpec(config.chunk_steps, config.max_turn_tokens, config.max_len,
-                                        config.sampling, rules=rules, attention=attention,
-                                        unstack_layers=generate.unstacks_layers(devices))
+                                        config.sampling, rules=rules, attention=attention)
         self.chunk_widths = tuple(sorted(config.obs_buckets))
         declared = env.side_branch
         if declared is not None and not declared.separate_prompt:  # one more width: observation + its prompt
@@ -133,6 +134,7 @@ class RolloutEngine:
             self.chunk_widths += (self.chunk_widths[-1] + _BRANCH_PROMPT_ROOM,)
         # The shapes depend on the declared branch only, so a run without it is the same computation.
         self.slots = config.slots(self.chunk_widths[-1])
+        self.table_width = -(-self.slots // config.page_size)  # page table entries of a row
         self.branch: SideBranch | None = declared if side_branch else None
         if self.branch is not None:
             self.branch_spec = dataclasses.replace(self.spec, max_turn_tokens=self.branch.max_tokens,
@@ -146,13 +148,14 @@ class RolloutEngine:
     def sampling_params(self, params):
         """The policy's params as the rollout samples with them: cast to the engine's `dtype`, and on its mesh
         in the sampling layout (`rules`), both on device (e.g. from the trainer's float32 FSDP layout,
-        never through the host). Across processes, every process gets a whole copy on its own devices."""
+        never through the host), then split into per-layer arrays (`models.unstack_layers`) that every step
+        reads in place. Across processes, every process gets a whole copy on its own devices."""
         if self.dtype is not None and jax.tree.leaves(params)[0].dtype != jnp.dtype(self.dtype):
             params = _cast(params, self.dtype)
-        if self.mesh is None:
-            return params
-        params = jax.device_put(params, models.param_shardings(self.cfg, self.train_mesh, self.rules))
-        return models.to_process_mesh(params, self.mesh)
+        if self.mesh is not None:
+            params = jax.device_put(params, models.param_shardings(self.cfg, self.train_mesh, self.rules))
+            params = models.to_process_mesh(params, self.mesh)
+        return _unstacked(params)
 
     def _replicated(self, x: jax.Array | np.ndarray) -> jax.Array:
         """`x` put on every device of the mesh (on the default device without one), explicitly."""
@@ -167,39 +170,68 @@ class RolloutEngine:
         shardings = jax.tree.map(lambda a: models.rows_sharding(a.shape, self.mesh, self.rules), x)
         return jax.device_put(x, shardings)
 
-    def _new_state(self, params, batch: int, key: jax.Array, first_row: int = 0) -> generate.GenState:
+    def _new_state(self, batch: int, key: jax.Array, first_row: int = 0) -> generate.GenState:
+        return self._call(generate.new_state, batch, self.slots, self.config.page_size, self._replicated(key),
+                          self._replicated(np.int32(first_row)), self.rules)
+
+    def shards(self, batch: int) -> int:
+        """Blocks of rows (and pools of pages) a `batch`-row state is split into: one per device along the
+        mesh's data axes."""
+        return 1 if self.mesh is None else models.row_shards(dict(self.mesh.shape), self.rules, batch)
+
+    def reserve(self) -> int:
+        """Pages an episode holds at its largest: its row's slots, and a side branch's beside them."""
+        branch = 0 if self.branch is None else -(-self.slots // self.config.page_size) + 1
+        return self.table_width + branch
+
+    def pool_pages(self, batch: int) -> int:
+        """Pages per device of a rollout on `batch` decode rows (`rollout.pool_pages`; 0: every decode and
+        parked row at its largest)."""
+        if self.config.pool_pages:
+            return self.config.pool_pages
+        rows = batch + self.config.parked_rows  # either schedule: the same programs
+        return -(-rows // self.shards(batch)) * self.reserve()
+
+    def _new_pool(self, params, batch: int) -> models.KVPool:
+        """An empty page pool beside a `batch`-row state, in the params' dtype, pages with their rows."""
         dtype = jax.tree.leaves(params)[0].dtype
-        return self._call(generate.new_state, self.cfg, batch, self.slots, self._replicated(key),
-                          self._replicated(np.int32(first_row)), dtype, self.rules)
+        pages = self.pool_pages(batch) * self.shards(batch)
+        sharding = None if self.mesh is None else models.pool_sharding(self.cfg, self.mesh, self.rules,
+                                                                                   batch)
+        return _empty_pool(self.cfg, pages, self.config.page_size, dtype, sharding)
 
     def warmup(self, params, episodes: int) -> None:
         """Compiles every program a rollout of `episodes` episodes can use: none compiles afterwards."""
         params = self.sampling_params(params)
         batch = self.rows(episodes)
         key = self._replicated(self._warmup_key)
-        state = self._new_state(params, batch, key)
+        state, pool = self._new_state(batch, key), self._new_pool(params, batch)
         idle = self._to_device(np.zeros(batch, bool))
         state = self._call(generate.reset_rows, state, idle, key, self._to_device(np.zeros(batch, np.int32)),
                            self.rules)
         self._call(generate.progress, state)
+        state = self._call(generate.set_pages, state, self._to_device(np.zeros((batch, self.table_width),
+                                                                                np.int32)), self.rules)
+        pool = self._call(generate.copy_pages, pool, *self._copies({}, batch), batch, self.rules)
         specs = [(self.spec, self.stops)]
         if self.branch is not None:
             specs.append((self.branch_spec, self.branch_stops))
-            state = self._call(generate.branch_state, state, idle)
+            state = self._call(generate.branch_state, state, idle, state.pages)
         for spec, stops in specs:
             one_call_prefill = spec is self.spec and not self.config.chunked_prefill
             widths = self.chunk_widths + ((self.config.max_prompt_tokens,) if one_call_prefill else ())
             (_, computed), = self._append_calls([], batch)
-            index = None if computed is None else np.asarray(computed, np.int32)
             rows = batch if computed is None else len(computed)
             for width in widths:
-                inputs = self._to_device((index, *pad_batch([[]] * rows, width), np.zeros(rows, bool)))
-                state = self._call(generate.extend, self.cfg, params, state, *inputs, spec.sampling,
-                                   self.rules, self.attention)
-            state = self._call(generate.decode_chunk, self.cfg, params, state, stops, self.eos_ids, spec)
+                inputs = self._to_device((self._local(computed, batch), *pad_batch([[]] * rows, width),
+                                          np.zeros(rows, bool)))
+                pool, state = self._call(generate.extend, self.cfg, params, pool, state, *inputs, spec.sampling,
+                                         self.rules, self.attention)
+            pool, state = self._call(generate.decode_chunk, self.cfg, params, pool, state, idle, stops,
+                                     self.eos_ids, spec)
         state = self._call(generate.truncate, state, self._to_device(np.zeros(batch, np.int32)))
         if self._parks():
-            parking = self._new_state(params, self.config.parked_rows, key)
+            parking = self._new_state(self.config.parked_rows, key)
             one = self._to_device(np.zeros(1, np.int32))
             parking = self._call(generate.move_rows, state, parking, one, one, self.rules)
             self._call(generate.move_rows, parking, state, one, one, self.rules)
@@ -223,12 +255,15 @@ class RolloutEngine:
         self.stats.device_s += time.perf_counter() - start
         return out
 
-    def _decode_chunks(self, params, state: generate.GenState, stops: jax.Array, spec: generate.DecodeSpec
-                       ) -> generate.GenState:
-        """Decode chunks until every active row has stopped, waiting for each."""
+    def _decode_chunks(self, params, state: generate.GenState, run: _Run, stops: jax.Array,
+                       spec: generate.DecodeSpec) -> generate.GenState:
+        """Decode chunks until every active row has stopped, waiting for each (the rows hold the pages
+        they may write)."""
         active, decoded = jax.device_get(self._call(generate.progress, state))
+        allowed = self._to_device(np.ones(len(active), bool))
         while active.any():
-            state = self._device(generate.decode_chunk, self.cfg, params, state, stops, self.eos_ids, spec)
+            run.pool, state = self._device(generate.decode_chunk, self.cfg, params, run.pool, state, allowed,
+                                           stops, self.eos_ids, spec)
             active, now = jax.device_get(self._call(generate.progress, state))
             self._count_steps(decoded, now)
             decoded = now
@@ -280,35 +315,59 @@ class RolloutEngine:
         return self._decode(self._observation_tokens(obs, self.config.max_len - used - 1))
 
     def _side_branch(self, params, state: generate.GenState, run: _Run, rows: list[int],
-                     chunks: dict[int, list[int]]) -> dict[int, str]:
-        """The side branch's text for `rows`, sampled after their observation chunk and the branch's prompt,
-        or after the env's separate branch prompt alone.
+                     sequences: dict[int, list[int]]) -> dict[int, str]:
+        """The side branch's text for `rows`, sampled after their `sequences` (the observation chunk and the
+        branch's prompt, or the env's separate branch prompt alone).
 
-        Runs on a copy of the state (emptied for a separate prompt) in which only `rows` generate, batched
-        over them; the main state is untouched.
+        Runs on a copy of the rows' bookkeeping (emptied for a separate prompt) in which only `rows`
+        generate, batched over them, each in the pages forked for it (`_fork_branches`: its parent's pages
+        shared, nothing of the parent's written); the main state is untouched.
         """
         batch = state.tokens.shape[0]
-        branch = self._device(generate.branch_state, state, self._to_device(np.isin(np.arange(batch), rows)))
+        owners = [("branch", row.episode) if r in rows else None for r, row in enumerate(run.rows)]
+        table = self._to_device(run.pages.table(owners, self.table_width))
+        branch = self._device(generate.branch_state, state, self._to_device(np.isin(np.arange(batch), rows)),
+                              table)
         if self.branch.separate_prompt:
             branch = self._device(generate.truncate, branch, self._to_device(np.zeros(batch, np.int32)))
-            sequences = {r: self._encode(chat.render(self.tokenizer, self.env.side_branch_prompt(
-                run.examples[run.rows[r].episode], run.rows[r].turns))) for r in rows}
-            room = self.slots - 1 - self.branch.max_tokens
-            if (longest := max(len(s) for s in sequences.values())) > room:
-                raise ValueError(f"Side branch {self.branch.name!r}: a prompt has {longest} tokens, more "
-                                 f"than the {room} a row has room for before its {self.branch.max_tokens} "
-                                 "(raise rollout.max_prompt_tokens: it adds slots to every row).")
-        else:
-            sequences = {r: chunks[r] + self.branch_prompt for r in rows}
-        branch = self._append(params, branch, sequences, set(rows), self.branch_spec.sampling)
-        branch = self._decode_chunks(params, branch, self.branch_stops, self.branch_spec)
-        out_tokens, turn_start, length = jax.device_get((branch.tokens, branch.turn_start, branch.cache.length))
+        branch = self._append(params, branch, run, sequences, set(rows), self.branch_spec.sampling)
+        branch = self._decode_chunks(params, branch, run, self.branch_stops, self.branch_spec)
+        out_tokens, turn_start, length = jax.device_get((branch.tokens, branch.turn_start, branch.length))
         texts = {}
         for r in rows:
+            run.pages.release(("branch", run.rows[r].episode))
             text = self._decode(out_tokens[r, turn_start[r] : length[r]])
             stop = first_stop_end(text, self.branch.stop_strings)
             texts[r] = text if stop is None else text[:stop]
         return texts
+
+    def _branch_sequence(self, run: _Run, r: int) -> list[int]:
+        """What row `r`'s side branch appends: its observation and the branch's prompt, or the env's
+        separate branch prompt."""
+        row = run.rows[r]
+        if not self.branch.separate_prompt:
+            return row.observation + self.branch_prompt
+        sequence = self._encode(chat.render(self.tokenizer, self.env.side_branch_prompt(
+            run.examples[row.episode], row.turns)))
+        room = self.slots - 1 - self.branch.max_tokens
+        if len(sequence) > room:
+            raise ValueError(f"Side branch {self.branch.name!r}: a prompt has {len(sequence)} tokens, more "
+                             f"than the {room} a row has room for before its {self.branch.max_tokens} "
+                             "(raise rollout.max_prompt_tokens: it adds slots to every row).")
+        return sequence
+
+    def _fork_branch(self, run: _Run, r: int, sequence: list[int], copies: dict[int, list]) -> bool:
+        """Gives row `r`'s side branch its pages: its parent's so far shared (a partial last one copied,
+        added to `copies`), room for `sequence` and the branch's tokens; False if its device has none free."""
+        row = run.rows[r]
+        owner, shard = ("branch", row.episode), self._shard(r, run)
+        if self.branch.separate_prompt:
+            return run.pages.grow(owner, shard, min(len(sequence) + self.branch.max_tokens, self.slots))
+        grow_to = min(row.cached + len(sequence) + self.branch.max_tokens, self.slots)
+        forked = run.pages.fork(row.episode, owner, row.cached, grow_to)
+        if forked is not None and forked.copy is not None:
+            copies.setdefault(shard, []).append(forked.copy)
+        return forked is not None
 
     def run(self, params, examples: Sequence[dict], key: jax.Array, first_row: int = 0) -> Trajectory:
         """Rolls out one episode per example; returns them in order, one row each. Adds to `self.stats`.
@@ -340,11 +399,13 @@ class RolloutEngine:
         prompts = self._prompts(examples)
         params = self.sampling_params(params)
         parked = self.config.parked_rows if self._parks() else 0
-        run = _Run(examples, prompts, [None] * self.rows(len(examples)), [None] * parked, first_row,
-                   _Episodes.empty(len(examples), self.slots), self.config.schedule == "lockstep")
-        state = self._new_state(params, len(run.rows), key, first_row)
+        batch = self.rows(len(examples))
+        pages = PagePool(self.shards(batch), self.pool_pages(batch), self.config.page_size, self.reserve())
+        run = _Run(examples, prompts, [None] * batch, [None] * parked, first_row,
+                   _Episodes.empty(len(examples), self.slots), self.config.schedule == "lockstep", pages)
+        state, run.pool = self._new_state(batch, key, first_row), self._new_pool(params, batch)
         if parked:
-            run.parking = self._new_state(params, parked, key, first_row)
+            run.parking = self._new_state(parked, key, first_row)
         key = self._replicated(key)
         with concurrent.futures.ThreadPoolExecutor(self.config.env_workers) as pool:
             while run.waiting or any(row is not None for row in run.rows + run.parked):
@@ -355,19 +416,22 @@ class RolloutEngine:
     def _step(self, params, state: generate.GenState, key: jax.Array, run: _Run,
               pool: concurrent.futures.Executor) -> generate.GenState:
         """One round of the host loop: append the observations that came back (parked episodes first moved
-        back into free rows) and refill free rows, dispatch a decode chunk of the generating rows, send the
-        rows that stopped to the env while it runs (parking them if episodes wait for a row), then read which
-        rows the chunk stopped. With nothing to decode, wait for the env (the device idles)."""
-        if (run.futures or run.parked_in("observed")) and not (
+        back into free rows) and refill free rows, as far as pages allow; dispatch a decode chunk of the
+        generating rows that got pages for it; send the rows that stopped to the env while it runs (parking
+        them if episodes wait for a row), then read which rows the chunk stopped. With nothing to decode,
+        wait for the env (the device idles)."""
+        if (run.futures or run.parked_in("observed") or run.rows_in("observed")) and not (
                 run.lockstep and (run.rows_in("decode") or run.rows_in("stopped"))):
             state = self._take_observations(params, state, run)
         free = [r for r, row in enumerate(run.rows) if row is None]
         if run.waiting and free and not (run.lockstep and len(free) < len(run.rows)):
             state = self._refill(params, state, key, run, free)
         decoding, probe = run.rows_in("decode"), None
-        if decoding:
-            state = self._dispatch(generate.decode_chunk, self.cfg, params, state, self.stops, self.eos_ids,
-                                   self.spec)
+        allowed = self._grant_decode(run, decoding)
+        if allowed.any():
+            state = self._sync_pages(state, run)
+            run.pool, state = self._dispatch(generate.decode_chunk, self.cfg, params, run.pool, state,
+                                             self._to_device(allowed), self.stops, self.eos_ids, self.spec)
             probe = self._dispatch(generate.progress, state)
         stopped = run.rows_in("stopped")
         if stopped and not (run.lockstep and decoding):
@@ -379,6 +443,44 @@ class RolloutEngine:
         elif run.futures:
             self._wait_for_env(run)
         return state
+
+    def _shard(self, r: int, run: _Run) -> int:
+        """The block of rows (device along the data axes) decode row `r` is on: its pages are there."""
+        return r // (len(run.rows) // run.pages.shards)
+
+    def _local(self, rows: list[int] | None, batch: int) -> np.ndarray | None:
+        """Rows' indices within their block of rows (what `generate.extend` takes under a mesh)."""
+        return None if rows is None else np.asarray(rows, np.int32) % (batch // self.shards(batch))
+
+    def _copies(self, copies: dict[int, list[tuple[int, int]]], batch: int) -> tuple[jax.Array, jax.Array]:
+        """(source, target) pages of each block of rows (`copies[shard]`, at most one a row) as the
+        `generate.copy_pages` arrays: an equal share per block, the unused pairs aimed past the pool."""
+        shards = self.shards(batch)
+        per_shard, past = batch // shards, self.pool_pages(batch)
+        pairs = np.zeros((2, shards, per_shard), np.int32)
+        pairs[1] = past
+        for shard, listed in copies.items():
+            pairs[:, shard, :len(listed)] = np.asarray(listed, np.int32).T
+        return self._to_device((pairs[0].ravel(), pairs[1].ravel()))
+
+    def _sync_pages(self, state: generate.GenState, run: _Run) -> generate.GenState:
+        """`state` with the decode rows' page tables as the host holds them (sent when they changed)."""
+        table = run.pages.table([None if row is None else row.episode for row in run.rows], self.table_width)
+        if run.table is not None and np.array_equal(table, run.table):
+            return state
+        run.table = table
+        return self._dispatch(generate.set_pages, state, self._to_device(table), self.rules)
+
+    def _grant_decode(self, run: _Run, decoding: list[int]) -> np.ndarray:
+        """Which decode rows may run the next chunk [B] bool: those that got the pages its steps write,
+        oldest episode first (the others sit it out: `PagePool`)."""
+        allowed = np.zeros(len(run.rows), bool)
+        for r in sorted(decoding, key=lambda r: run.rows[r].episode):
+            row = run.rows[r]
+            want = min(row.cached + self.spec.steps, self.slots)
+            allowed[r] = run.pages.grow(row.episode, self._shard(r, run), want)
+        self.stats.page_waits += int((~allowed[decoding]).sum()) if decoding else 0
+        return allowed
 
     def _dispatch(self, fn: Callable, *args) -> Any:
         """Starts a jitted call under the engine's mesh without waiting for it (dispatch is asynchronous)."""
@@ -392,12 +494,14 @@ class RolloutEngine:
         """Waits for the chunk, counts its useful row-steps, and snapshots the rows it stopped."""
         active, decoded = self._read(probe)
         self._count_steps(run.decoded, decoded)
+        for r in decoding:
+            run.rows[r].cached += int(decoded[r] - run.decoded[r])
         run.decoded = decoded
         stopped = [r for r in decoding if not active[r]]
         if not stopped:
             return
         tokens, sampled, logprobs, turn_start, length = self._read(
-            (state.tokens, state.sampled, state.logprobs, state.turn_start, state.cache.length))
+            (state.tokens, state.sampled, state.logprobs, state.turn_start, state.length))
         for r in stopped:
             row = run.rows[r]
             row.phase, row.turn_start, row.length = "stopped", int(turn_start[r]), int(length[r])
@@ -426,13 +530,14 @@ class RolloutEngine:
 
     def _send_to_env(self, state: generate.GenState, run: _Run, stopped: list[int],
                      pool: concurrent.futures.Executor) -> generate.GenState:
-        """Ends the stopped rows' turns (trimmed at a stop string found on text) and hands them to the env in
-        one call on a worker thread."""
+        """Ends the stopped rows' turns (trimmed at a stop string found on text; pages past the end taken
+        back) and hands them to the env in one call on a worker thread."""
         lengths = np.full(len(run.rows), self.slots, np.int32)  # at least a row's length: kept whole
         for r in stopped:
             row = run.rows[r]
             row.end, row.text = self._finish_turn(row.snapshot[0], row.turn_start, row.length)
-            row.phase = "env"
+            row.phase, row.cached = "env", row.end
+            run.pages.truncate(row.episode, row.end)
             if row.end < row.length:
                 lengths[r] = row.end
         if (lengths < self.slots).any():
@@ -444,7 +549,8 @@ class RolloutEngine:
 
     def _park(self, state: generate.GenState, run: _Run) -> None:
         """Moves rows waiting for the env into free parked rows, as many as episodes wait for a decode row
-        beyond the free ones (a moved row is free at the next round)."""
+        beyond the free ones (a moved row is free at the next round). The episode keeps its pages (its page
+        table moves with it) and comes back to a row on the same device."""
         free = sum(row is None for row in run.rows)
         wanted = len(run.waiting) + len(run.parked_in("observed")) - free
         for r in run.rows_in("env")[:max(wanted, 0)]:
@@ -452,15 +558,18 @@ class RolloutEngine:
                 return
             p = run.parked.index(None)
             run.parking = self._move(state, r, run.parking, p)
+            run.rows[r].shard = self._shard(r, run)
             run.parked[p], run.rows[r] = run.rows[r], None
             self.stats.parks += 1
 
     def _unpark(self, state: generate.GenState, run: _Run) -> generate.GenState:
-        """Moves parked episodes whose observation is in back into free decode rows, first in first out."""
+        """Moves parked episodes whose observation is in back into free decode rows on their own device,
+        first in first out."""
         for row in run.parked_in("observed"):
-            if None not in run.rows:
-                break
-            r, p = run.rows.index(None), run.parked.index(row)
+            free = [r for r, held in enumerate(run.rows) if held is None and self._shard(r, run) == row.shard]
+            if not free:
+                continue
+            r, p = free[0], run.parked.index(row)
             state = self._move(run.parking, p, state, r)
             run.rows[r], run.parked[p] = row, None
         return state
@@ -507,38 +616,69 @@ class RolloutEngine:
                 row.phase = "observed"
         if run.parked:
             state = self._unpark(state, run)
-        chunks = {r: run.rows[r].observation for r in run.rows_in("observed")}
+        chunks, branched, copies = self._grant_observations(run)
         for r in chunks:
             run.rows[r].phase = "decode"
         if not chunks:
             return state
-        if self.branch is not None:
-            branched = [r for r in chunks if run.rows[r].turns[-1].action.kind in self.branch.after_kinds]
-            texts = self._side_branch(params, state, run, branched, chunks) if branched else {}
+        state = self._sync_pages(state, run)
+        if branched:
+            run.pool = self._dispatch(generate.copy_pages, run.pool, *self._copies(copies, len(run.rows)),
+                                      len(run.rows), self.rules)
+            texts = self._side_branch(params, state, run, list(branched), branched)
             for r, text in texts.items():
                 run.rows[r].turns[-1].info[self.branch.name] = text
-        return self._append(params, state, chunks, set(chunks), self.config.sampling)
+        return self._append(params, state, run, chunks, set(chunks), self.config.sampling)
+
+    def _grant_observations(self, run: _Run) -> tuple[dict[int, list[int]], dict[int, list[int]], dict]:
+        """The observations to append now, oldest episode first: (row -> its observation, row -> its side
+        branch's tokens, the pages the branches copy per device), for the rows that got the pages their
+        observation (and side branch) needs; the others wait a round."""
+        chunks, branched, copies = {}, {}, {}
+        for r in sorted(run.rows_in("observed"), key=lambda r: run.rows[r].episode):
+            row = run.rows[r]
+            if not run.pages.grow(row.episode, self._shard(r, run), row.cached + len(row.observation)):
+                continue
+            if self.branch is not None and row.turns[-1].action.kind in self.branch.after_kinds:
+                sequence = self._branch_sequence(run, r)
+                if not self._fork_branch(run, r, sequence, copies):
+                    continue
+                branched[r] = sequence
+            chunks[r] = row.observation
+            row.cached += len(row.observation)
+        return chunks, branched, copies
 
     def _refill(self, params, state: generate.GenState, key: jax.Array, run: _Run, free: list[int]
                 ) -> generate.GenState:
-        """Starts the next waiting episodes in the `free` rows: emptied, keyed by episode, prefilled."""
-        starts = dict(zip(free, (run.waiting.popleft() for _ in range(min(len(free), len(run.waiting))))))
+        """Starts the next waiting episodes in the `free` rows that can take their prompt's pages: emptied,
+        keyed by episode, prefilled."""
+        starts = {}
+        for r in free:
+            if not run.waiting:
+                break
+            e = run.waiting[0]
+            if run.pages.grow(e, self._shard(r, run), len(run.prompts[e])):
+                starts[r] = run.waiting.popleft()
+                run.rows[r] = _Row(e, cached=len(run.prompts[e]))
+        if not starts:
+            return state
         mask = np.isin(np.arange(len(run.rows)), list(starts))
         episodes = np.zeros(len(run.rows), np.int32)
         for r, e in starts.items():
             episodes[r] = run.first_row + e
-            run.rows[r] = _Row(e)
         mask, episodes = self._to_device((mask, episodes))
         state = self._dispatch(generate.reset_rows, state, mask, key, episodes, self.rules)
-        return self._append(params, state, {r: run.prompts[e] for r, e in starts.items()}, set(starts),
+        state = self._sync_pages(state, run)
+        return self._append(params, state, run, {r: run.prompts[e] for r, e in starts.items()}, set(starts),
                             self.config.sampling, prompt=not self.config.chunked_prefill)
 
-    def _append(self, params, state: generate.GenState, sequences: dict[int, list[int]], start: set[int],
-                sampling: SamplingParams, prompt: bool = False) -> generate.GenState:
-        """Appends each row's tokens and starts the turns of the `start` rows. A prompt (`prompt`) goes in one
-        call of `max_prompt_tokens`; otherwise a row's tokens go in chunks of at most the widest chunk
-        width, aligned so that its last chunk comes in the last round, each chunk padded to its own bucket:
-        one call per bucket in use, so that a row's computation does not depend on the other rows'."""
+    def _append(self, params, state: generate.GenState, run: _Run, sequences: dict[int, list[int]],
+                start: set[int], sampling: SamplingParams, prompt: bool = False) -> generate.GenState:
+        """Appends each row's tokens (into the pages it holds) and starts the turns of the `start` rows. A
+        prompt (`prompt`) goes in one call of `max_prompt_tokens`; otherwise a row's tokens go in chunks of at
+        most the widest chunk width, aligned so that its last chunk comes in the last round, each chunk
+        padded to its own bucket: one call per bucket in use, so that a row's computation does not depend on
+        the other rows'."""
         batch = state.tokens.shape[0]
         widest = self.config.max_prompt_tokens if prompt else self.chunk_widths[-1]
         rounds = max(-(-len(s) // widest) for s in sequences.values())
@@ -553,23 +693,32 @@ class RolloutEngine:
                     order = range(batch) if computed is None else computed
                     tokens, lengths = pad_batch([pieces[r] if r in part else [] for r in order], width)
                     starting = np.asarray([left == 1 and r in part and r in start for r in order])
-                    index = None if computed is None else np.asarray(computed, np.int32)
-                    state = self._dispatch(generate.extend, self.cfg, params, state,
-                                           *self._to_device((index, tokens, lengths, starting)), sampling,
-                                           self.rules, self.attention)
+                    run.pool, state = self._dispatch(
+                        generate.extend, self.cfg, params, run.pool, state,
+                        *self._to_device((self._local(computed, batch), tokens, lengths, starting)), sampling,
+                        self.rules, self.attention)
         return state
 
     def _append_calls(self, rows: list[int], batch: int) -> list[tuple[list[int], list[int] | None]]:
         """The append calls for `rows` of a `batch`-row state: each call's (rows it appends to, rows it
-        computes: `rollout.extend_rows` of them, filled up with rows that append nothing; None: all)."""
-        per_call = min(self.config.extend_rows or batch, batch)
-        if per_call == batch:
+        computes; None: all). A call computes `rollout.extend_rows` rows (rounded up to an equal share of
+        each block of rows: a row is computed on its own device), filled up with rows of the same block that
+        append nothing."""
+        shards = self.shards(batch)
+        per_shard = batch // shards
+        share = min(-(-(self.config.extend_rows or batch) // shards), per_shard)
+        if share == per_shard:
             return [(rows, None)]
+        blocks = [[r for r in rows if r // per_shard == s] for s in range(shards)]
         calls = []
-        for i in range(0, max(len(rows), 1), per_call):
-            part = rows[i:i + per_call]
-            filler = [r for r in range(batch) if r not in part][:per_call - len(part)]
-            calls.append((part, part + filler))
+        for i in range(0, max(max(map(len, blocks)), 1), share):
+            part, computed = [], []
+            for s, block in enumerate(blocks):
+                mine = block[i:i + share]
+                filler = [r for r in range(s * per_shard, (s + 1) * per_shard) if r not in mine]
+                part += mine
+                computed += mine + filler[:share - len(mine)]
+            calls.append((part, computed))
         return calls
 
 
@@ -622,6 +771,8 @@ class _Row:
     text: str = ""
     snapshot: tuple[np.ndarray, np.ndarray, np.ndarray] = ()  # tokens, sampled, logprobs of the row
     observation: list[int] = dataclasses.field(default_factory=list)  # its tokens, once "observed"
+    cached: int = 0  # slots in the cache on device (what the next call's pages start from)
+    shard: int = 0  # the block of rows its pages are on, while it is parked
 
 
 @dataclasses.dataclass
@@ -670,9 +821,12 @@ class _Run:
     first_row: int
     episodes: _Episodes
     lockstep: bool
+    pages: PagePool
     waiting: collections.deque = None
     futures: dict = dataclasses.field(default_factory=dict)  # env call -> the `_Row`s it answers
     parking: generate.GenState | None = None  # the parked rows' state, on device
+    pool: models.KVPool | None = None  # the keys and values, on device
+    table: np.ndarray | None = None  # the decode rows' page tables as last sent
     decoded: np.ndarray = None  # each row's `GenState.decoded` when last read
 
     def __post_init__(self):
@@ -692,6 +846,7 @@ class _Run:
         out.tokens[e], out.sampled[e], out.logprobs[e] = row.snapshot
         out.prompt_lengths[e], out.lengths[e] = len(self.prompts[e]), row.end
         out.turns[e], out.finish[e] = row.turns, reason
+        self.pages.release(e)
         place = self.rows if row in self.rows else self.parked
         place[place.index(row)] = None
 
@@ -703,6 +858,15 @@ _BRANCH_PROMPT_ROOM = 64  # tokens reserved for a side branch's prompt
 @functools.partial(jax.jit, static_argnames=("dtype",))
 def _cast(params, dtype: str):
     return jax.tree.map(lambda p: p.astype(dtype), params)
+
+
+_unstacked = jax.jit(models.unstack_layers)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "pages", "page_size", "dtype", "sharding"))
+def _empty_pool(cfg: models.ModelConfig, pages: int, page_size: int, dtype, sharding) -> models.KVPool:
+    pool = models.KVPool.init(cfg, pages, page_size, dtype)
+    return pool if sharding is None else jax.lax.with_sharding_constraint(pool, sharding)
 
 
 def _eos_ids(tokenizer: Any, cfg: models.ModelConfig) -> set[int]:

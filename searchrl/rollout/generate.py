@@ -1,13 +1,18 @@
-"""The jitted side of a rollout: append tokens to the KV cache (`extend`, `prefill`) and decode in chunks.
+"""The jitted side of a rollout: append tokens to the paged KV cache (`extend`, `prefill`) and decode in chunks.
 
-Every row's trajectory lives in one static [B, S] slot layout shared by the cache and the token buffer: row b holds
-its tokens contiguously in slots 0 .. length[b]-1 (prompt, then policy turns and observations, no holes), so a
-token's RoPE position is its slot and the trainer recomputes log-probabilities with one causal forward pass over
-`GenState.tokens`.
+A rollout's keys and values live in a `models.KVPool` (pages, on every device of the mesh; the host hands
+them out: `searchrl.rollout.pages`), its rows' bookkeeping in a `GenState`: each row's page table, live length
+and token buffers [B, S]. Row b holds its tokens in slots 0 .. length[b]-1 (prompt, then policy turns and
+observations, no holes), slot s's keys in page `pages[b, s // page_size]`, so a token's RoPE position is its
+slot and the trainer recomputes log-probabilities with one causal forward pass over `GenState.tokens`. Every
+call takes the pool and the state and returns both (donated): the pool is updated in place, a step reads
+only the pages of the rows it computes.
 
 Invariant between calls: every token a row holds is in the cache, except that an *active* row also holds one
-sampled token ("pending", at slot `cache.length`) that the next decode step writes. A row stops one step after its
-last token was sampled (the step that writes it), so a stopped row's cache is complete and `extend` simply appends.
+sampled token ("pending", at slot `length`) that the next decode step writes. A row stops one step after its
+last token was sampled (the step that writes it), so a stopped row's cache is complete and `extend` simply
+appends. The host gives a row the pages its writes need before each call; a row it could not give pages to is
+held out of a decode chunk (`allowed`), never written past its pages.
 """
 from __future__ import annotations
 
@@ -25,9 +30,11 @@ from searchrl.rollout.sampling import sample
 
 
 class GenState(NamedTuple):
-    """Everything a batch of rows carries through a rollout (a pytree; donated to every call)."""
+    """Every row's bookkeeping through a rollout (a pytree; donated to every call). The keys and values are
+    in the `models.KVPool` beside it."""
 
-    cache: models.KVCache
+    pages: jax.Array  # [B, n] int32: the row's page table (local page ids; `searchrl.rollout.pages`)
+    length: jax.Array  # [B] int32: slots in the cache
     tokens: jax.Array  # [B, S] int32: every token at its cache slot (and the pending one)
     sampled: jax.Array  # [B, S] bool: sampled by the policy
     logprobs: jax.Array  # [B, S] fp32: sampler log-probability of policy tokens, 0 elsewhere
@@ -36,6 +43,10 @@ class GenState(NamedTuple):
     turn_start: jax.Array  # [B] int32: slot of the current turn's first sampled token
     key: jax.Array  # [B] keys: a row's token at slot s is drawn with fold_in(key[b], s) (`_row_keys`)
     decoded: jax.Array  # [B] int32: tokens the row's decode steps wrote so far (the engine's utilisation)
+
+    def cache(self, pool: models.KVPool) -> models.KVCache:
+        """The cache the decoder reads: `pool` and these rows' page tables and lengths."""
+        return models.KVCache(pool.k, pool.v, self.pages, self.length)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,17 +60,6 @@ class DecodeSpec:
     # the layout under a mesh (`state_logical_axes`): `MeshConfig.sample_rules`
     rules: models.ShardingRules = dataclasses.field(kw_only=True)
     attention: models.AttentionConfig = dataclasses.field(kw_only=True)  # `MeshConfig.attention`
-    # a chunk slices the stacked layer weights apart once, a copy of the weights: `unstacks_layers` of the
-    # devices it runs on
-    unstack_layers: bool = dataclasses.field(kw_only=True)
-
-
-def unstacks_layers(devices: Sequence[jax.Device]) -> bool:
-    """Whether a decode chunk on `devices` slices the layer weights out of their stack once, before its
-    steps (`DecodeSpec.unstack_layers`). XLA:CPU copies a weight sliced from a stack on every step, so on CPUs
-    one copy a chunk is faster; GPUs and TPUs read a layer's slice in place, where that copy would only hold
-    a second set of weights (docs/benchmarks.md)."""
-    return devices[0].platform == "cpu"
 
 
 def stop_table(stop_sequences: Sequence[Sequence[int]]) -> jax.Array:
@@ -74,11 +74,10 @@ def stop_table(stop_sequences: Sequence[Sequence[int]]) -> jax.Array:
 
 
 def state_logical_axes() -> GenState:
-    """The logical axes of each `GenState` field: rows over the mesh's data axes, the cache's heads over its
-    tensor axis under the sampling rules (`MeshConfig.sample_rules`)."""
+    """The logical axes of each `GenState` field: rows over the mesh's data axes (`models.rows_sharding`)."""
     rows, slots = ("batch",), ("batch", "length")
-    return GenState(cache=models.KVCache.logical_axes(), tokens=slots, sampled=slots, logprobs=slots,
-                    pending=rows, active=rows, turn_start=rows, key=rows, decoded=rows)
+    return GenState(pages=slots, length=rows, tokens=slots, sampled=slots, logprobs=slots, pending=rows,
+                    active=rows, turn_start=rows, key=rows, decoded=rows)
 
 
 def _placed(state: GenState, rules: models.ShardingRules) -> GenState:
@@ -87,17 +86,19 @@ def _placed(state: GenState, rules: models.ShardingRules) -> GenState:
                         is_leaf=lambda axes: type(axes) is tuple)
 
 
-def init_state(cfg: models.ModelConfig, batch: int, slots: int, key: jax.Array, dtype=jnp.float32,
-               first_row: jax.Array | int = 0) -> GenState:
-    """An empty batch of `slots` token slots per row; these are rows `first_row` .. of a global batch.
+def init_state(batch: int, slots: int, page_size: int, key: jax.Array, first_row: jax.Array | int = 0
+               ) -> GenState:
+    """An empty batch of `slots` token slots per row (page tables of ceil(slots / page_size) entries); these
+    are rows `first_row` .. of a global batch.
 
     Row b samples with `fold_in(key, first_row + b)` and draws each token from that key folded with the
     token's slot: a row's samples depend on the rollout key, its global row index and its own history only. A
-    batch split over processes (or side branches, or a different chunking of decode steps) samples the same
-    tokens.
+    batch split over processes (or side branches, or a different chunking of decode steps, or other pages)
+    samples the same tokens.
     """
     return GenState(
-        cache=models.KVCache.init(cfg, batch, slots, dtype),
+        pages=jnp.zeros((batch, -(-slots // page_size)), jnp.int32),
+        length=jnp.zeros((batch,), jnp.int32),
         tokens=jnp.zeros((batch, slots), jnp.int32),
         sampled=jnp.zeros((batch, slots), bool),
         logprobs=jnp.zeros((batch, slots), jnp.float32),
@@ -109,16 +110,23 @@ def init_state(cfg: models.ModelConfig, batch: int, slots: int, key: jax.Array, 
     )
 
 
+def owned_pages(batch: int, slots: int, page_size: int) -> tuple[int, np.ndarray]:
+    """(pool pages, page tables [batch, ceil(slots / page_size)]) of a batch whose rows each hold the pages
+    of their first `slots` slots, in order: a batch run without the host's `PagePool` (benchmarks, compiles)."""
+    width = -(-slots // page_size)
+    return batch * width, np.arange(batch * width, dtype=np.int32).reshape(batch, width)
+
+
 def _episode_keys(key: jax.Array, episodes: jax.Array) -> jax.Array:
     """The sampling key of each episode [B] of a rollout with key `key`: its draws depend on it alone."""
     return jax.vmap(jax.random.fold_in, (None, 0))(key, episodes)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "batch", "slots", "dtype", "rules"))
-def new_state(cfg: models.ModelConfig, batch: int, slots: int, key: jax.Array, first_row: jax.Array,
-              dtype, rules: models.ShardingRules) -> GenState:
+@functools.partial(jax.jit, static_argnames=("batch", "slots", "page_size", "rules"))
+def new_state(batch: int, slots: int, page_size: int, key: jax.Array, first_row: jax.Array,
+              rules: models.ShardingRules) -> GenState:
     """`init_state` created on device, in its layout under a mesh (`state_logical_axes`)."""
-    return _placed(init_state(cfg, batch, slots, key, dtype, first_row), rules)
+    return _placed(init_state(batch, slots, page_size, key, first_row), rules)
 
 
 def _row_keys(state: GenState, slot: jax.Array) -> jax.Array:
@@ -128,7 +136,7 @@ def _row_keys(state: GenState, slot: jax.Array) -> jax.Array:
 
 def _record_samples(state: GenState, rows: jax.Array, tokens: jax.Array, logprobs: jax.Array) -> GenState:
     """Puts freshly sampled tokens of `rows` into the buffers at their pending slot."""
-    slot = state.cache.length
+    slot = state.length
     return state._replace(
         tokens=models.write_rows(state.tokens, tokens[:, None], slot, rows[:, None]),
         sampled=models.write_rows(state.sampled, jnp.ones_like(rows)[:, None], slot, rows[:, None]),
@@ -137,10 +145,11 @@ def _record_samples(state: GenState, rows: jax.Array, tokens: jax.Array, logprob
     )
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "sampling", "rules", "attention"), donate_argnums=(2,))
+@functools.partial(jax.jit, static_argnames=("cfg", "sampling", "rules", "attention"), donate_argnums=(2, 3))
 def extend(
     cfg: models.ModelConfig,
     params,
+    pool: models.KVPool,
     state: GenState,
     rows: jax.Array | None,
     chunk: jax.Array,
@@ -149,35 +158,36 @@ def extend(
     sampling: SamplingParams,
     rules: models.ShardingRules,
     attention: models.AttentionConfig,
-) -> GenState:
+) -> tuple[models.KVPool, GenState]:
     """Appends `chunk[k, :chunk_len[k]]` (right-padded [K, T]) to row `rows[k]` (distinct indices; None: every
-    row, K = B), then starts a policy turn on the rows where `start_turn` [K] is true.
+    row, K = B), then starts a policy turn on the rows where `start_turn` [K] is true. `params` are the
+    unrolled ones (`models.unstack_layers`); the rows hold the pages their new tokens go to.
 
-    With `rows`, only those K rows are computed (gathered from the state and scattered back): appending one
-    row's observation costs one row's forward, not the batch's. Rows must not hold a pending token, unless
-    their `chunk_len` is 0 (they are left as they were). Starting a turn samples its first token from the
-    logits at the row's last appended token.
+    With `rows`, only those K rows are computed: appending one row's observation costs one row's forward,
+    not the batch's. Under a mesh, `rows` are local indices, K / d of them for each of the d blocks of rows
+    (`_take_rows`): a row is computed on its own device, beside its pages. Rows must not hold a pending
+    token, unless their `chunk_len` is 0 (they are left as they were). Starting a turn samples its first
+    token from the logits at the row's last appended token.
     """
     if rows is None:
-        return _placed(_extend(cfg, params, state, chunk, chunk_len, start_turn, sampling, rules, attention),
-                       rules)
-    part = _extend(cfg, params, _take_rows(state, rows), chunk, chunk_len, start_turn, sampling, rules,
-                   attention)
-    return _placed(_put_rows(state, rows, part), rules)
+        pool, state = _extend(cfg, params, pool, state, chunk, chunk_len, start_turn, sampling, rules, attention)
+        return pool, _placed(state, rules)
+    pool, part = _extend(cfg, params, pool, _take_rows(state, rows, rules), chunk, chunk_len, start_turn,
+                         sampling, rules, attention)
+    return pool, _placed(_put_rows(state, rows, part, rules), rules)
 
 
-def _extend(cfg: models.ModelConfig, params, state: GenState, chunk: jax.Array, chunk_len: jax.Array,
-            start_turn: jax.Array, sampling: SamplingParams, rules: models.ShardingRules,
-            attention: models.AttentionConfig) -> GenState:
+def _extend(cfg: models.ModelConfig, params, pool: models.KVPool, state: GenState, chunk: jax.Array,
+            chunk_len: jax.Array, start_turn: jax.Array, sampling: SamplingParams, rules: models.ShardingRules,
+            attention: models.AttentionConfig) -> tuple[models.KVPool, GenState]:
     """`extend` on every row of `state`."""
-    start = state.cache.length
+    start = state.length
     real = jnp.arange(chunk.shape[1])[None, :] < chunk_len[:, None]
     positions = start[:, None] + jnp.arange(chunk.shape[1])[None, :]
-    hidden, cache = models.backbone(cfg, params, chunk, positions, real, state.cache, rules=rules,
-                                    attention=attention, remat=False)
-    cache = cache._replace(length=start + chunk_len)
+    hidden, cache = models.backbone(cfg, params, chunk, positions, real, state.cache(pool), rules=rules,
+                                    attention=attention, remat=False, unrolled=True)
     state = state._replace(
-        cache=cache,
+        length=cache.length,
         tokens=models.write_rows(state.tokens, chunk, start, real),
         sampled=models.write_rows(state.sampled, jnp.zeros_like(real), start, real),
         logprobs=models.write_rows(state.logprobs, jnp.zeros(chunk.shape, jnp.float32), start, real),
@@ -185,8 +195,8 @@ def _extend(cfg: models.ModelConfig, params, state: GenState, chunk: jax.Array, 
     last = jnp.take_along_axis(hidden, jnp.maximum(chunk_len - 1, 0)[:, None, None], axis=1)[:, 0]
     tokens, logprobs = sample(models.lm_logits(cfg, params, last), _row_keys(state, cache.length), sampling)
     state = _record_samples(state, start_turn, tokens, logprobs)
-    return state._replace(active=state.active | start_turn,
-                          turn_start=jnp.where(start_turn, cache.length, state.turn_start))
+    return models.KVPool(cache.k, cache.v), state._replace(
+        active=state.active | start_turn, turn_start=jnp.where(start_turn, cache.length, state.turn_start))
 
 
 def _row_index(axes: tuple[str, ...], rows: jax.Array) -> tuple:
@@ -194,16 +204,34 @@ def _row_index(axes: tuple[str, ...], rows: jax.Array) -> tuple:
     return (slice(None),) * axes.index("batch") + (rows,)
 
 
-def _take_rows(state: GenState, rows: jax.Array) -> GenState:
-    """The state of `rows` [K] alone: a batch of K rows."""
-    return jax.tree.map(lambda axes, x: x[_row_index(axes, rows)], state_logical_axes(), state,
-                        is_leaf=lambda axes: type(axes) is tuple)
+def _by_device(fn, rules: models.ShardingRules, batch: int):
+    """`fn(state, rows, *more)` (rows: local row indices) run on each device's block of rows under a mesh
+    (`shard_map`: a row never leaves its device), as is without one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return fn
+    spec = jax.sharding.PartitionSpec(models.row_axes(dict(mesh.shape), rules, batch))
+    return jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
 
 
-def _put_rows(state: GenState, rows: jax.Array, part: GenState) -> GenState:
-    """`state` with `rows` [K] (distinct) replaced by the K rows of `part`."""
-    return jax.tree.map(lambda axes, x, y: x.at[_row_index(axes, rows)].set(y, unique_indices=True),
-                        state_logical_axes(), state, part, is_leaf=lambda axes: type(axes) is tuple)
+def _take_rows(state: GenState, rows: jax.Array, rules: models.ShardingRules) -> GenState:
+    """The state of `rows` [K] alone: a batch of K rows (under a mesh, each device's share of `rows` are
+    indices into its own rows)."""
+    def take(state, rows):
+        return jax.tree.map(lambda axes, x: x[_row_index(axes, rows)], state_logical_axes(), state,
+                            is_leaf=lambda axes: type(axes) is tuple)
+
+    return _by_device(take, rules, state.tokens.shape[0])(state, rows)
+
+
+def _put_rows(state: GenState, rows: jax.Array, part: GenState, rules: models.ShardingRules) -> GenState:
+    """`state` with `rows` [K] (distinct; local under a mesh, as `_take_rows`) replaced by the K rows of
+    `part`."""
+    def put(state, rows, part):
+        return jax.tree.map(lambda axes, x, y: x.at[_row_index(axes, rows)].set(y, unique_indices=True),
+                            state_logical_axes(), state, part, is_leaf=lambda axes: type(axes) is tuple)
+
+    return _by_device(put, rules, state.tokens.shape[0])(state, rows, part)
 
 
 def _stopped(state: GenState, stops: jax.Array, eos_ids: jax.Array, written: jax.Array) -> jax.Array:
@@ -218,33 +246,32 @@ def _stopped(state: GenState, stops: jax.Array, eos_ids: jax.Array, written: jax
     return jnp.any(jnp.all(match, axis=-1), axis=-1) | jnp.isin(last_token, eos_ids)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "spec"), donate_argnums=(2,))
+@functools.partial(jax.jit, static_argnames=("cfg", "spec"), donate_argnums=(2, 3))
 def decode_chunk(
     cfg: models.ModelConfig,
     params,
+    pool: models.KVPool,
     state: GenState,
+    allowed: jax.Array,
     stops: jax.Array,
     eos_ids: jax.Array,
     spec: DecodeSpec,
-) -> GenState:
-    """Runs at most `spec.steps` decode steps in one `lax.while_loop`, exiting early once no row is active.
+) -> tuple[models.KVPool, GenState]:
+    """Runs at most `spec.steps` decode steps in one `lax.while_loop`, exiting early once no row may go on.
 
-    Each step writes every active row's pending token into the cache, ends the row's turn if that token completes a
-    stop sequence or EOS or exhausts a budget, and otherwise samples the next pending token.
+    Each step writes the pending token of every active row that is `allowed` [B] (the host gave it pages for
+    the chunk) into the cache, ends the row's turn if that token completes a stop sequence or EOS or exhausts
+    a budget, and otherwise samples the next pending token. `params` are the unrolled ones
+    (`models.unstack_layers`): each layer's weights and pages are read in place.
     """
-    if spec.unstack_layers:
-        params = models.unstack_layers(params)  # once per chunk, not once per step and layer
-
     def step(carry):
-        i, state = carry
-        rows = state.active
-        written = state.cache.length
+        i, pool, state = carry
+        rows = state.active & allowed
+        written = state.length
         token = jnp.take_along_axis(state.tokens, written[:, None], axis=1)
-        hidden, cache = models.backbone(cfg, params, token, written[:, None], rows[:, None], state.cache,
-                                        rules=spec.rules, attention=spec.attention, remat=False,
-                                        unrolled=spec.unstack_layers)
-        cache = cache._replace(length=written + rows.astype(jnp.int32))
-        state = state._replace(cache=cache, pending=state.pending & ~rows,
+        hidden, cache = models.backbone(cfg, params, token, written[:, None], rows[:, None], state.cache(pool),
+                                        rules=spec.rules, attention=spec.attention, remat=False, unrolled=True)
+        state = state._replace(length=cache.length, pending=state.pending & ~rows,
                                decoded=state.decoded + rows.astype(jnp.int32))
         turn_tokens = cache.length - state.turn_start
         done = _stopped(state, stops, eos_ids, written) | (turn_tokens >= spec.max_turn_tokens)
@@ -253,53 +280,78 @@ def decode_chunk(
         tokens, logprobs = sample(models.lm_logits(cfg, params, hidden[:, 0]), _row_keys(state, cache.length),
                                   spec.sampling)
         state = _record_samples(state, go_on, tokens, logprobs)
-        return i + 1, state._replace(active=go_on)
+        return i + 1, models.KVPool(cache.k, cache.v), state._replace(active=go_on | (state.active & ~rows))
 
     def cond(carry):
-        i, state = carry
-        return (i < spec.steps) & jnp.any(state.active)
+        i, _, state = carry
+        return (i < spec.steps) & jnp.any(state.active & allowed)
 
-    _, state = jax.lax.while_loop(cond, step, (jnp.int32(0), state))
-    return _placed(state, spec.rules)
+    _, pool, state = jax.lax.while_loop(cond, step, (jnp.int32(0), pool, state))
+    return pool, _placed(state, spec.rules)
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))
 def truncate(state: GenState, length: jax.Array) -> GenState:
     """Drops every token of row b from slot `length[b]` on (e.g. text found a stop earlier than token ids did).
 
-    Only stopped rows may be truncated. Dropped slots are invalidated and later writes overwrite them.
+    Only stopped rows may be truncated. Later writes overwrite the dropped slots (the host may take back the
+    pages past the new length).
     """
-    slots = jnp.arange(state.tokens.shape[1])[None, :]
-    keep = slots < length[:, None]
-    cache = state.cache._replace(valid=state.cache.valid & keep, length=jnp.minimum(state.cache.length, length))
-    return state._replace(cache=cache, sampled=state.sampled & keep,
+    keep = jnp.arange(state.tokens.shape[1])[None, :] < length[:, None]
+    return state._replace(length=jnp.minimum(state.length, length), sampled=state.sampled & keep,
                           logprobs=jnp.where(keep, state.logprobs, 0.0))
 
 
 @functools.partial(jax.jit, static_argnames=("rules",), donate_argnums=(0,))
 def reset_rows(state: GenState, rows: jax.Array, key: jax.Array, episodes: jax.Array,
                rules: models.ShardingRules) -> GenState:
-    """Empties `rows` [B] bool for new episodes: no slot valid, length 0, buffers cleared, and the key of
-    episode `episodes[b]` of the rollout with key `key` (as `init_state` gives row `first_row + b`), so an
-    episode samples the same tokens whichever row it runs in. The other rows keep their state."""
+    """Empties `rows` [B] bool for new episodes: length 0, buffers cleared, and the key of episode
+    `episodes[b]` of the rollout with key `key` (as `init_state` gives row `first_row + b`), so an episode
+    samples the same tokens whichever row (and pages) it runs in. The other rows keep their state."""
     def clear(x):
         return jnp.where(rows.reshape(rows.shape + (1,) * (x.ndim - 1)), jnp.zeros((), x.dtype), x)
 
-    cache = state.cache._replace(valid=clear(state.cache.valid), length=clear(state.cache.length))
     return _placed(state._replace(
-        cache=cache, tokens=clear(state.tokens), sampled=clear(state.sampled), logprobs=clear(state.logprobs),
-        pending=state.pending & ~rows, active=state.active & ~rows, turn_start=clear(state.turn_start),
-        key=jnp.where(rows, _episode_keys(key, episodes), state.key),
+        length=clear(state.length), tokens=clear(state.tokens), sampled=clear(state.sampled),
+        logprobs=clear(state.logprobs), pending=state.pending & ~rows, active=state.active & ~rows,
+        turn_start=clear(state.turn_start), key=jnp.where(rows, _episode_keys(key, episodes), state.key),
     ), rules)
+
+
+@functools.partial(jax.jit, static_argnames=("rules",), donate_argnums=(0,))
+def set_pages(state: GenState, pages: jax.Array, rules: models.ShardingRules) -> GenState:
+    """`state` with the page tables the host assigned (`searchrl.rollout.pages`)."""
+    return _placed(state._replace(pages=pages), rules)
+
+
+@functools.partial(jax.jit, static_argnames=("batch", "rules"), donate_argnums=(0,))
+def copy_pages(pool: models.KVPool, source: jax.Array, target: jax.Array, batch: int,
+               rules: models.ShardingRules) -> models.KVPool:
+    """`pool` (beside a `batch`-row state) with page `target[i]` of every layer a copy of page `source[i]`:
+    the copy-on-write of a fork's partial last page. Under a mesh the pairs are local ids, an equal share for
+    each block of rows, copied on its own device; a target past the pool is skipped."""
+    def copy(pool, source, target):
+        return jax.tree.map(lambda x: x.at[:, target].set(x[:, source], mode="drop"), pool)
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return copy(pool, source, target)
+    shape = dict(mesh.shape)
+    spec = models.pool_spec(shape, rules, batch, pool.k[0].shape[0])
+    pairs = jax.sharding.PartitionSpec(models.row_axes(shape, rules, batch))
+    return jax.shard_map(copy, mesh=mesh, in_specs=(spec, pairs, pairs), out_specs=spec,
+                         check_vma=False)(pool, source, target)
 
 
 @functools.partial(jax.jit, static_argnames=("rules",), donate_argnums=(1,))
 def move_rows(source: GenState, target: GenState, source_rows: jax.Array, target_rows: jax.Array,
               rules: models.ShardingRules) -> GenState:
     """`target` with its rows `target_rows` [K] replaced by rows `source_rows` of `source`: episodes moved,
-    cache and keys with them, between the decode batch and the parked rows. `decoded` counts a decode
-    row's steps, not an episode's, so each side keeps its own."""
-    moved = _put_rows(target, target_rows, _take_rows(source, source_rows))
+    page tables, buffers and keys with them (their pages stay where they are), between the decode batch and
+    the parked rows. `decoded` counts a decode row's steps, not an episode's, so each side keeps its own."""
+    moved = jax.tree.map(lambda axes, x, y: x.at[_row_index(axes, target_rows)].set(
+        y[_row_index(axes, source_rows)], unique_indices=True), state_logical_axes(), target, source,
+        is_leaf=lambda axes: type(axes) is tuple)
     return _placed(moved._replace(decoded=target.decoded), rules)
 
 
@@ -310,16 +362,18 @@ def progress(state: GenState) -> tuple[jax.Array, jax.Array]:
 
 
 @jax.jit
-def branch_state(state: GenState, rows: jax.Array) -> GenState:
-    """An independent copy for a side branch of `rows` [B] bool (the original stays donatable; the other rows
-    stop generating in it), with its own row keys: the branch's draws are independent of the main
-    trajectory's."""
+def branch_state(state: GenState, rows: jax.Array, pages: jax.Array) -> GenState:
+    """A side branch of `rows` [B] bool: a copy of the rows' bookkeeping (the original stays donatable; the
+    other rows stop generating in it) with the page tables the host forked for them (`pages`: the parent's
+    full pages shared, its partial last page copied, so the branch writes only pages of its own) and their
+    keys folded with 1 (the branch's draws are independent of the main trajectory's)."""
     state = jax.tree.map(jnp.copy, state)
-    return state._replace(key=jax.vmap(jax.random.fold_in, (0, None))(state.key, 1),
+    return state._replace(pages=pages, key=jax.vmap(jax.random.fold_in, (0, None))(state.key, 1),
                           active=state.active & rows, pending=state.pending & rows)
 
 
 def compiled_programs() -> int:
     """How many programs the rollout's jitted functions have compiled so far in this process."""
-    functions = (extend, decode_chunk, truncate, branch_state, reset_rows, progress, move_rows)
+    functions = (extend, decode_chunk, truncate, reset_rows, set_pages, copy_pages, progress, move_rows,
+                 branch_state)
     return sum(f._cache_size() for f in functions)

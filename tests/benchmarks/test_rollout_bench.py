@@ -5,23 +5,26 @@ import jax
 
 from searchrl import models
 from searchrl.benchmarks import rollout as rollout_bench
+from searchrl.rollout.config import RolloutConfig
 
 
-def test_a_decode_step_moves_every_weight_and_the_whole_cache():
+def test_a_decode_step_moves_every_weight_and_the_live_pages():
     cfg = dataclasses.replace(models.get_preset("tiny"), tie_word_embeddings=False)
-    params = models.init_params(cfg, jax.random.key(0))
-    batch, prompt_len, new_tokens = 4, 8, 7
+    params = models.unstack_layers(models.init_params(cfg, jax.random.key(0)))
+    batch, prompt_len, new_tokens = 4, 20, 7
     D, F, L, H, KV, hd, V = (cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads,
                              cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size)
     # float32 throughout: the matmul weights (q, k, v, o, gate, up, down, LM head) ...
     weights = 4 * (L * (D * H * hd * 2 + D * KV * hd * 2 + 3 * D * F) + D * V)
-    # ... and each layer's keys and values in every slot (prompt + new tokens + 1).
-    cache = 4 * 2 * L * batch * (prompt_len + new_tokens + 1) * KV * hd
+    # ... and each layer's keys and values in every slot of the pages live at the end (27 tokens: 2 pages) ...
+    pages = 2
+    slots = pages * RolloutConfig.page_size
+    cache = 4 * 2 * L * batch * slots * KV * hd
     # One token's activations per row, in and out of each matmul: per layer q/k/v's input and outputs, o's,
-    # gate/up/down's, the attention scores (both ways: the scores' output and the mixing's input) ...
-    slots = prompt_len + new_tokens + 1
+    # gate/up/down's, the attention scores (both ways: the scores' output and the mixing's input), and on
+    # each page's step the query read and its mixed values written ...
     per_layer = ((3 * D + H * hd + 2 * KV * hd) + (H * hd + D) + (2 * D + 2 * F + F + D)
-                 + 2 * H * slots + 2 * H * hd)
+                 + 2 * H * slots + 2 * H * hd * pages)
     activations = 4 * batch * (L * per_layer + D + V)
     step_bytes = rollout_bench.decode_step_bytes(cfg, params, batch, prompt_len, new_tokens)
     assert step_bytes == weights + cache + activations

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 import transformers
 
-from searchrl.models import ModelConfig, init_params
+from searchrl.models import KVCache, KVPool, ModelConfig, init_params
 
 # Tiny HF configs covering every supported variant.
 HF_CONFIGS = {
@@ -58,3 +58,23 @@ def random_params(cfg: ModelConfig, seed: int = 0, dtype=jnp.float32) -> dict:
 
 def random_tokens(cfg: ModelConfig, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, cfg.vocab_size, size=shape).astype(np.int32)
+
+
+def paged_cache(cfg: ModelConfig, batch: int, slots: int, page_size: int = 4, shards: int = 1, seed: int = 0,
+                dtype=jnp.float32) -> KVCache:
+    """An empty paged cache of `slots` slots a row whose rows hold their pages in a scrambled order: row b of
+    block s (`shards` equal blocks of rows, one per device) holds pages of that block's own pool, named by
+    local ids (`searchrl.models.kv_cache`). Every page is held by one row."""
+    n = -(-slots // page_size)
+    per_shard = batch // shards
+    rng = np.random.default_rng(seed)
+    pages = np.concatenate([rng.permutation(per_shard * n).reshape(per_shard, n) for _ in range(shards)])
+    pool = KVPool.init(cfg, batch * n, page_size, dtype)
+    return KVCache(pool.k, pool.v, jnp.asarray(pages, jnp.int32), jnp.zeros(batch, jnp.int32))
+
+
+def global_pages(cache: KVCache, shards: int) -> KVCache:
+    """`cache` with local page ids (`paged_cache`) turned into ids of the whole pool: what one device reads."""
+    per_shard_rows, per_shard_pages = cache.pages.shape[0] // shards, cache.k[0].shape[1] // shards
+    offset = (np.arange(cache.pages.shape[0]) // per_shard_rows * per_shard_pages)[:, None]
+    return cache._replace(pages=cache.pages + jnp.asarray(offset, jnp.int32))

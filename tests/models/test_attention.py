@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from searchrl.models import (TRAIN_RULES, AttentionConfig, KVCache, Segments, forward, get_preset,
-                             init_params, visible_block_pairs)
+from searchrl.models import (TRAIN_RULES, AttentionConfig, Segments, forward, get_preset, init_params,
+                             unstack_layers, visible_block_pairs)
 from searchrl.models import attention as attention_lib
+from tests.models.model_helpers import paged_cache
 
 B, T, H, KV, HD, S = 3, 6, 4, 2, 8, 13  # GQA: two query heads per key head
 F32_TOL = 1e-5
@@ -274,23 +275,24 @@ def test_packed_forward_equals_each_sequence_alone(attention, pairs):
         start += len(seq)
 
 
-@pytest.mark.parametrize("tested", [BLOCKWISE, PALLAS], ids=["blockwise", "pallas"])
-def test_cached_forward_matches_the_reference(tested):
-    """A prompt, an observation of per-row length and a decode step against a partially filled cache."""
+def test_cached_forward_reads_the_pages_with_the_gpu_kernel_as_the_reference_does():
+    """A prompt, an observation of per-row length and two decode steps over a scrambled paged cache: the
+    decode steps through JAX's Pallas GPU paged attention (interpreted) give the reference's logits."""
     outputs = {}
-    for attention in (AttentionConfig(), tested):
-        step = _forward(attention)
-        cache = KVCache.init(CFG, 2, 24)
+    params = unstack_layers(PARAMS)
+    for attention in (AttentionConfig(), AttentionConfig(paged="pallas_gpu", interpret=True, kernel_block=16)):
+        step = jax.jit(functools.partial(forward, CFG, rules=TRAIN_RULES, attention=attention, remat=False,
+                                         unrolled=True))
+        cache = paged_cache(CFG, 2, 24)
         logits = []
-        for width, lengths in ((7, [7, 4]), (5, [2, 5]), (1, [1, 1])):
+        for width, lengths in ((7, [7, 4]), (5, [2, 5]), (1, [1, 1]), (1, [1, 1])):
             tokens = jnp.asarray(np.random.default_rng(width).integers(3, CFG.vocab_size, (2, width)), jnp.int32)
             mask = jnp.asarray(np.arange(width)[None] < np.array(lengths)[:, None])
             positions = (cache.length[:, None] + jnp.arange(width)).astype(jnp.int32)
-            out, _, cache = step(PARAMS, tokens, positions, mask, cache)
-            cache = cache._replace(length=cache.length - width + jnp.asarray(lengths))
+            out, _, cache = step(params, tokens, positions, mask, cache)
             logits.append(np.asarray(out)[np.asarray(mask)])
-        outputs[attention.impl] = logits
-    for ref, got in zip(outputs["reference"], outputs[tested.impl]):
+        outputs[attention.paged] = logits
+    for ref, got in zip(outputs["reference"], outputs["pallas_gpu"]):
         np.testing.assert_allclose(got, ref, atol=1e-5)
 
 

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from searchrl.models import (TRAIN_RULES, AttentionConfig, KVCache, apply, forward, get_preset, lm_logits,
-                             token_logprobs, unstack_layers, value_params_from_policy, values)
-from tests.models.model_helpers import random_params, random_tokens
+from searchrl.models import (TRAIN_RULES, AttentionConfig, apply, forward, get_preset, lm_logits, token_logprobs,
+                             unstack_layers, value_params_from_policy, values)
+from tests.models.model_helpers import paged_cache, random_params, random_tokens
 
 ATTENTION = AttentionConfig()  # the default: `MeshConfig.attention`
 
@@ -47,62 +47,81 @@ def test_left_padded_batch_equals_rows_alone():
         np.testing.assert_allclose(logits[b, mask[b]], _alone(row), atol=1e-4, rtol=0)
 
 
+def _right_pad(rows: list[np.ndarray], width: int, start: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Right-padded tokens, their positions (from each row's `start`, default 0) and mask: a chunk
+    appended to a cache."""
+    tokens = np.zeros((len(rows), width), np.int32)
+    mask = np.zeros((len(rows), width), bool)
+    for b, row in enumerate(rows):
+        tokens[b, :len(row)], mask[b, :len(row)] = row, True
+    start = np.zeros(len(rows), np.int32) if start is None else start
+    return tokens, (start[:, None] + np.arange(width)).astype(np.int32), mask
+
+
+UNSTACKED = unstack_layers(PARAMS)
+cached = jax.jit(functools.partial(forward, CFG, rules=TRAIN_RULES, attention=ATTENTION, remat=False,
+                                   unrolled=True))
+
+
 def test_prefill_then_decode_equals_full_forward():
+    """Prompts of different lengths (right-padded) into scrambled pages, then single-token decode steps."""
     prompts = [random_tokens(CFG, (n,), seed=10 + n) for n in (3, 6)]
     new = random_tokens(CFG, (2, 4), seed=1)
-    tokens, positions, mask = _left_pad(prompts, 6)
-    cache = KVCache.init(CFG, batch=2, max_len=16)
-    prefill, _, cache = fwd(PARAMS, tokens, positions, mask, cache)
+    tokens, positions, mask = _right_pad(prompts, 6)
+    cache = paged_cache(CFG, batch=2, slots=16)
+    prefill, _, cache = cached(UNSTACKED, tokens, positions, mask, cache)
+    np.testing.assert_array_equal(np.asarray(cache.length), [3, 6])
     steps = []
     for t in range(new.shape[1]):
         pos = np.array([[len(p) + t] for p in prompts], np.int32)
-        logits, _, cache = fwd(PARAMS, new[:, t:t + 1], pos, np.ones((2, 1), bool), cache)
+        logits, _, cache = cached(UNSTACKED, new[:, t:t + 1], pos, np.ones((2, 1), bool), cache)
         steps.append(np.asarray(logits[:, 0]))
-    np.testing.assert_array_equal(np.asarray(cache.length), [10, 10])
+    np.testing.assert_array_equal(np.asarray(cache.length), [7, 10])
     for b, prompt in enumerate(prompts):
         ref = _alone(np.concatenate([prompt, new[b]]))
         np.testing.assert_allclose(np.asarray(prefill)[b, mask[b]], ref[:len(prompt)], atol=1e-4, rtol=0)
         np.testing.assert_allclose(np.stack(steps, 1)[b], ref[len(prompt):], atol=1e-4, rtol=0)
 
 
-def test_unstacked_layers_compute_the_same_logits_and_cache():
-    unstacked_params = unstack_layers(PARAMS)
-    assert "layers" not in unstacked_params and f"layers_{CFG.num_layers}" not in unstacked_params
-    np.testing.assert_array_equal(unstacked_params["layers_1"]["q"], PARAMS["layers"]["q"][1])
+def test_the_cache_is_read_by_the_unrolled_decoder_only():
+    tokens, positions, mask = _right_pad([random_tokens(CFG, (3,), seed=1)], 4)
+    with pytest.raises(ValueError, match="unrolled decoder"):
+        fwd(PARAMS, tokens, positions, mask, paged_cache(CFG, batch=1, slots=8))
+
+
+def test_unstacked_layers_compute_the_same_logits():
+    assert "layers" not in UNSTACKED and f"layers_{CFG.num_layers}" not in UNSTACKED
+    np.testing.assert_array_equal(UNSTACKED["layers_1"]["q"], PARAMS["layers"]["q"][1])
     tokens, positions, mask = _left_pad([random_tokens(CFG, (n,), seed=30 + n) for n in (5, 8)], 8)
-    cache = KVCache.init(CFG, batch=2, max_len=12)
-    stacked = fwd(PARAMS, tokens, positions, mask, cache)
+    stacked = fwd(PARAMS, tokens, positions, mask)
     unrolled = jax.jit(functools.partial(forward, CFG, unrolled=True, rules=TRAIN_RULES, attention=ATTENTION,
                                          remat=False))
-    unstacked = unrolled(unstacked_params, tokens, positions, mask, cache)
-    np.testing.assert_allclose(unstacked[0], stacked[0], atol=1e-5, rtol=0)
-    for field in ("k", "v", "valid", "length"):
-        np.testing.assert_allclose(getattr(unstacked[2], field), getattr(stacked[2], field), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(unrolled(UNSTACKED, tokens, positions, mask)[0], stacked[0], atol=1e-5, rtol=0)
 
 
-def test_extend_with_right_padded_holes_then_decode():
-    """Prompt (left-padded), observation chunk (right-padded: holes), decode: rows end at different slots."""
+def test_extend_of_right_padded_chunks_then_decode():
+    """Prompt, observation chunk (right-padded: rows append different counts), decode: rows end at different
+    slots, across page boundaries; a row appending nothing is left as it was."""
     prompts = [random_tokens(CFG, (n,), seed=20 + n) for n in (5, 2)]
     observations = [random_tokens(CFG, (n,), seed=30 + n) for n in (3, 6)]
     decoded = random_tokens(CFG, (2, 2), seed=2)
-    tokens, positions, mask = _left_pad(prompts, 5)
-    cache = KVCache.init(CFG, batch=2, max_len=24)
-    _, _, cache = fwd(PARAMS, tokens, positions, mask, cache)
-
-    obs = np.zeros((2, 6), np.int32)
-    obs_mask = np.zeros((2, 6), bool)
-    for b, o in enumerate(observations):
-        obs[b, :len(o)], obs_mask[b, :len(o)] = o, True
+    cache = paged_cache(CFG, batch=2, slots=24, seed=3)
+    _, _, cache = cached(UNSTACKED, *_right_pad(prompts, 5), cache)
     seen = np.array([len(p) for p in prompts])
-    obs_pos = (seen[:, None] + np.arange(6)).astype(np.int32)
-    extend, _, cache = fwd(PARAMS, obs, obs_pos, obs_mask, cache)
+    obs, obs_pos, obs_mask = _right_pad(observations, 6, seen.astype(np.int32))
+    extend, _, cache = cached(UNSTACKED, obs, obs_pos, obs_mask, cache)
     seen += obs_mask.sum(1)
-    np.testing.assert_array_equal(np.asarray(cache.valid).sum(1), seen)
+    np.testing.assert_array_equal(np.asarray(cache.length), seen)
+    before = jax.tree.map(np.asarray, cache)
+    _, _, after = cached(UNSTACKED, obs, obs_pos, np.zeros_like(obs_mask), cache)
+    for got, want in zip(jax.tree.leaves(after), jax.tree.leaves(before)):
+        np.testing.assert_array_equal(got, want)
 
     steps = []
     for t in range(decoded.shape[1]):
-        logits, _, cache = fwd(PARAMS, decoded[:, t:t + 1], (seen + t)[:, None].astype(np.int32),
-                               np.ones((2, 1), bool), cache)
+        logits, _, cache = cached(UNSTACKED, decoded[:, t:t + 1], (seen + t)[:, None].astype(np.int32),
+                                  np.ones((2, 1), bool), cache)
         steps.append(np.asarray(logits[:, 0]))
     for b in range(2):
         ref = _alone(np.concatenate([prompts[b], observations[b], decoded[b]]))

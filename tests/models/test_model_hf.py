@@ -11,9 +11,9 @@ import transformers
 from jax.sharding import PartitionSpec
 from safetensors.numpy import load_file, save_file
 
-from searchrl.models import (TRAIN_RULES, AttentionConfig, KVCache, ShardingRules, apply, forward, get_preset,
+from searchrl.models import (TRAIN_RULES, AttentionConfig, ShardingRules, apply, forward, get_preset,
                              init_params, load_hf, make_mesh, param_shardings, save_hf, token_logprobs)
-from tests.models.model_helpers import HF_CONFIGS, torch_logits
+from tests.models.model_helpers import HF_CONFIGS, paged_cache, torch_logits
 
 ATTENTION = AttentionConfig()  # the default: `MeshConfig.attention`
 
@@ -152,8 +152,8 @@ def test_mistral_window_is_read_and_a_longer_row_or_cache_is_refused(hf_checkpoi
         apply(cfg, params, jnp.asarray(TOKENS), rules=TRAIN_RULES, attention=ATTENTION))).max() > 1e-2
     step = jnp.zeros((2, 1), jnp.int32)
     with pytest.raises(ValueError, match="17 key slots.*sliding_window=16"):
-        forward(cfg, params, step, step, jnp.ones((2, 1), bool), KVCache.init(cfg, 2, 17), rules=TRAIN_RULES,
-                attention=ATTENTION, remat=False)
+        forward(cfg, params, step, step, jnp.ones((2, 1), bool), paged_cache(cfg, 2, 17, page_size=1),
+                rules=TRAIN_RULES, attention=ATTENTION, remat=False)
 
 
 def _rewrite(path, edit):

@@ -1,5 +1,6 @@
-"""The jitted rollout steps: `extend` on a subset of rows, `move_rows` between batches, and the decode
-chunk's two ways of reading the layer weights."""
+"""The jitted rollout steps over the paged KV cache: `extend` on a subset of rows, `move_rows` between
+batches, decode chunks whose rows sit out when the host holds them, and pages that neither their placement,
+their number nor the rows' slots change."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,20 +15,32 @@ from searchrl.rollout.config import SamplingParams
 
 RULES, ATTENTION = models.SAMPLE_RULES, models.AttentionConfig()
 SAMPLING = SamplingParams(temperature=1.0)
+PAGE = 4
 
 
 def tiny():
     cfg = dataclasses.replace(models.get_preset("tiny"), vocab_size=64, tie_word_embeddings=False)
-    return cfg, models.init_params(cfg, jax.random.key(0))
+    return cfg, models.unstack_layers(models.init_params(cfg, jax.random.key(0)))
 
 
-def prefilled(cfg, params, rows: int, key: int = 3) -> generate.GenState:
+def paged(cfg, rows: int, slots: int = 48, key: int = 3, seed: int = 0, spare: int = 0
+          ) -> tuple[models.KVPool, generate.GenState]:
+    """An empty batch whose rows hold every page their slots need, scrambled over a pool with `spare` pages
+    more than that."""
+    width = -(-slots // PAGE)
+    pages = np.random.default_rng(seed).permutation(rows * width + spare)[:rows * width].reshape(rows, width)
+    state = generate.init_state(rows, slots, PAGE, jax.random.key(key))
+    return (models.KVPool.init(cfg, rows * width + spare, PAGE),
+            state._replace(pages=jnp.asarray(pages, jnp.int32)))
+
+
+def prefilled(cfg, params, rows: int, key: int = 3, **kwargs) -> tuple[models.KVPool, generate.GenState]:
     """`rows` rows holding prompts of different lengths, each with a turn started (a pending token)."""
-    state = generate.init_state(cfg, rows, 48, jax.random.key(key))
+    pool, state = paged(cfg, rows, key=key, **kwargs)
     lengths = np.arange(rows, dtype=np.int32) % 5 + 3
     tokens = np.asarray(jax.random.randint(jax.random.key(key + 1), (rows, 8), 1, 64), np.int32)
-    return generate.extend(cfg, params, state, None, tokens, lengths, np.ones(rows, bool), SAMPLING, RULES,
-                           ATTENTION)
+    return generate.extend(cfg, params, pool, state, None, tokens, lengths, np.ones(rows, bool), SAMPLING,
+                           RULES, ATTENTION)
 
 
 def host(state: generate.GenState) -> generate.GenState:
@@ -38,36 +51,41 @@ def host(state: generate.GenState) -> generate.GenState:
     return jax.tree.map(one, state)
 
 
-def rows_of(x: np.ndarray, rows) -> np.ndarray:
-    """Rows `rows` of a state field (the cache's keys and values are [layers, rows, ...])."""
-    return np.take(x, rows, 1 if x.ndim == 5 else 0)
+def copied(tree):
+    return jax.tree.map(jnp.copy, tree)
 
 
 def test_extend_on_some_rows_computes_those_rows_and_leaves_the_others():
     """Appending to rows 3 and 1 of 5 (the order given, one of them appending nothing and starting no turn)
-    gives those rows what a whole-batch extend gives them; the other rows are untouched, bit for bit."""
+    gives those rows what a whole-batch extend gives them; the other rows and their pages are untouched, bit
+    for bit."""
     cfg, params = tiny()
-    state = prefilled(cfg, params, 5)
+    pool, state = prefilled(cfg, params, 5)
     state = state._replace(active=jnp.zeros(5, bool), pending=jnp.zeros(5, bool))  # every turn ended
     chunk = np.asarray(jax.random.randint(jax.random.key(7), (5, 6), 1, 64), np.int32)
     lengths, start = np.asarray([0, 4, 0, 6, 0], np.int32), np.asarray([0, 1, 0, 0, 0], bool)
-    whole = generate.extend(cfg, params, jax.tree.map(jnp.copy, state), None, chunk, lengths, start,
-                            SAMPLING, RULES, ATTENTION)
+    whole_pool, whole = generate.extend(cfg, params, copied(pool), copied(state), None, chunk, lengths, start,
+                                        SAMPLING, RULES, ATTENTION)
     rows = np.asarray([3, 1], np.int32)
-    some = generate.extend(cfg, params, jax.tree.map(jnp.copy, state), rows, chunk[rows], lengths[rows],
-                           start[rows], SAMPLING, RULES, ATTENTION)
+    some_pool, some = generate.extend(cfg, params, copied(pool), copied(state), rows, chunk[rows],
+                                      lengths[rows], start[rows], SAMPLING, RULES, ATTENTION)
     for got, want, before in zip(*(jax.tree.leaves(host(s)) for s in (some, whole, state))):
-        np.testing.assert_allclose(rows_of(got, rows), rows_of(want, rows), rtol=1e-5, atol=1e-6)
-        np.testing.assert_array_equal(rows_of(got, [0, 2, 4]), rows_of(before, [0, 2, 4]))
-    assert np.asarray(some.cache.length).tolist() == (np.asarray(state.cache.length) + lengths).tolist()
+        np.testing.assert_allclose(got[rows], want[rows], rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(got[[0, 2, 4]], before[[0, 2, 4]])
+    others = np.asarray(state.pages)[[0, 2, 4]].ravel()
+    for got, want, before in zip(*(jax.tree.leaves(p) for p in (some_pool, whole_pool, pool))):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(np.asarray(got)[:, others], np.asarray(before)[:, others])
+    assert np.asarray(some.length).tolist() == (np.asarray(state.length) + lengths).tolist()
     assert np.asarray(some.active).tolist() == [False, True, False, False, False]
 
 
 def test_move_rows_carries_an_episode_whole_and_keeps_each_rows_step_count():
-    """A row moved into a parked batch and back into another row is the same row, bit for bit (cache,
+    """A row moved into a parked batch and back into another row is the same row, bit for bit (page table,
     tokens, key), except `decoded`, which counts the decode row's steps and stays with each side."""
     cfg, params = tiny()
-    state, parked = prefilled(cfg, params, 4), prefilled(cfg, params, 2, key=9)
+    _, state = prefilled(cfg, params, 4)
+    _, parked = prefilled(cfg, params, 2, key=9)
     state = state._replace(decoded=jnp.arange(4, dtype=jnp.int32) + 10)
     parked = parked._replace(decoded=jnp.asarray([7, 8], jnp.int32))
     original = host(state)
@@ -78,24 +96,74 @@ def test_move_rows_carries_an_episode_whole_and_keeps_each_rows_step_count():
     moved = host(state)
     for got, want in zip(jax.tree.leaves(moved._replace(decoded=None)),
                          jax.tree.leaves(original._replace(decoded=None))):
-        np.testing.assert_array_equal(rows_of(got, 0), rows_of(want, 2))
+        np.testing.assert_array_equal(got[0], want[2])
 
 
-def test_a_decode_chunk_reading_layers_in_place_equals_one_that_unstacks_them():
-    """Unstacking the layer weights once a chunk (`DecodeSpec.unstack_layers`, on CPUs) and slicing each
-    layer's weights in place (GPUs and TPUs, `unstacks_layers`) decode the same tokens, greedy and sampled."""
-    cfg, params = tiny()
+def _decoded(cfg, params, sampling: SamplingParams, **kwargs) -> generate.GenState:
+    pool, state = prefilled(cfg, params, 3, **kwargs)
+    spec = generate.DecodeSpec(6, 6, 47, sampling, rules=RULES, attention=ATTENTION)
     stops, eos = generate.stop_table([[63, 62]]), jnp.asarray([0], jnp.int32)
+    return host(generate.decode_chunk(cfg, params, pool, state, jnp.ones(3, bool), stops, eos, spec)[1])
+
+
+def test_a_rows_tokens_depend_on_neither_its_pages_nor_the_pool():
+    """Other physical pages, a larger pool and more reserved slots (a wider page table) decode the same
+    tokens, bit for bit: a row reads its live pages only."""
+    cfg, params = tiny()
     for sampling in (SamplingParams(temperature=0.0), SAMPLING):
-        spec = generate.DecodeSpec(6, 6, 47, sampling, rules=RULES, attention=ATTENTION, unstack_layers=True)
-        in_place = dataclasses.replace(spec, unstack_layers=False)
-        runs = [host(generate.decode_chunk(cfg, params, prefilled(cfg, params, 3), stops, eos, s))
-                for s in (spec, in_place)]
-        assert int(runs[0].decoded.sum()) > 0
-        for got, want in zip(*(jax.tree.leaves(r) for r in runs)):
-            if np.issubdtype(want.dtype, np.floating):
-                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-            else:
-                np.testing.assert_array_equal(got, want)
-    assert generate.unstacks_layers(jax.devices("cpu"))
-    assert not generate.unstacks_layers([type("Gpu", (), {"platform": "gpu"})()])
+        base = _decoded(cfg, params, sampling)
+        assert int(base.decoded.sum()) > 0
+        for other in (_decoded(cfg, params, sampling, seed=5, spare=40),
+                      _decoded(cfg, params, sampling, slots=160, seed=6)):
+            width = base.tokens.shape[1]
+            for field in ("tokens", "sampled", "logprobs"):
+                np.testing.assert_array_equal(getattr(other, field)[:, :width], getattr(base, field))
+            for field in ("length", "active", "decoded", "turn_start"):
+                np.testing.assert_array_equal(getattr(other, field), getattr(base, field))
+
+
+def test_rows_held_out_of_a_chunk_are_untouched_and_go_on_as_if_never_held():
+    """A row the host holds (no pages for it: `allowed` false) keeps its state and writes no page; allowed
+    again, it samples what it would have sampled had it never been held."""
+    cfg, params = tiny()
+    spec = generate.DecodeSpec(4, 12, 47, SAMPLING, rules=RULES, attention=ATTENTION)
+    stops, eos = generate.stop_table([[63, 62]]), jnp.asarray([0], jnp.int32)
+
+    def chunk(pool, state, allowed, steps=4):
+        return generate.decode_chunk(cfg, params, pool, state, jnp.asarray(allowed), stops, eos,
+                                     dataclasses.replace(spec, steps=steps))
+
+    pool, state = prefilled(cfg, params, 3)
+    _, free = chunk(copied(pool), copied(state), [True] * 3, steps=8)
+    held_pool, held = chunk(copied(pool), copied(state), [True, False, True])
+    row = np.asarray(state.pages)[1]
+    for got, want in zip(jax.tree.leaves(host(held)), jax.tree.leaves(host(state))):
+        np.testing.assert_array_equal(got[1], want[1])
+    for got, want in zip(jax.tree.leaves(held_pool), jax.tree.leaves(pool)):
+        np.testing.assert_array_equal(np.asarray(got)[:, row], np.asarray(want)[:, row])
+    pool, state = chunk(*chunk(held_pool, held, [True] * 3), [False, True, False])
+    got, want = host(state), host(free)
+    for field in ("tokens", "sampled", "logprobs", "length", "active"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
+
+
+def test_a_fork_shares_full_pages_and_copies_the_partial_one():
+    """`copy_pages` copies a page in every layer (a target past the pool is skipped); `branch_state` gives
+    the branch rows their forked page tables and keys folded apart, the other rows inactive."""
+    cfg, params = tiny()
+    pool, state = prefilled(cfg, params, 3)
+    width = state.pages.shape[1]
+    source, target = int(state.pages[0, 1]), int(state.pages[2, width - 1])
+    copied_pool = generate.copy_pages(copied(pool), jnp.asarray([source, 0]),
+                                      jnp.asarray([target, pool.k[0].shape[1]]), 3, RULES)
+    for got, want in zip(jax.tree.leaves(copied_pool), jax.tree.leaves(pool)):
+        got, want = np.asarray(got), np.asarray(want)
+        np.testing.assert_array_equal(got[:, target], want[:, source])
+        others = np.arange(want.shape[1]) != target
+        np.testing.assert_array_equal(got[:, others], want[:, others])
+    forked_pages = np.asarray(state.pages).copy()
+    forked_pages[1] = forked_pages[0]
+    branch = generate.branch_state(state, jnp.asarray([False, True, False]), jnp.asarray(forked_pages))
+    assert np.asarray(branch.pages).tolist() == forked_pages.tolist()
+    assert np.asarray(branch.active).tolist() == [False, True, False]
+    assert not np.array_equal(jax.random.key_data(branch.key)[1], jax.random.key_data(state.key)[1])

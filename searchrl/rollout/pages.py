@@ -1,0 +1,150 @@
+"""The host side of the paged KV cache: which pages each episode holds, on which device, and who gets pages
+when they run short.
+
+Every block of rows (one per device along the mesh's data axes: `models.kv_cache.row_shards`) has a pool of
+`pages_per_shard` pages of `page_size` slots. An owner (an episode, or a side branch forked from one) holds
+pages of one shard, in slot order; pages are reference-counted, so a fork shares its parent's full pages and
+takes a copy of its partial last page (copy on write). Pages return to the pool when their last owner lets go.
+
+When pages run short nothing is dropped or overwritten: a grant that cannot be made is refused and the caller
+holds the row back (a decode row sits out a chunk, an observation or a prompt waits a round). Deadlock is
+impossible because every grant keeps enough pages free for the oldest owner of the shard to reach its largest
+size (`reserve` pages): that owner always goes on, and when it ends the pages it frees cover the next oldest
+(vLLM preempts instead, recomputing the evicted sequence; holding a row back keeps its tokens and needs no
+recompute).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Hashable, NamedTuple
+
+import numpy as np
+
+
+class Forked(NamedTuple):
+    """A fork's page to copy on device: (source, target) local ids, or None when it shares only full pages."""
+
+    copy: tuple[int, int] | None
+
+
+@dataclasses.dataclass
+class _Holding:
+    shard: int
+    pages: list[int]
+    age: int  # the order owners first took pages in a shard: the oldest goes on whatever else waits
+
+
+class PagePool:
+    """Pages of `shards` pools of `pages_per_shard` pages each, `page_size` slots a page; an owner may
+    hold at most `reserve` pages at once (its largest size: a row's slots, plus a side branch's)."""
+
+    def __init__(self, shards: int, pages_per_shard: int, page_size: int, reserve: int):
+        if pages_per_shard < reserve:
+            raise ValueError(f"rollout.pool_pages={pages_per_shard} pages a device cannot hold one episode at "
+                             f"its largest ({reserve} pages of {page_size} slots): raise it.")
+        self.page_size, self.reserve = page_size, reserve
+        self._free = [list(range(pages_per_shard - 1, -1, -1)) for _ in range(shards)]  # pop(): low ids first
+        self._refs = np.zeros((shards, pages_per_shard), np.int32)
+        self._owners: dict[Hashable, _Holding] = {}
+        self._ages = 0
+
+    @property
+    def shards(self) -> int:
+        return len(self._free)
+
+    def pages(self, slots: int) -> int:
+        """Pages that hold `slots` slots."""
+        return -(-slots // self.page_size)
+
+    def held(self, owner: Hashable) -> list[int]:
+        """The local ids of `owner`'s pages, in slot order."""
+        holding = self._owners.get(owner)
+        return [] if holding is None else holding.pages
+
+    def free(self, shard: int) -> int:
+        return len(self._free[shard])
+
+    def in_use(self) -> int:
+        """Pages held by any owner, over every shard."""
+        return int((self._refs > 0).sum())
+
+    def _headroom(self, shard: int, owner: Hashable) -> int:
+        """Pages of `shard` that `owner` may take: all the free ones if it is (or would become) the shard's
+        oldest owner, else the free ones less what the oldest may still need."""
+        holdings = [h for o, h in self._owners.items() if h.shard == shard and h.pages and o != owner]
+        mine = self._owners.get(owner)
+        if not holdings or (mine is not None and mine.pages and mine.age < min(h.age for h in holdings)):
+            return self.free(shard)
+        oldest = min(holdings, key=lambda h: h.age)
+        return self.free(shard) - max(self.reserve - len(oldest.pages), 0)
+
+    def _take(self, holding: _Holding, n: int) -> None:
+        if not holding.pages:
+            holding.age, self._ages = self._ages, self._ages + 1
+        for _ in range(n):
+            page = self._free[holding.shard].pop()
+            self._refs[holding.shard, page] = 1
+            holding.pages.append(page)
+
+    def grow(self, owner: Hashable, shard: int, slots: int) -> bool:
+        """Gives `owner` (of `shard`) the pages it needs to hold `slots` slots, if the shard can spare them
+        (see the module docstring); returns whether it holds them now."""
+        holding = self._owners.setdefault(owner, _Holding(shard, [], 0))
+        if holding.shard != shard:
+            raise ValueError(f"{owner!r} holds pages of device block {holding.shard}, not {shard}.")
+        wanted = self.pages(slots) - len(holding.pages)
+        if wanted > 0 and wanted > self._headroom(shard, owner):
+            return False
+        self._take(holding, max(wanted, 0))
+        return True
+
+    def fork(self, parent: Hashable, child: Hashable, slots: int, grow_to: int) -> Forked | None:
+        """`child` takes `parent`'s pages for its first `slots` slots, the full ones shared and a partial last
+        one copied into a fresh page, and grows to hold `grow_to` slots; None (nothing taken) if the shard
+        cannot spare the fresh pages. The caller copies `Forked.copy` on device (`generate.copy_pages`)
+        before the child writes. A child is the youngest owner of its shard."""
+        if self.held(child):
+            raise ValueError(f"{child!r} already holds pages.")
+        source = self._owners[parent]
+        full = slots // self.page_size
+        if self.pages(grow_to) - full > self._headroom(source.shard, child):
+            return None
+        shared = source.pages[:full]
+        self._refs[source.shard, shared] += 1
+        holding = self._owners[child] = _Holding(source.shard, list(shared), self._ages)
+        self._ages += 1
+        copy = None
+        if slots % self.page_size:
+            self._take(holding, 1)
+            copy = (source.pages[full], holding.pages[-1])
+        self._take(holding, self.pages(grow_to) - len(holding.pages))
+        return Forked(copy)
+
+    def truncate(self, owner: Hashable, slots: int) -> None:
+        """Lets go of `owner`'s pages past its first `slots` slots."""
+        holding = self._owners.get(owner)
+        if holding is not None:
+            keep = self.pages(slots)
+            self._let_go(holding.shard, holding.pages[keep:])
+            del holding.pages[keep:]
+
+    def release(self, owner: Hashable) -> None:
+        """Lets go of every page of `owner`."""
+        holding = self._owners.pop(owner, None)
+        if holding is not None:
+            self._let_go(holding.shard, holding.pages)
+
+    def _let_go(self, shard: int, pages: list[int]) -> None:
+        for page in pages:
+            self._refs[shard, page] -= 1
+            if self._refs[shard, page] == 0:
+                self._free[shard].append(page)
+
+    def table(self, owners: list[Hashable | None], width: int) -> np.ndarray:
+        """The page tables [len(owners), width] int32 of a batch whose row r runs `owners[r]` (None: none);
+        entries past an owner's pages name page 0 (never read: past the row's length)."""
+        table = np.zeros((len(owners), width), np.int32)
+        for r, owner in enumerate(owners):
+            pages = self.held(owner) if owner is not None else []
+            table[r, :len(pages)] = pages
+        return table
