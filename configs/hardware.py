@@ -8,7 +8,8 @@ out for the machines a paper used, at the paper's own batch, micro-batch and len
 
 Every setup shards the params, optimizer state and rows over all of its devices (FSDP), computes attention
 without a score matrix (`config.mesh.attention`: JAX's Pallas flash attention kernels, Triton on GPUs and
-Mosaic on TPUs, for the PPO step's rows; the blockwise XLA implementation against the rollout's KV cache),
+Mosaic on TPUs, for the PPO step's rows; JAX's Pallas paged attention for the rollout's decode steps over its
+paged KV cache, `config.mesh.attention.paged`),
 recomputes each layer in the backward pass (`rl.remat`) and, as every run does, computes the LM head in
 chunks of `rl.logits_chunk` positions and packs the PPO step's rows (`rl.pack`). On 2 and 4 A100s
 (DeepRetrieval) the reference model waits in host memory between scoring passes (`rl.offload_reference`), as
@@ -27,6 +28,7 @@ class Setup(NamedTuple):
 
     devices: int
     attention: str  # the attention implementation (names in searchrl.models.attention.ATTENTION)
+    paged: str  # the paged KV cache's (names in searchrl.models.paged_attention.PAGED_ATTENTION)
     # whether the reference model waits in host memory between scoring passes (`rl.offload_reference`: on 2
     # or 4 A100s the float32 masters and Adam moments of the policy and the critic take most of the memory)
     offload_reference: bool = False
@@ -35,13 +37,13 @@ class Setup(NamedTuple):
 
 
 SETUPS = {
-    "a100x2": Setup(2, "pallas_mha", offload_reference=True),
+    "a100x2": Setup(2, "pallas_mha", "pallas_gpu", offload_reference=True),
     # Coder-7B's policy and critic: their float32 masters and Adam moments took 62.7 GiB, over JAX's default
     # 0.75 of 80; with bfloat16 first moments the PPO step takes 55.4
-    "a100x4": Setup(4, "pallas_mha", offload_reference=True, mu_dtype="bfloat16"),
-    "a100x8": Setup(8, "pallas_mha"),
-    "h100x8": Setup(8, "pallas_mha"),
-    "v5p8": Setup(8, "pallas_tpu"),
+    "a100x4": Setup(4, "pallas_mha", "pallas_gpu", offload_reference=True, mu_dtype="bfloat16"),
+    "a100x8": Setup(8, "pallas_mha", "pallas_gpu"),
+    "h100x8": Setup(8, "pallas_mha", "pallas_gpu"),
+    "v5p8": Setup(8, "pallas_tpu", "pallas_tpu"),
 }
 
 
@@ -57,7 +59,7 @@ def apply(config, setup: str | None):
         return config
     laid_out = SETUPS[setup]
     config.mesh.update(dict(data=1, fsdp=laid_out.devices, tensor=1))
-    config.mesh.attention.impl = laid_out.attention
+    config.mesh.attention.update(dict(impl=laid_out.attention, paged=laid_out.paged))
     config.rl.update(dict(remat=True, offload_reference=laid_out.offload_reference))
     if laid_out.mu_dtype:
         config.rl.actor.mu_dtype = config.rl.critic.mu_dtype = laid_out.mu_dtype

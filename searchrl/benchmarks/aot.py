@@ -180,8 +180,8 @@ def rollout_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> di
         index = None if per_call == rows else _rows_sharded((per_call,), jnp.int32, mesh, rules)
         return (index,) + tuple(_rows_sharded(shape, kind, mesh, rules) for shape, kind in shapes)
 
-    spec = generate.DecodeSpec(rollout.chunk_steps, rollout.max_turn_tokens, rollout.max_len,
-                               rollout.sampling, rules=rules, attention=config.mesh.attention)
+    spec = generate.DecodeSpec(rollout.max_turn_tokens, rollout.max_len, rollout.sampling,
+                               steps=rollout.chunk_steps, rules=rules, attention=config.mesh.attention)
     replicated = NamedSharding(mesh, PartitionSpec())
     stops = jax.ShapeDtypeStruct(STOP_TABLE, jnp.int32, sharding=replicated)
     eos = jax.ShapeDtypeStruct(EOS_IDS, jnp.int32, sharding=replicated)
@@ -192,7 +192,7 @@ def rollout_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> di
     return prefill | {
         "extend": (generate.extend, (cfg, params, pool, state, *chunk(max(rollout.obs_buckets)), rollout.sampling,
                                      rules, config.mesh.attention)),
-        "decode": (generate.decode_chunk, (cfg, params, pool, state, allowed, stops, eos, spec)),
+        "decode": (generate.decode_chunk, (cfg, params, pool, state, allowed, (stops,), eos, spec)),
     }
 
 

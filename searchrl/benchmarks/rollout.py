@@ -17,6 +17,9 @@
     tool calls overlapped with decoding, rows waiting for them parked in `--parked_rows` rows), both
     appending `--extend_rows` rows a call, in interleaved rounds: episodes/s (median ratio and range), decode
     slot utilisation, the device's idle share waiting for the host, compiles after warm-up.
+(i) the long tail of (d) with AutoSearch's intermediate answers after every search (`--answer_tokens`, greedy;
+    each a side branch forked from its episode and decoded beside the others) against the same workload
+    without them: episodes/s (median ratio and range), utilisation;
 (s) decode scaling: one decode step of `--batch` rows holding `--scaling_live` tokens each, with 512 and with
     8,192 slots reserved a row (`--scaling_slots`), in interleaved rounds: ms a step and the cost ratio
     (paged, a step reads the live pages only).
@@ -49,7 +52,7 @@ from searchrl.benchmarks.interleave import compare, describe
 from searchrl.benchmarks.jaxpr_cost import matmul_cost
 from searchrl.benchmarks.model import torch_device
 from searchrl.benchmarks.retrieval import default_encoder, make_queries, random_encoder, synthetic_corpus
-from searchrl.episode import Action, Observation, Trajectory, Turn
+from searchrl.episode import Action, Observation, SideBranch, Trajectory, Turn
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.retrieval.dense import DenseRetriever
 from searchrl.rollout import generate
@@ -71,8 +74,8 @@ def _generation(cfg: models.ModelConfig, batch: int, prompt_len: int, new_tokens
     """The empty pool and generation state and the decode spec of `searchrl_generate`: rows of `slots`
     slots (default: the prompt and the new tokens) holding the pages of the prompt and the new tokens."""
     used = prompt_len + new_tokens + 1
-    spec = generate.DecodeSpec(new_tokens, new_tokens, max(slots, used) - 1, SamplingParams(temperature=0.0),
-                               rules=_SAMPLE_RULES, attention=_ATTENTION)
+    spec = generate.DecodeSpec(new_tokens, max(slots, used) - 1, SamplingParams(temperature=0.0),
+                               steps=new_tokens, rules=_SAMPLE_RULES, attention=_ATTENTION)
     page_size = RolloutConfig.page_size
     pages, held = generate.owned_pages(batch, used, page_size)
     state = generate.init_state(batch, max(slots, used), page_size, jax.random.key(0))
@@ -97,7 +100,7 @@ def searchrl_generate(cfg: models.ModelConfig, params, prompts: np.ndarray, new_
     unstacked: `models.unstack_layers`)."""
     pool, state, spec = _prefilled(cfg, params, prompts, new_tokens)
     _, state = generate.decode_chunk(cfg, params, pool, state, np.ones(len(prompts), bool),
-                                     generate.stop_table(_NEVER), _NO_EOS, spec)
+                                     (generate.stop_table(_NEVER),), _NO_EOS, spec)
     prompt_len = prompts.shape[1]
     return np.asarray(state.tokens[:, prompt_len:prompt_len + new_tokens])
 
@@ -107,7 +110,7 @@ def decode_step_bytes(cfg: models.ModelConfig, params, batch: int, prompt_len: i
     (`jaxpr_cost`: every weight, the live pages at the end of generation, the step's activations)."""
     pool, state, spec = _generation(cfg, batch, prompt_len, new_tokens, dtype=jax.tree.leaves(params)[0].dtype)
     traced = generate.decode_chunk.trace(cfg, params, pool, state, np.ones(batch, bool),
-                                         generate.stop_table(_NEVER), _NO_EOS, spec)
+                                         (generate.stop_table(_NEVER),), _NO_EOS, spec)
     live_pages = -(-(prompt_len + new_tokens) // RolloutConfig.page_size)
     return matmul_cost(traced.jaxpr, while_trips=1, trips={"paged_attention.reference": live_pages}).bytes
 
@@ -120,7 +123,7 @@ def bench_decode_scaling(preset: str, batch: int, live: int, slots: tuple[int, i
     cfg = dataclasses.replace(models.get_preset(preset), eos_token_id=None)
     params = models.unstack_layers(models.init_params(cfg, jax.random.key(0), jnp.dtype(dtype)))
     prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, live)).astype(np.int32)
-    stops, allowed = generate.stop_table(_NEVER), np.ones(batch, bool)
+    stops, allowed = (generate.stop_table(_NEVER),), np.ones(batch, bool)
     runs = {}
     for n in slots:
         pool, state, spec = _prefilled(cfg, params, prompts, steps, n)
@@ -228,9 +231,20 @@ LONG_TAIL_STOP = (0.4, 0.3 / 0.6, 0.2 / 0.3, 1.0)
 @dataclasses.dataclass
 class LongTailEnv(SearchEveryTurnEnv):
     """Every episode searches with its first turn; after its t-th search, a turn answers (ending the episode)
-    with probability `LONG_TAIL_STOP[t - 1]`, decided by a hash of the turn's text: 1 to 4 tool calls."""
+    with probability `LONG_TAIL_STOP[t - 1]`, decided by a hash of the turn's text: 1 to 4 tool calls. With
+    `intermediate_answers` (tokens), AutoSearch's intermediate answer after every search: a side branch
+    that continues the trajectory with an answer prompt, greedy, as `tasks.autosearch` runs it."""
 
     max_turns: int = len(LONG_TAIL_STOP)
+    intermediate_answers: int = 0
+
+    @property
+    def side_branch(self) -> SideBranch | None:
+        if not self.intermediate_answers:
+            return None
+        return SideBranch("intermediate_answer", f" {tags.open_tag(tags.ANSWER)}", (tags.close_tag(tags.ANSWER),),
+                          self.intermediate_answers, after_kinds=(tags.SEARCH,),
+                          sampling=SamplingParams(temperature=0.0))
 
     def parse_action(self, turn_text: str, turn_index: int) -> Action:
         draw = zlib.crc32(turn_text.encode()) % 1000 / 1000
@@ -239,9 +253,8 @@ class LongTailEnv(SearchEveryTurnEnv):
         return Action(tags.SEARCH, turn_text)
 
 
-def bench_long_tail(preset: str, episodes: int, rows: int, extend_rows: int, parked_rows: int, passages: int,
-                    latency_ms: float, rounds: int, dtype: str) -> dict:
-    """Part (d): the lock-step and continuous schedules of one engine on the long-tail workload."""
+def _long_tail_world(preset: str, episodes: int, passages: int, dtype: str):
+    """The long-tail workload's model, tokenizer, BM25 index and questions."""
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.jsonl"
         docs = synthetic_corpus(corpus, passages, seed=0)
@@ -250,32 +263,67 @@ def bench_long_tail(preset: str, episodes: int, rows: int, extend_rows: int, par
     cfg = dataclasses.replace(models.get_preset(preset), vocab_size=len(tokenizer),
                               eos_token_id=tokenizer.eos_token_id)
     params = models.init_params(cfg, jax.random.key(0), jnp.dtype(dtype))
-    env = LongTailEnv(SlowRetriever(bm25, latency_ms / 1000), topk=3)
+    return cfg, params, tokenizer, bm25, [{"question": q} for q in make_queries(docs, episodes, seed=1)]
+
+
+def _long_tail_config(rows: int, extend_rows: int, parked_rows: int) -> RolloutConfig:
     turns = len(LONG_TAIL_STOP) + 1
-    config = RolloutConfig(max_prompt_tokens=64, max_len=64 + turns * (64 + 96), max_turn_tokens=64,
-                           max_obs_tokens=96, obs_buckets=(96,), chunk_steps=2, decode_rows=rows,
-                           extend_rows=extend_rows, parked_rows=parked_rows)
-    examples = [{"question": q} for q in make_queries(docs, episodes, seed=1)]
+    return RolloutConfig(max_prompt_tokens=64, max_len=64 + turns * (64 + 96), max_turn_tokens=64,
+                         max_obs_tokens=96, obs_buckets=(96,), chunk_steps=2, decode_rows=rows,
+                         extend_rows=extend_rows, parked_rows=parked_rows)
+
+
+def _timed_engines(engines: dict[str, RolloutEngine], params, examples: list[dict], rounds: int, prefix: str
+                   ) -> tuple[dict, Trajectory]:
+    """Two engines' rollouts of `examples` in interleaved rounds, after one untimed rollout each (their
+    stats count the timed ones): the comparison (first against second), each one's utilisation, idle share
+    and episodes/s, and the compiles after warm-up."""
+    (first, one), (second, other) = engines.items()
+    one.warmup(params, len(examples))
+    other.warmup(params, len(examples))
+    compiled = generate.compiled_programs()
+    key = jax.random.key(0)  # the same episodes every time, on both (scheduling does not change them)
+    for engine in engines.values():
+        traj = engine.run(params, examples, key)
+        engine.stats = type(engine.stats)()
+    timed = compare(lambda: one.run(params, examples, key), lambda: other.run(params, examples, key), rounds,
+                    warmup=0).summary(prefix)
+    out = {**timed, f"{prefix}_compiles_after_warmup": generate.compiled_programs() - compiled}
+    for name, engine in engines.items():
+        out |= {f"{prefix}_{name}_utilisation": engine.stats.utilisation,
+                f"{prefix}_{name}_idle_share": engine.stats.idle_share,
+                f"{prefix}_{name}_episodes_per_s": engine.stats.episodes_per_s}
+    return out, traj
+
+
+def bench_long_tail(preset: str, episodes: int, rows: int, extend_rows: int, parked_rows: int, passages: int,
+                    latency_ms: float, rounds: int, dtype: str) -> dict:
+    """Part (d): the lock-step and continuous schedules of one engine on the long-tail workload."""
+    cfg, params, tokenizer, bm25, examples = _long_tail_world(preset, episodes, passages, dtype)
+    env = LongTailEnv(SlowRetriever(bm25, latency_ms / 1000), topk=3)
+    config = _long_tail_config(rows, extend_rows, parked_rows)
     engines = {schedule: RolloutEngine(cfg, tokenizer, env, dataclasses.replace(config, schedule=schedule),
                                        rules=_SAMPLE_RULES, attention=_ATTENTION)
                for schedule in ("continuous", "lockstep")}
-    engines["continuous"].warmup(params, episodes)
-    compiled = generate.compiled_programs()
-    key = jax.random.key(0)  # the same episodes every time, on both (scheduling does not change them)
-    calls = {name: (lambda engine=engine: engine.run(params, examples, key))
-             for name, engine in engines.items()}
-    for engine in engines.values():  # one untimed rollout each; the stats count the timed ones
-        traj = engine.run(params, examples, key)
-        engine.stats = type(engine.stats)()
-    timed = compare(calls["continuous"], calls["lockstep"], rounds, warmup=0).summary("long_tail")
+    out, traj = _timed_engines(engines, params, examples, rounds, "long_tail")
     mix = np.bincount([searches(t) for t in traj.turns], minlength=len(LONG_TAIL_STOP) + 1)[1:] / episodes
-    out = {**timed, "long_tail_compiles_after_warmup": generate.compiled_programs() - compiled,
-           "long_tail_calls_mix": [round(float(m), 3) for m in mix]}
-    for name, engine in engines.items():
-        out |= {f"long_tail_{name}_utilisation": engine.stats.utilisation,
-                f"long_tail_{name}_idle_share": engine.stats.idle_share,
-                f"long_tail_{name}_episodes_per_s": engine.stats.episodes_per_s}
-    return out
+    return out | {"long_tail_calls_mix": [round(float(m), 3) for m in mix]}
+
+
+def bench_intermediate_answers(preset: str, episodes: int, rows: int, extend_rows: int, parked_rows: int,
+                               passages: int, latency_ms: float, rounds: int, dtype: str, tokens: int) -> dict:
+    """Part (i): the continuous engine on the long-tail workload with AutoSearch's intermediate answers
+    (`tokens` a branch, forked rows decoded beside the episodes) against the same workload without them."""
+    cfg, params, tokenizer, bm25, examples = _long_tail_world(preset, episodes, passages, dtype)
+    retriever = SlowRetriever(bm25, latency_ms / 1000)
+    config = _long_tail_config(rows, extend_rows, parked_rows)
+    engines = {name: RolloutEngine(cfg, tokenizer, LongTailEnv(retriever, topk=3, intermediate_answers=n),
+                                   config, rules=_SAMPLE_RULES, attention=_ATTENTION)
+               for name, n in (("answers", tokens), ("plain", 0))}
+    out, traj = _timed_engines(engines, params, examples, rounds, "answers")
+    answered = sum("intermediate_answer" in t.info for row in traj.turns for t in row)
+    return out | {"answers_tokens": tokens, "answers_per_rollout": answered,
+                  "answers_searches_per_rollout": sum(searches(t) for t in traj.turns)}
 
 
 def build_retriever(kind: str, corpus: Path, work: Path, docs: list[list[str]], encoder: str | None
@@ -353,8 +401,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     dtype = flags.DEFINE_enum("dtype", "float32", ("float32", "bfloat16"), "parameter and compute dtype",
                               flag_values=values)
     parts = flags.DEFINE_string("parts", "abd", "any of a: generation against transformers; b: search rollout "
-                                "(with c); d: long tail; s: decode cost against reserved slots",
-                                flag_values=values)
+                                "(with c); d: long tail; i: long tail with intermediate answers; s: decode "
+                                "cost against reserved slots", flag_values=values)
+    answer_tokens = flags.DEFINE_integer("answer_tokens", 32, "tokens an intermediate answer (i)",
+                                         flag_values=values)
     scaling_preset = flags.DEFINE_string("scaling_preset", "tiny", "model preset of the decode scaling (s)",
                                          flag_values=values)
     scaling_live = flags.DEFINE_integer("scaling_live", 100, "live tokens a row (s)", flag_values=values)
@@ -373,8 +423,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     as_json = flags.DEFINE_boolean("json", False, "print one JSON object instead of a table",
                                    flag_values=values)
     cli.parse(values, argv, __doc__)
-    if not parts.value or set(parts.value) - set("abds"):
-        raise SystemExit(f"--parts={parts.value!r}: give one or more of the letters a, b, d, s.")
+    if not parts.value or set(parts.value) - set("abdis"):
+        raise SystemExit(f"--parts={parts.value!r}: give one or more of the letters a, b, d, i, s.")
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     r = {"preset": preset.value, "device": device_name(), "batch": batch.value,
          "dtype": dtype.value}
@@ -387,6 +437,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "d" in parts.value:
         r |= bench_long_tail(preset.value, episodes.value, decode_rows.value, extend_rows.value,
                              parked_rows.value, passages.value, latency_ms.value, rounds.value, dtype.value)
+    if "i" in parts.value:
+        r |= bench_intermediate_answers(preset.value, episodes.value, decode_rows.value, extend_rows.value,
+                                        parked_rows.value, passages.value, latency_ms.value, rounds.value,
+                                        dtype.value, answer_tokens.value)
     if "s" in parts.value:
         slots = tuple(int(n) for n in scaling_slots.value)
         if len(slots) != 2:
@@ -402,6 +456,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         _print_search_rollout(r, passages.value, turns.value)
     if "d" in parts.value:
         _print_long_tail(r, episodes.value, decode_rows.value, latency_ms.value)
+    if "i" in parts.value:
+        _print_intermediate_answers(r, episodes.value, decode_rows.value)
     if "s" in parts.value:
         _print_decode_scaling(r, scaling_preset.value)
 
@@ -437,6 +493,15 @@ def _print_long_tail(r: dict, episodes: int, rows: int, latency_ms: float) -> No
               f"device idle waiting for the host {idle:.1%} (at most)")
     print(f"    {describe(r, 'long_tail').replace('searchrl / peer', 'continuous / lock-step')}")
     print(f"    compiled after warm-up: {r['long_tail_compiles_after_warmup']}")
+
+
+def _print_intermediate_answers(r: dict, episodes: int, rows: int) -> None:
+    print(f"(i) long tail with intermediate answers ({r['answers_tokens']} tokens after each search, "
+          f"{r['answers_per_rollout']} a rollout), {episodes} episodes, {rows} decode rows")
+    for name in ("answers", "plain"):
+        rate, used = (r[f"answers_{name}_{k}"] for k in ("episodes_per_s", "utilisation"))
+        print(f"    {name:<12}{rate:>8.2f} episodes/s, decode slot utilisation {used:.1%}")
+    print(f"    {describe(r, 'answers').replace('searchrl / peer', 'with / without answers')}")
 
 
 def _print_decode_scaling(r: dict, preset: str) -> None:

@@ -57,6 +57,10 @@ class RolloutConfig:
         if self.page_size < 1 or self.pool_pages < 0:
             raise ValueError(f"rollout.page_size={self.page_size} must be >= 1 and rollout.pool_pages="
                              f"{self.pool_pages} >= 0.")
+        if self.pool_pages and self.parked_rows:
+            raise ValueError(f"rollout.parked_rows={self.parked_rows} needs rollout.pool_pages=0 (a pool for "
+                             "every row): a parked episode could wait for a decode row held by episodes "
+                             "that wait for its pages.")
         if min(self.decode_rows, self.extend_rows, self.parked_rows) < 0 or self.env_workers < 1:
             raise ValueError(f"rollout.decode_rows={self.decode_rows}, rollout.extend_rows="
                              f"{self.extend_rows} and rollout.parked_rows={self.parked_rows} must be >= 0 "

@@ -8,13 +8,16 @@ bucket in use, which starts those rows' next turns) and prefill the next waiting
 stopped in the last chunk are re-checked for stops on text, trimmed, and handed to the env (`parse_action`,
 then one `observe` call) on a worker thread -> read which rows the chunk stopped. A row ends when the env says
 so or when its slots run out; its episode goes to the finished batch and the row is refilled. With
-`rollout.parked_rows`, a row waiting for the env while episodes wait for a row is copied into a parked row
-(cache, buffers and key: `generate.move_rows`) and the decode row takes another episode; the parked episode
-moves back into a free row once its observation is in, before new prompts. An env's side branch
-(`episode.SideBranch`) runs on a copy of the state after the turns it names (or on an emptied copy, from its
-own prompt). `rollout.schedule="lockstep"` runs the same loop with every row's turn awaited together: the env
-gets the batch's actions in one call once every row stopped, observations are appended once all returned, rows
-are refilled once all are free.
+`rollout.parked_rows`, a row waiting for the env while episodes wait for a row is moved into a parked row
+(page table, buffers and key: `generate.move_rows`; its pages stay) and the decode row takes another episode;
+the parked episode moves back into a free row of its device once its observation is in, before new prompts.
+An env's side branch (`episode.SideBranch`) after a turn is a fork: a row of its own in the same decode batch,
+sharing its episode's pages up to the turn's end (its partial last page copied), decoded in the same chunks
+as every other row (with its own prompt: in pages of its own), while its episode goes on; with no free row on
+its device it runs at once, aside. Every row holds the pages its next call writes (`searchrl.rollout.pages`);
+one that cannot get them waits. `rollout.schedule="lockstep"` runs the same loop with every row's turn awaited
+together: the env gets the batch's actions in one call once every row stopped, observations are appended once
+all returned, rows are refilled once all are free.
 
 Scheduling never changes an episode: episode i samples with the key of global row `first_row + i` and each
 token with that key folded with its slot (`generate.init_state`), and every jitted call's shape for a row
@@ -29,7 +32,7 @@ import dataclasses
 import functools
 import re
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -51,8 +54,9 @@ class RolloutStats:
     `device_s`: time the host waited for jitted work; `idle_s`: time the device had nothing to do while the
     host worked or waited for the env (an upper bound, `_IdleClock`); `decode_row_steps`: rows x decode steps
     run; `decode_tokens`: the tokens those steps wrote (the other row-steps were rows waiting, finished or
-    idle); `parks`: rows waiting for the env that were parked (`rollout.parked_rows`); `page_waits`: decode
-    rows that sat out a chunk for want of pages (`rollout.pool_pages`).
+    idle); `parks`: rows waiting for the env that were parked (`rollout.parked_rows`); `page_waits`: times a
+    row or an episode waited for pages (`rollout.pool_pages`): a decode chunk sat out, an observation or a
+    prompt held back a round.
     """
 
     wall_s: float = 0.0
@@ -121,9 +125,7 @@ class RolloutEngine:
         self.dtype, self.rules, self.attention = dtype, rules, attention
         self.eos_set = _eos_ids(tokenizer, cfg)
         self.eos_ids = self._replicated(jnp.asarray(sorted(self.eos_set), jnp.int32))
-        self.stops = self._replicated(generate.stop_table([self._encode(s) for s in env.stop_strings]))
-        self.spec = generate.DecodeSpec(config.chunk_steps, config.max_turn_tokens, config.max_len,
-                                        config.sampling, rules=rules, attention=attention)
+        stops = [generate.stop_table([self._encode(s) for s in env.stop_strings])]
         self.chunk_widths = tuple(sorted(config.obs_buckets))
         declared = env.side_branch
         if declared is not None and not declared.separate_prompt:  # one more width: observation + its prompt
@@ -136,11 +138,13 @@ class RolloutEngine:
         self.slots = config.slots(self.chunk_widths[-1])
         self.table_width = -(-self.slots // config.page_size)  # page table entries of a row
         self.branch: SideBranch | None = declared if side_branch else None
+        limits = None
         if self.branch is not None:
-            self.branch_spec = dataclasses.replace(self.spec, max_turn_tokens=self.branch.max_tokens,
-                                                   max_len=self.slots - 1, sampling=self.branch.sampling)
-            self.branch_stops = self._replicated(
-                generate.stop_table([self._encode(s) for s in self.branch.stop_strings]))
+            limits = generate.TurnLimits(self.branch.max_tokens, self.slots - 1, self.branch.sampling)
+            stops.append(generate.stop_table([self._encode(s) for s in self.branch.stop_strings]))
+        self.stops = tuple(self._replicated(table) for table in stops)
+        self.spec = generate.DecodeSpec(config.max_turn_tokens, config.max_len, config.sampling,
+                                        steps=config.chunk_steps, branch=limits, rules=rules, attention=attention)
         self.stats = RolloutStats()
         self._idle = _IdleClock()
         self._warmup_key = jax.random.key(0)  # made here: a key from a Python int is a host transfer
@@ -206,30 +210,26 @@ class RolloutEngine:
         batch = self.rows(episodes)
         key = self._replicated(self._warmup_key)
         state, pool = self._new_state(batch, key), self._new_pool(params, batch)
-        idle = self._to_device(np.zeros(batch, bool))
-        state = self._call(generate.reset_rows, state, idle, key, self._to_device(np.zeros(batch, np.int32)),
-                           self.rules)
+        idle, zeros = self._to_device((np.zeros(batch, bool), np.zeros(batch, np.int32)))
+        state = self._call(generate.reset_rows, state, idle, key, zeros, zeros, idle, self.rules)
         self._call(generate.progress, state)
         state = self._call(generate.set_pages, state, self._to_device(np.zeros((batch, self.table_width),
                                                                                 np.int32)), self.rules)
         pool = self._call(generate.copy_pages, pool, *self._copies({}, batch), batch, self.rules)
-        specs = [(self.spec, self.stops)]
-        if self.branch is not None:
-            specs.append((self.branch_spec, self.branch_stops))
-            state = self._call(generate.branch_state, state, idle, state.pages)
-        for spec, stops in specs:
-            one_call_prefill = spec is self.spec and not self.config.chunked_prefill
-            widths = self.chunk_widths + ((self.config.max_prompt_tokens,) if one_call_prefill else ())
-            (_, computed), = self._append_calls([], batch)
-            rows = batch if computed is None else len(computed)
+        state = self._call(generate.copied, state)
+        samplers = [self.config.sampling] + ([] if self.branch is None else [self.branch.sampling])
+        (_, computed), = self._append_calls([], batch)
+        rows = batch if computed is None else len(computed)
+        for sampling in dict.fromkeys(samplers):
+            widths = self.chunk_widths + (() if self.config.chunked_prefill else (self.config.max_prompt_tokens,))
             for width in widths:
                 inputs = self._to_device((self._local(computed, batch), *pad_batch([[]] * rows, width),
                                           np.zeros(rows, bool)))
-                pool, state = self._call(generate.extend, self.cfg, params, pool, state, *inputs, spec.sampling,
+                pool, state = self._call(generate.extend, self.cfg, params, pool, state, *inputs, sampling,
                                          self.rules, self.attention)
-            pool, state = self._call(generate.decode_chunk, self.cfg, params, pool, state, idle, stops,
-                                     self.eos_ids, spec)
-        state = self._call(generate.truncate, state, self._to_device(np.zeros(batch, np.int32)))
+        pool, state = self._call(generate.decode_chunk, self.cfg, params, pool, state, idle, self.stops,
+                                 self.eos_ids, self.spec)
+        state = self._call(generate.truncate, state, zeros)
         if self._parks():
             parking = self._new_state(self.config.parked_rows, key)
             one = self._to_device(np.zeros(1, np.int32))
@@ -254,20 +254,6 @@ class RolloutEngine:
         out = self._call(fn, *args)
         self.stats.device_s += time.perf_counter() - start
         return out
-
-    def _decode_chunks(self, params, state: generate.GenState, run: _Run, stops: jax.Array,
-                       spec: generate.DecodeSpec) -> generate.GenState:
-        """Decode chunks until every active row has stopped, waiting for each (the rows hold the pages
-        they may write)."""
-        active, decoded = jax.device_get(self._call(generate.progress, state))
-        allowed = self._to_device(np.ones(len(active), bool))
-        while active.any():
-            run.pool, state = self._device(generate.decode_chunk, self.cfg, params, run.pool, state, allowed,
-                                           stops, self.eos_ids, spec)
-            active, now = jax.device_get(self._call(generate.progress, state))
-            self._count_steps(decoded, now)
-            decoded = now
-        return state
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -314,32 +300,74 @@ class RolloutEngine:
         `max_obs_tokens` and to the room left."""
         return self._decode(self._observation_tokens(obs, self.config.max_len - used - 1))
 
-    def _side_branch(self, params, state: generate.GenState, run: _Run, rows: list[int],
-                     sequences: dict[int, list[int]]) -> dict[int, str]:
-        """The side branch's text for `rows`, sampled after their `sequences` (the observation chunk and the
-        branch's prompt, or the env's separate branch prompt alone).
+    def _start_forks(self, params, state: generate.GenState, run: _Run, forks: list[_Row]) -> generate.GenState:
+        """Starts side branches (their pages forked: `_fork_branch`), each in a free row of its episode's
+        device, at the slot its episode had reached: its tokens (the observation and the branch's prompt, or
+        its own prompt) appended, its turn started; it decodes in the chunks that follow, beside every other
+        row. A branch that finds no free row runs at once, aside (`_branch_aside`)."""
+        starts, aside = {}, []
+        for fork in forks:
+            free = [r for r, row in enumerate(run.rows) if row is None and self._shard(r, run) == fork.shard
+                    and r not in starts]
+            if free:
+                starts[free[0]] = fork
+                fork.parent.forks += 1
+            else:
+                aside.append(fork)
+        if aside:
+            self._branch_aside(params, state, run, aside)
+        if not starts:
+            return state
+        for r, fork in starts.items():
+            run.rows[r] = fork
+        state = self._reset(state, run, starts)
+        state = self._sync_pages(state, run)
+        return self._append(params, state, run, {r: fork.observation for r, fork in starts.items()}, set(starts),
+                            self.branch.sampling)
 
-        Runs on a copy of the rows' bookkeeping (emptied for a separate prompt) in which only `rows`
-        generate, batched over them, each in the pages forked for it (`_fork_branches`: its parent's pages
-        shared, nothing of the parent's written); the main state is untouched.
-        """
-        batch = state.tokens.shape[0]
-        owners = [("branch", row.episode) if r in rows else None for r, row in enumerate(run.rows)]
-        table = self._to_device(run.pages.table(owners, self.table_width))
-        branch = self._device(generate.branch_state, state, self._to_device(np.isin(np.arange(batch), rows)),
-                              table)
-        if self.branch.separate_prompt:
-            branch = self._device(generate.truncate, branch, self._to_device(np.zeros(batch, np.int32)))
-        branch = self._append(params, branch, run, sequences, set(rows), self.branch_spec.sampling)
-        branch = self._decode_chunks(params, branch, run, self.branch_stops, self.branch_spec)
-        out_tokens, turn_start, length = jax.device_get((branch.tokens, branch.turn_start, branch.length))
-        texts = {}
-        for r in rows:
-            run.pages.release(("branch", run.rows[r].episode))
-            text = self._decode(out_tokens[r, turn_start[r] : length[r]])
-            stop = first_stop_end(text, self.branch.stop_strings)
-            texts[r] = text if stop is None else text[:stop]
-        return texts
+    def _reset(self, state: generate.GenState, run: _Run, rows: dict[int, _Row]) -> generate.GenState:
+        """`state` with `rows` (row -> its episode or side branch) emptied and keyed for them
+        (`generate.reset_rows`); a side branch starts at its fork slot."""
+        mask, branch = np.zeros(len(run.rows), bool), np.zeros(len(run.rows), bool)
+        episodes, start = np.zeros(len(run.rows), np.int32), np.zeros(len(run.rows), np.int32)
+        for r, row in rows.items():
+            mask[r], branch[r], episodes[r] = True, row.parent is not None, run.first_row + row.episode
+            start[r] = row.start
+            row.cached = row.start + len(row.observation) if row.parent is not None else row.cached
+        inputs = self._to_device((mask, episodes, start, branch))
+        return self._dispatch(generate.reset_rows, state, inputs[0], run.key, *inputs[1:], self.rules)
+
+    def _branch_aside(self, params, state: generate.GenState, run: _Run, forks: list[_Row]) -> None:
+        """Runs side branches that found no free row at once, on a copy of the rows' bookkeeping (the
+        episodes wait; the branches' pages were forked as for a row of their own), each in its episode's
+        row of the copy, and ends them."""
+        rows = {run.rows.index(fork.parent): fork for fork in forks}
+        aside = self._reset(self._dispatch(generate.copied, state), run, rows)
+        table = run.pages.table([rows[r].owner if r in rows else None for r in range(len(run.rows))],
+                                self.table_width)
+        aside = self._dispatch(generate.set_pages, aside, self._to_device(table), self.rules)
+        aside = self._append(params, aside, run, {r: fork.observation for r, fork in rows.items()}, set(rows),
+                             self.branch.sampling)
+        active, decoded = jax.device_get(self._call(generate.progress, aside))
+        mask = np.isin(np.arange(len(run.rows)), list(rows))
+        allowed = self._to_device(mask)
+        while (active & mask).any():
+            run.pool, aside = self._device(generate.decode_chunk, self.cfg, params, run.pool, aside, allowed,
+                                           self.stops, self.eos_ids, self.spec)
+            active, now = jax.device_get(self._call(generate.progress, aside))
+            self._count_steps(decoded, now)
+            decoded = now
+        tokens, turn_start, length = jax.device_get((aside.tokens, aside.turn_start, aside.length))
+        for r, fork in rows.items():
+            self._end_branch(run, fork, tokens[r], int(turn_start[r]), int(length[r]))
+
+    def _end_branch(self, run: _Run, fork: _Row, tokens: np.ndarray, turn_start: int, length: int) -> None:
+        """Ends a side branch: its text (cut after the first stop string) into its episode's turn, its pages
+        back to the pool."""
+        text = self._decode(tokens[turn_start:length])
+        stop = first_stop_end(text, self.branch.stop_strings)
+        fork.parent.turns[fork.turn].info[self.branch.name] = text if stop is None else text[:stop]
+        run.pages.release(fork.owner)
 
     def _branch_sequence(self, run: _Run, r: int) -> list[int]:
         """What row `r`'s side branch appends: its observation and the branch's prompt, or the env's
@@ -356,18 +384,20 @@ class RolloutEngine:
                              "(raise rollout.max_prompt_tokens: it adds slots to every row).")
         return sequence
 
-    def _fork_branch(self, run: _Run, r: int, sequence: list[int], copies: dict[int, list]) -> bool:
-        """Gives row `r`'s side branch its pages: its parent's so far shared (a partial last one copied,
-        added to `copies`), room for `sequence` and the branch's tokens; False if its device has none free."""
-        row = run.rows[r]
-        owner, shard = ("branch", row.episode), self._shard(r, run)
+    def _fork_branch(self, run: _Run, r: int, sequence: list[int], copies: dict[int, list]) -> _Row | None:
+        """Row `r`'s side branch after its last turn (to start: `_start_forks`) with its pages: its
+        episode's so far shared (a partial last one copied, added to `copies`), room for `sequence` and the
+        branch's tokens; None (nothing taken) if its device cannot spare them."""
+        row, shard = run.rows[r], self._shard(r, run)
+        fork = _Row(row.episode, parent=row, turn=len(row.turns) - 1, shard=shard, observation=sequence,
+                    start=0 if self.branch.separate_prompt else row.cached)
+        grow_to = min(fork.start + len(sequence) + self.branch.max_tokens, self.slots)
         if self.branch.separate_prompt:
-            return run.pages.grow(owner, shard, min(len(sequence) + self.branch.max_tokens, self.slots))
-        grow_to = min(row.cached + len(sequence) + self.branch.max_tokens, self.slots)
-        forked = run.pages.fork(row.episode, owner, row.cached, grow_to)
+            return fork if run.pages.grow(fork.owner, shard, grow_to) else None
+        forked = run.pages.fork(row.episode, fork.owner, fork.start, grow_to)
         if forked is not None and forked.copy is not None:
             copies.setdefault(shard, []).append(forked.copy)
-        return forked is not None
+        return None if forked is None else fork
 
     def run(self, params, examples: Sequence[dict], key: jax.Array, first_row: int = 0) -> Trajectory:
         """Rolls out one episode per example; returns them in order, one row each. Adds to `self.stats`.
@@ -406,26 +436,27 @@ class RolloutEngine:
         state, run.pool = self._new_state(batch, key, first_row), self._new_pool(params, batch)
         if parked:
             run.parking = self._new_state(parked, key, first_row)
-        key = self._replicated(key)
+        run.key = self._replicated(key)
         with concurrent.futures.ThreadPoolExecutor(self.config.env_workers) as pool:
             while run.waiting or any(row is not None for row in run.rows + run.parked):
-                state = self._step(params, state, key, run, pool)
+                state = self._step(params, state, run, pool)
         return run.episodes.trajectory(self.config.sampling.logprob_temperature,
                                        None if self.branch is None else self.branch.name)
 
-    def _step(self, params, state: generate.GenState, key: jax.Array, run: _Run,
-              pool: concurrent.futures.Executor) -> generate.GenState:
+    def _step(self, params, state: generate.GenState, run: _Run, pool: concurrent.futures.Executor
+              ) -> generate.GenState:
         """One round of the host loop: append the observations that came back (parked episodes first moved
-        back into free rows) and refill free rows, as far as pages allow; dispatch a decode chunk of the
-        generating rows that got pages for it; send the rows that stopped to the env while it runs (parking
-        them if episodes wait for a row), then read which rows the chunk stopped. With nothing to decode,
-        wait for the env (the device idles)."""
+        back into free rows; side branches forked) and refill free rows, as far as pages allow; dispatch a
+        decode chunk of the generating rows that got pages for it; send the rows that stopped to the env while it runs (parking them if episodes wait for a row),
+        then read which rows the chunk stopped. With nothing to decode, wait for the env (the device
+        idles)."""
+        moving = [r for r in run.rows_in("decode") if r not in run.held]  # not waiting for pages
         if (run.futures or run.parked_in("observed") or run.rows_in("observed")) and not (
-                run.lockstep and (run.rows_in("decode") or run.rows_in("stopped"))):
+                run.lockstep and (moving or run.rows_in("stopped"))):
             state = self._take_observations(params, state, run)
         free = [r for r, row in enumerate(run.rows) if row is None]
         if run.waiting and free and not (run.lockstep and len(free) < len(run.rows)):
-            state = self._refill(params, state, key, run, free)
+            state = self._refill(params, state, run, free)
         decoding, probe = run.rows_in("decode"), None
         allowed = self._grant_decode(run, decoding)
         if allowed.any():
@@ -434,7 +465,7 @@ class RolloutEngine:
                                              self._to_device(allowed), self.stops, self.eos_ids, self.spec)
             probe = self._dispatch(generate.progress, state)
         stopped = run.rows_in("stopped")
-        if stopped and not (run.lockstep and decoding):
+        if stopped and not (run.lockstep and allowed.any()):
             state = self._send_to_env(state, run, stopped, pool)
         if run.parked:
             self._park(state, run)
@@ -465,7 +496,7 @@ class RolloutEngine:
 
     def _sync_pages(self, state: generate.GenState, run: _Run) -> generate.GenState:
         """`state` with the decode rows' page tables as the host holds them (sent when they changed)."""
-        table = run.pages.table([None if row is None else row.episode for row in run.rows], self.table_width)
+        table = run.pages.table([None if row is None else row.owner for row in run.rows], self.table_width)
         if run.table is not None and np.array_equal(table, run.table):
             return state
         run.table = table
@@ -477,9 +508,12 @@ class RolloutEngine:
         allowed = np.zeros(len(run.rows), bool)
         for r in sorted(decoding, key=lambda r: run.rows[r].episode):
             row = run.rows[r]
-            want = min(row.cached + self.spec.steps, self.slots)
-            allowed[r] = run.pages.grow(row.episode, self._shard(r, run), want)
-        self.stats.page_waits += int((~allowed[decoding]).sum()) if decoding else 0
+            limit = self.config.max_len if row.parent is None else min(
+                row.start + len(row.observation) + self.branch.max_tokens, self.slots)  # what it may write
+            want = min(row.cached + self.spec.steps, limit)
+            allowed[r] = run.pages.grow(row.owner, self._shard(r, run), want)
+        run.held = {r for r in decoding if not allowed[r]}
+        self.stats.page_waits += len(run.held)
         return allowed
 
     def _dispatch(self, fn: Callable, *args) -> Any:
@@ -504,6 +538,11 @@ class RolloutEngine:
             (state.tokens, state.sampled, state.logprobs, state.turn_start, state.length))
         for r in stopped:
             row = run.rows[r]
+            if row.parent is not None:
+                self._end_branch(run, row, tokens[r], int(turn_start[r]), int(length[r]))
+                row.parent.forks -= 1
+                run.rows[r] = None
+                continue
             row.phase, row.turn_start, row.length = "stopped", int(turn_start[r]), int(length[r])
             row.snapshot = (tokens[r], sampled[r], logprobs[r])
 
@@ -616,40 +655,41 @@ class RolloutEngine:
                 row.phase = "observed"
         if run.parked:
             state = self._unpark(state, run)
-        chunks, branched, copies = self._grant_observations(run)
-        for r in chunks:
-            run.rows[r].phase = "decode"
+        chunks, forks, copies = self._grant_observations(run)
         if not chunks:
             return state
         state = self._sync_pages(state, run)
-        if branched:
+        if copies:  # before the episodes write into the pages their side branches copy
             run.pool = self._dispatch(generate.copy_pages, run.pool, *self._copies(copies, len(run.rows)),
                                       len(run.rows), self.rules)
-            texts = self._side_branch(params, state, run, list(branched), branched)
-            for r, text in texts.items():
-                run.rows[r].turns[-1].info[self.branch.name] = text
+        if forks:
+            state = self._start_forks(params, state, run, forks)
+        for r in chunks:
+            run.rows[r].phase = "decode"
         return self._append(params, state, run, chunks, set(chunks), self.config.sampling)
 
-    def _grant_observations(self, run: _Run) -> tuple[dict[int, list[int]], dict[int, list[int]], dict]:
-        """The observations to append now, oldest episode first: (row -> its observation, row -> its side
-        branch's tokens, the pages the branches copy per device), for the rows that got the pages their
-        observation (and side branch) needs; the others wait a round."""
-        chunks, branched, copies = {}, {}, {}
+    def _grant_observations(self, run: _Run) -> tuple[dict[int, list[int]], list[_Row], dict]:
+        """The observations to append now, oldest episode first: (row -> its observation, the side branches
+        to start after their turns, the pages they copy per device), for the rows that got the pages their
+        observation needs and whose side branch could be forked (its previous one done); the others wait
+        a round."""
+        chunks, forks, copies = {}, [], {}
         for r in sorted(run.rows_in("observed"), key=lambda r: run.rows[r].episode):
             row = run.rows[r]
             if not run.pages.grow(row.episode, self._shard(r, run), row.cached + len(row.observation)):
+                self.stats.page_waits += 1
                 continue
             if self.branch is not None and row.turns[-1].action.kind in self.branch.after_kinds:
-                sequence = self._branch_sequence(run, r)
-                if not self._fork_branch(run, r, sequence, copies):
+                fork = None if row.forks else self._fork_branch(run, r, self._branch_sequence(run, r), copies)
+                if fork is None:
+                    self.stats.page_waits += not row.forks
                     continue
-                branched[r] = sequence
+                forks.append(fork)
             chunks[r] = row.observation
             row.cached += len(row.observation)
-        return chunks, branched, copies
+        return chunks, forks, copies
 
-    def _refill(self, params, state: generate.GenState, key: jax.Array, run: _Run, free: list[int]
-                ) -> generate.GenState:
+    def _refill(self, params, state: generate.GenState, run: _Run, free: list[int]) -> generate.GenState:
         """Starts the next waiting episodes in the `free` rows that can take their prompt's pages: emptied,
         keyed by episode, prefilled."""
         starts = {}
@@ -660,14 +700,11 @@ class RolloutEngine:
             if run.pages.grow(e, self._shard(r, run), len(run.prompts[e])):
                 starts[r] = run.waiting.popleft()
                 run.rows[r] = _Row(e, cached=len(run.prompts[e]))
+            else:
+                self.stats.page_waits += 1
         if not starts:
             return state
-        mask = np.isin(np.arange(len(run.rows)), list(starts))
-        episodes = np.zeros(len(run.rows), np.int32)
-        for r, e in starts.items():
-            episodes[r] = run.first_row + e
-        mask, episodes = self._to_device((mask, episodes))
-        state = self._dispatch(generate.reset_rows, state, mask, key, episodes, self.rules)
+        state = self._reset(state, run, {r: run.rows[r] for r in starts})
         state = self._sync_pages(state, run)
         return self._append(params, state, run, {r: run.prompts[e] for r, e in starts.items()}, set(starts),
                             self.config.sampling, prompt=not self.config.chunked_prefill)
@@ -772,7 +809,16 @@ class _Row:
     snapshot: tuple[np.ndarray, np.ndarray, np.ndarray] = ()  # tokens, sampled, logprobs of the row
     observation: list[int] = dataclasses.field(default_factory=list)  # its tokens, once "observed"
     cached: int = 0  # slots in the cache on device (what the next call's pages start from)
-    shard: int = 0  # the block of rows its pages are on, while it is parked
+    shard: int = 0  # the block of rows its pages are on (kept while it is parked or waits for a row)
+    parent: _Row | None = None  # a side branch's episode (its tokens: `observation`)
+    turn: int = 0  # the turn of `parent` a side branch follows
+    start: int = 0  # the slot a side branch was forked at
+    forks: int = 0  # an episode's side branches decoding in rows of their own
+
+    @property
+    def owner(self) -> Hashable:
+        """Who holds the row's pages (`PagePool`): its episode, or its episode's side branch after a turn."""
+        return self.episode if self.parent is None else ("branch", self.episode, self.turn)
 
 
 @dataclasses.dataclass
@@ -825,6 +871,8 @@ class _Run:
     waiting: collections.deque = None
     futures: dict = dataclasses.field(default_factory=dict)  # env call -> the `_Row`s it answers
     parking: generate.GenState | None = None  # the parked rows' state, on device
+    key: jax.Array | None = None  # the rollout's key, on device
+    held: set = dataclasses.field(default_factory=set)  # decode rows that sat out the last chunk for pages
     pool: models.KVPool | None = None  # the keys and values, on device
     table: np.ndarray | None = None  # the decode rows' page tables as last sent
     decoded: np.ndarray = None  # each row's `GenState.decoded` when last read

@@ -43,6 +43,7 @@ class GenState(NamedTuple):
     turn_start: jax.Array  # [B] int32: slot of the current turn's first sampled token
     key: jax.Array  # [B] keys: a row's token at slot s is drawn with fold_in(key[b], s) (`_row_keys`)
     decoded: jax.Array  # [B] int32: tokens the row's decode steps wrote so far (the engine's utilisation)
+    branch: jax.Array  # [B] bool: the row runs a side branch (`DecodeSpec.branch`), not an episode's turn
 
     def cache(self, pool: models.KVPool) -> models.KVCache:
         """The cache the decoder reads: `pool` and these rows' page tables and lengths."""
@@ -50,13 +51,21 @@ class GenState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class DecodeSpec:
-    """Static settings of a decode chunk."""
+class TurnLimits:
+    """How a row's turn is sampled and where it stops (besides its stop sequences and EOS)."""
 
-    steps: int  # decode steps per chunk (one lax.while_loop)
     max_turn_tokens: int  # a turn stops after this many sampled tokens
     max_len: int  # a row stops when its trajectory reaches this many tokens
     sampling: SamplingParams = SamplingParams()
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSpec(TurnLimits):
+    """Static settings of a decode chunk: its steps, the episodes' turns (the inherited `TurnLimits`) and the
+    side branches' (`branch`, for rows with `GenState.branch`; None: no row is one)."""
+
+    steps: int = dataclasses.field(kw_only=True)  # decode steps per chunk (one lax.while_loop)
+    branch: TurnLimits | None = dataclasses.field(default=None, kw_only=True)
     # the layout under a mesh (`state_logical_axes`): `MeshConfig.sample_rules`
     rules: models.ShardingRules = dataclasses.field(kw_only=True)
     attention: models.AttentionConfig = dataclasses.field(kw_only=True)  # `MeshConfig.attention`
@@ -77,7 +86,7 @@ def state_logical_axes() -> GenState:
     """The logical axes of each `GenState` field: rows over the mesh's data axes (`models.rows_sharding`)."""
     rows, slots = ("batch",), ("batch", "length")
     return GenState(pages=slots, length=rows, tokens=slots, sampled=slots, logprobs=slots, pending=rows,
-                    active=rows, turn_start=rows, key=rows, decoded=rows)
+                    active=rows, turn_start=rows, key=rows, decoded=rows, branch=rows)
 
 
 def _placed(state: GenState, rules: models.ShardingRules) -> GenState:
@@ -107,6 +116,7 @@ def init_state(batch: int, slots: int, page_size: int, key: jax.Array, first_row
         turn_start=jnp.zeros((batch,), jnp.int32),
         key=_episode_keys(key, first_row + jnp.arange(batch)),
         decoded=jnp.zeros((batch,), jnp.int32),
+        branch=jnp.zeros((batch,), bool),
     )
 
 
@@ -253,17 +263,24 @@ def decode_chunk(
     pool: models.KVPool,
     state: GenState,
     allowed: jax.Array,
-    stops: jax.Array,
+    stops: tuple[jax.Array, ...],
     eos_ids: jax.Array,
     spec: DecodeSpec,
 ) -> tuple[models.KVPool, GenState]:
     """Runs at most `spec.steps` decode steps in one `lax.while_loop`, exiting early once no row may go on.
 
     Each step writes the pending token of every active row that is `allowed` [B] (the host gave it pages for
-    the chunk) into the cache, ends the row's turn if that token completes a stop sequence or EOS or exhausts
-    a budget, and otherwise samples the next pending token. `params` are the unrolled ones
-    (`models.unstack_layers`): each layer's weights and pages are read in place.
+    the chunk) into the cache, ends the row's turn if that token completes a stop sequence (`stops`: the
+    episodes' table, then the side branches' with `spec.branch`) or EOS or exhausts a budget, and otherwise
+    samples the next pending token; a side-branch row (`GenState.branch`) by the branch's limits and
+    sampling. `params` are the unrolled ones (`models.unstack_layers`): each layer's weights and pages are
+    read in place.
     """
+    kinds = (spec,) if spec.branch is None else (spec, spec.branch)
+
+    def by_kind(state: GenState, values: list[jax.Array]) -> jax.Array:
+        return values[0] if len(values) == 1 else jnp.where(state.branch, values[1], values[0])
+
     def step(carry):
         i, pool, state = carry
         rows = state.active & allowed
@@ -274,11 +291,12 @@ def decode_chunk(
         state = state._replace(length=cache.length, pending=state.pending & ~rows,
                                decoded=state.decoded + rows.astype(jnp.int32))
         turn_tokens = cache.length - state.turn_start
-        done = _stopped(state, stops, eos_ids, written) | (turn_tokens >= spec.max_turn_tokens)
-        done |= cache.length >= spec.max_len
+        done = by_kind(state, [_stopped(state, table, eos_ids, written) | (turn_tokens >= kind.max_turn_tokens)
+                               | (cache.length >= kind.max_len) for kind, table in zip(kinds, stops)])
         go_on = rows & ~done
-        tokens, logprobs = sample(models.lm_logits(cfg, params, hidden[:, 0]), _row_keys(state, cache.length),
-                                  spec.sampling)
+        logits, keys = models.lm_logits(cfg, params, hidden[:, 0]), _row_keys(state, cache.length)
+        drawn = [sample(logits, keys, kind.sampling) for kind in kinds]
+        tokens, logprobs = (by_kind(state, [d[j] for d in drawn]) for j in (0, 1))
         state = _record_samples(state, go_on, tokens, logprobs)
         return i + 1, models.KVPool(cache.k, cache.v), state._replace(active=go_on | (state.active & ~rows))
 
@@ -303,18 +321,24 @@ def truncate(state: GenState, length: jax.Array) -> GenState:
 
 
 @functools.partial(jax.jit, static_argnames=("rules",), donate_argnums=(0,))
-def reset_rows(state: GenState, rows: jax.Array, key: jax.Array, episodes: jax.Array,
-               rules: models.ShardingRules) -> GenState:
-    """Empties `rows` [B] bool for new episodes: length 0, buffers cleared, and the key of episode
-    `episodes[b]` of the rollout with key `key` (as `init_state` gives row `first_row + b`), so an episode
-    samples the same tokens whichever row (and pages) it runs in. The other rows keep their state."""
+def reset_rows(state: GenState, rows: jax.Array, key: jax.Array, episodes: jax.Array, start: jax.Array,
+               branch: jax.Array, rules: models.ShardingRules) -> GenState:
+    """Empties `rows` [B] bool for new episodes, or for side branches (`branch` [B] bool) forked from their
+    episode at slot `start` [B] (its pages hold the slots before; 0 for an episode): length `start`,
+    buffers cleared, and the key of episode `episodes[b]` of the rollout with key `key` (as `init_state`
+    gives row `first_row + b`; folded with 1 for a branch, whose draws are then independent of the
+    episode's), so an episode or a branch samples the same tokens whichever row (and pages) it runs in. The
+    other rows keep their state."""
     def clear(x):
         return jnp.where(rows.reshape(rows.shape + (1,) * (x.ndim - 1)), jnp.zeros((), x.dtype), x)
 
+    keys = _episode_keys(key, episodes)
+    keys = jnp.where(branch, jax.vmap(jax.random.fold_in, (0, None))(keys, 1), keys)
     return _placed(state._replace(
-        length=clear(state.length), tokens=clear(state.tokens), sampled=clear(state.sampled),
+        length=jnp.where(rows, start, state.length), tokens=clear(state.tokens), sampled=clear(state.sampled),
         logprobs=clear(state.logprobs), pending=state.pending & ~rows, active=state.active & ~rows,
-        turn_start=clear(state.turn_start), key=jnp.where(rows, _episode_keys(key, episodes), state.key),
+        turn_start=clear(state.turn_start), key=jnp.where(rows, keys, state.key),
+        branch=jnp.where(rows, branch, state.branch),
     ), rules)
 
 
@@ -362,18 +386,12 @@ def progress(state: GenState) -> tuple[jax.Array, jax.Array]:
 
 
 @jax.jit
-def branch_state(state: GenState, rows: jax.Array, pages: jax.Array) -> GenState:
-    """A side branch of `rows` [B] bool: a copy of the rows' bookkeeping (the original stays donatable; the
-    other rows stop generating in it) with the page tables the host forked for them (`pages`: the parent's
-    full pages shared, its partial last page copied, so the branch writes only pages of its own) and their
-    keys folded with 1 (the branch's draws are independent of the main trajectory's)."""
-    state = jax.tree.map(jnp.copy, state)
-    return state._replace(pages=pages, key=jax.vmap(jax.random.fold_in, (0, None))(state.key, 1),
-                          active=state.active & rows, pending=state.pending & rows)
+def copied(state: GenState) -> GenState:
+    """A copy of `state` (the original stays donatable): where side branches run aside."""
+    return jax.tree.map(jnp.copy, state)
 
 
 def compiled_programs() -> int:
     """How many programs the rollout's jitted functions have compiled so far in this process."""
-    functions = (extend, decode_chunk, truncate, reset_rows, set_pages, copy_pages, progress, move_rows,
-                 branch_state)
+    functions = (extend, decode_chunk, truncate, reset_rows, set_pages, copy_pages, progress, move_rows, copied)
     return sum(f._cache_size() for f in functions)

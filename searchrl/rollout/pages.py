@@ -1,17 +1,18 @@
 """The host side of the paged KV cache: which pages each episode holds, on which device, and who gets pages
 when they run short.
 
-Every block of rows (one per device along the mesh's data axes: `models.kv_cache.row_shards`) has a pool of
+Every block of rows (one per device along the mesh's data axes: `models.row_shards`) has a pool of
 `pages_per_shard` pages of `page_size` slots. An owner (an episode, or a side branch forked from one) holds
 pages of one shard, in slot order; pages are reference-counted, so a fork shares its parent's full pages and
 takes a copy of its partial last page (copy on write). Pages return to the pool when their last owner lets go.
+An episode and its forks are a family.
 
 When pages run short nothing is dropped or overwritten: a grant that cannot be made is refused and the caller
 holds the row back (a decode row sits out a chunk, an observation or a prompt waits a round). Deadlock is
-impossible because every grant keeps enough pages free for the oldest owner of the shard to reach its largest
-size (`reserve` pages): that owner always goes on, and when it ends the pages it frees cover the next oldest
-(vLLM preempts instead, recomputing the evicted sequence; holding a row back keeps its tokens and needs no
-recompute).
+impossible because every grant keeps enough pages free for the shard's oldest family to reach its largest
+size (`reserve` pages: an episode at its longest and one side branch): that family always goes on, and when
+it ends the pages it frees cover the next oldest (vLLM preempts instead, recomputing the evicted sequence;
+holding a row back keeps its tokens and needs no recompute).
 """
 from __future__ import annotations
 
@@ -30,13 +31,13 @@ class Forked(NamedTuple):
 @dataclasses.dataclass
 class _Holding:
     shard: int
-    pages: list[int]
-    age: int  # the order owners first took pages in a shard: the oldest goes on whatever else waits
+    family: Hashable  # the episode of an owner and of its forks
+    pages: list[int] = dataclasses.field(default_factory=list)
 
 
 class PagePool:
-    """Pages of `shards` pools of `pages_per_shard` pages each, `page_size` slots a page; an owner may
-    hold at most `reserve` pages at once (its largest size: a row's slots, plus a side branch's)."""
+    """Pages of `shards` pools of `pages_per_shard` pages each, `page_size` slots a page; a family may
+    hold at most `reserve` distinct pages at once (its largest size: a row's slots, plus a side branch's)."""
 
     def __init__(self, shards: int, pages_per_shard: int, page_size: int, reserve: int):
         if pages_per_shard < reserve:
@@ -46,7 +47,8 @@ class PagePool:
         self._free = [list(range(pages_per_shard - 1, -1, -1)) for _ in range(shards)]  # pop(): low ids first
         self._refs = np.zeros((shards, pages_per_shard), np.int32)
         self._owners: dict[Hashable, _Holding] = {}
-        self._ages = 0
+        self._ages: dict[Hashable, int] = {}  # families holding pages, in the order they first took some
+        self._next_age = 0
 
     @property
     def shards(self) -> int:
@@ -68,51 +70,54 @@ class PagePool:
         """Pages held by any owner, over every shard."""
         return int((self._refs > 0).sum())
 
-    def _headroom(self, shard: int, owner: Hashable) -> int:
-        """Pages of `shard` that `owner` may take: all the free ones if it is (or would become) the shard's
-        oldest owner, else the free ones less what the oldest may still need."""
-        holdings = [h for o, h in self._owners.items() if h.shard == shard and h.pages and o != owner]
-        mine = self._owners.get(owner)
-        if not holdings or (mine is not None and mine.pages and mine.age < min(h.age for h in holdings)):
+    def _family_pages(self, family: Hashable) -> int:
+        """Distinct pages a family holds."""
+        return len({p for h in self._owners.values() if h.family == family for p in h.pages})
+
+    def _headroom(self, shard: int, family: Hashable) -> int:
+        """Pages of `shard` a member of `family` may take: all the free ones if it is (or would become) the
+        shard's oldest family, else the free ones less what the oldest may still need."""
+        others = {h.family for h in self._owners.values() if h.shard == shard and h.pages and h.family != family}
+        if not others or (family in self._ages and self._ages[family] < min(self._ages[f] for f in others)):
             return self.free(shard)
-        oldest = min(holdings, key=lambda h: h.age)
-        return self.free(shard) - max(self.reserve - len(oldest.pages), 0)
+        oldest = min(others, key=self._ages.__getitem__)
+        return self.free(shard) - max(self.reserve - self._family_pages(oldest), 0)
 
     def _take(self, holding: _Holding, n: int) -> None:
-        if not holding.pages:
-            holding.age, self._ages = self._ages, self._ages + 1
+        if n > 0 and holding.family not in self._ages:
+            self._ages[holding.family], self._next_age = self._next_age, self._next_age + 1
         for _ in range(n):
             page = self._free[holding.shard].pop()
             self._refs[holding.shard, page] = 1
             holding.pages.append(page)
 
     def grow(self, owner: Hashable, shard: int, slots: int) -> bool:
-        """Gives `owner` (of `shard`) the pages it needs to hold `slots` slots, if the shard can spare them
-        (see the module docstring); returns whether it holds them now."""
-        holding = self._owners.setdefault(owner, _Holding(shard, [], 0))
+        """Gives `owner` (of `shard`; its own family unless forked) the pages it needs to hold `slots` slots,
+        if the shard can spare them (see the module docstring); returns whether it holds them now."""
+        holding = self._owners.get(owner) or _Holding(shard, owner)
         if holding.shard != shard:
             raise ValueError(f"{owner!r} holds pages of device block {holding.shard}, not {shard}.")
         wanted = self.pages(slots) - len(holding.pages)
-        if wanted > 0 and wanted > self._headroom(shard, owner):
+        if wanted > 0 and wanted > self._headroom(shard, holding.family):
             return False
-        self._take(holding, max(wanted, 0))
+        self._owners[owner] = holding
+        self._take(holding, wanted)
         return True
 
     def fork(self, parent: Hashable, child: Hashable, slots: int, grow_to: int) -> Forked | None:
-        """`child` takes `parent`'s pages for its first `slots` slots, the full ones shared and a partial last
-        one copied into a fresh page, and grows to hold `grow_to` slots; None (nothing taken) if the shard
-        cannot spare the fresh pages. The caller copies `Forked.copy` on device (`generate.copy_pages`)
-        before the child writes. A child is the youngest owner of its shard."""
+        """`child` (of `parent`'s family) takes `parent`'s pages for its first `slots` slots, the full ones
+        shared and a partial last one copied into a fresh page, and grows to hold `grow_to` slots; None
+        (nothing taken) if the shard cannot spare the fresh pages. The caller copies `Forked.copy` on device
+        (`generate.copy_pages`) before either writes."""
         if self.held(child):
             raise ValueError(f"{child!r} already holds pages.")
         source = self._owners[parent]
         full = slots // self.page_size
-        if self.pages(grow_to) - full > self._headroom(source.shard, child):
+        if self.pages(grow_to) - full > self._headroom(source.shard, source.family):
             return None
         shared = source.pages[:full]
         self._refs[source.shard, shared] += 1
-        holding = self._owners[child] = _Holding(source.shard, list(shared), self._ages)
-        self._ages += 1
+        holding = self._owners[child] = _Holding(source.shard, source.family, list(shared))
         copy = None
         if slots % self.page_size:
             self._take(holding, 1)
@@ -125,20 +130,22 @@ class PagePool:
         holding = self._owners.get(owner)
         if holding is not None:
             keep = self.pages(slots)
-            self._let_go(holding.shard, holding.pages[keep:])
+            self._let_go(holding, holding.pages[keep:])
             del holding.pages[keep:]
 
     def release(self, owner: Hashable) -> None:
         """Lets go of every page of `owner`."""
         holding = self._owners.pop(owner, None)
         if holding is not None:
-            self._let_go(holding.shard, holding.pages)
+            self._let_go(holding, holding.pages)
+            if not any(h.family == holding.family for h in self._owners.values()):
+                self._ages.pop(holding.family, None)
 
-    def _let_go(self, shard: int, pages: list[int]) -> None:
+    def _let_go(self, holding: _Holding, pages: list[int]) -> None:
         for page in pages:
-            self._refs[shard, page] -= 1
-            if self._refs[shard, page] == 0:
-                self._free[shard].append(page)
+            self._refs[holding.shard, page] -= 1
+            if self._refs[holding.shard, page] == 0:
+                self._free[holding.shard].append(page)
 
     def table(self, owners: list[Hashable | None], width: int) -> np.ndarray:
         """The page tables [len(owners), width] int32 of a batch whose row r runs `owners[r]` (None: none);

@@ -250,6 +250,7 @@ def test_a_hardware_setup_lays_out_the_run_and_changes_nothing_else(module, pres
     expected = hardware.SETUPS[setup]
     assert (laid_out.mesh.data, laid_out.mesh.fsdp, laid_out.mesh.tensor) == (1, expected.devices, 1)
     assert laid_out.mesh.attention.impl == expected.attention and laid_out.rl.remat
+    assert laid_out.mesh.attention.paged == expected.paged
     assert laid_out.rl.offload_reference == expected.offload_reference
     for model in ("actor", "critic"):
         assert laid_out.rl[model].to_dict() == plain.rl[model].to_dict() | (

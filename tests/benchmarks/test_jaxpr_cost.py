@@ -79,9 +79,9 @@ def test_one_decode_step_of_the_decoder_is_the_textbook_count(tied):
     pages, table = generate.owned_pages(rows, slots, page)
     state = generate.init_state(rows, slots, page, jax.random.key(1))._replace(pages=jnp.asarray(table))
     pool = models.KVPool.init(cfg, pages, page)
-    spec = generate.DecodeSpec(4, 8, slots - 1, SamplingParams(temperature=0.0), rules=models.SAMPLE_RULES,
+    spec = generate.DecodeSpec(8, slots - 1, SamplingParams(temperature=0.0), steps=4, rules=models.SAMPLE_RULES,
                                attention=ATTENTION)
-    stops, eos = generate.stop_table([[5]]), jnp.asarray([0], jnp.int32)
+    stops, eos = (generate.stop_table([[5]]),), jnp.asarray([0], jnp.int32)
     traced = generate.decode_chunk.trace(cfg, params, pool, state, jnp.ones(rows, bool), stops, eos, spec)
     trips = {"paged_attention.reference": live}
     per_layer = 2 * D * (H + 2 * KV) * hd + 2 * 2 * H * hd * live * page + 2 * H * hd * D + 3 * 2 * D * F

@@ -258,8 +258,9 @@ def test_nothing_compiles_after_warmup(model, tokenizer, branch_prompt, separate
     before = generate.compiled_programs()
     engine.warmup(model[1], len(EXAMPLES))
     warm = generate.compiled_programs()
-    # (3 chunk widths + prompt) x 2 samplers + 2 decoders + truncate + copy + reset + progress, at most
-    assert warm - before <= 14
+    # (4 chunk widths + prompt) x 2 samplers + the decoder + truncate, reset, progress, the page tables,
+    # the page copies and the state copy, at most
+    assert warm - before <= 17
     for seed in range(4):  # multi-turn runs over every observation bucket, side branches included
         engine.run(model[1], EXAMPLES, jax.random.key(seed))
     assert generate.compiled_programs() == warm
@@ -314,6 +315,34 @@ def test_a_sharded_continuous_rollout_runs_each_episode_as_it_runs_alone(model, 
     assert len({len(t) for t in traj.turns}) > 1 and engine.stats.parks > 0
     for b in (0, 5, 7):
         assert_same_episodes(traj, engine.run(model[1], examples[b:b + 1], key, first_row=b), [b])
+
+
+@pytest.mark.parametrize("mesh", [None, (2, 2, 2)], ids=["one_device", "mesh"])
+def test_rows_short_of_pages_wait_and_run_each_episode_as_it_runs_alone(model, tokenizer, mesh):
+    """Pools of one episode's largest size (the least allowed: one episode at a time) and (one device) of 12
+    pages more, for 4 decode rows (8 on the mesh: 2 a device): rows wait for pages (decode chunks sat out,
+    observations and prompts held back), the oldest episode always goes on, and every episode, side branch
+    included, is the episode run with pages to spare, bit for bit, on one device and on the (data 2, fsdp 2,
+    tensor 2) mesh, under both schedules. A pool too small for one episode is refused."""
+    examples = [{"q": w} for w in WORDS[:8]]
+    key = jax.random.key(4)
+    mesh = None if mesh is None else models.make_mesh(*mesh)
+    env = ScriptedEnv(branch_prompt=" <answer>", max_turns=4)
+    settings = dict(mesh=mesh, decode_rows=4 if mesh is None else 8, extend_rows=2, page_size=4)
+    roomy = make_engine(model, tokenizer, env, **settings)
+    want = roomy.run(model[1], examples, key)
+    assert roomy.stats.page_waits == 0
+    # with 12 pages more a device, the mesh's 2 episodes a device never run short
+    cases = [(0, "continuous"), (0, "lockstep")] + ([(12, "continuous"), (12, "lockstep")] if mesh is None else [])
+    for extra, schedule in cases:
+        engine = make_engine(model, tokenizer, env, schedule=schedule, pool_pages=roomy.reserve() + extra,
+                             **settings)
+        assert_same_episodes(engine.run(model[1], examples, key), want)
+        assert engine.stats.page_waits > 0
+    for b in (0, 3, 6):
+        assert_same_episodes(want, roomy.run(model[1], examples[b:b + 1], key, first_row=b), [b])
+    with pytest.raises(ValueError, match="cannot hold one episode"):
+        make_engine(model, tokenizer, env, pool_pages=roomy.reserve() - 1, **settings).run(model[1], examples, key)
 
 
 def test_prompt_too_long_is_a_clear_error(model, tokenizer):

@@ -101,8 +101,8 @@ def test_move_rows_carries_an_episode_whole_and_keeps_each_rows_step_count():
 
 def _decoded(cfg, params, sampling: SamplingParams, **kwargs) -> generate.GenState:
     pool, state = prefilled(cfg, params, 3, **kwargs)
-    spec = generate.DecodeSpec(6, 6, 47, sampling, rules=RULES, attention=ATTENTION)
-    stops, eos = generate.stop_table([[63, 62]]), jnp.asarray([0], jnp.int32)
+    spec = generate.DecodeSpec(6, 47, sampling, steps=6, rules=RULES, attention=ATTENTION)
+    stops, eos = (generate.stop_table([[63, 62]]),), jnp.asarray([0], jnp.int32)
     return host(generate.decode_chunk(cfg, params, pool, state, jnp.ones(3, bool), stops, eos, spec)[1])
 
 
@@ -126,8 +126,8 @@ def test_rows_held_out_of_a_chunk_are_untouched_and_go_on_as_if_never_held():
     """A row the host holds (no pages for it: `allowed` false) keeps its state and writes no page; allowed
     again, it samples what it would have sampled had it never been held."""
     cfg, params = tiny()
-    spec = generate.DecodeSpec(4, 12, 47, SAMPLING, rules=RULES, attention=ATTENTION)
-    stops, eos = generate.stop_table([[63, 62]]), jnp.asarray([0], jnp.int32)
+    spec = generate.DecodeSpec(12, 47, SAMPLING, steps=4, rules=RULES, attention=ATTENTION)
+    stops, eos = (generate.stop_table([[63, 62]]),), jnp.asarray([0], jnp.int32)
 
     def chunk(pool, state, allowed, steps=4):
         return generate.decode_chunk(cfg, params, pool, state, jnp.asarray(allowed), stops, eos,
@@ -147,9 +147,10 @@ def test_rows_held_out_of_a_chunk_are_untouched_and_go_on_as_if_never_held():
         np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
 
 
-def test_a_fork_shares_full_pages_and_copies_the_partial_one():
-    """`copy_pages` copies a page in every layer (a target past the pool is skipped); `branch_state` gives
-    the branch rows their forked page tables and keys folded apart, the other rows inactive."""
+def test_a_fork_copies_the_partial_page_and_starts_where_its_episode_was():
+    """`copy_pages` copies a page in every layer (a target past the pool is skipped); `reset_rows` starts a
+    side branch at its fork slot with its episode's key folded with 1, and an episode at slot 0 with its
+    own key, whatever row it lands in."""
     cfg, params = tiny()
     pool, state = prefilled(cfg, params, 3)
     width = state.pages.shape[1]
@@ -161,9 +162,14 @@ def test_a_fork_shares_full_pages_and_copies_the_partial_one():
         np.testing.assert_array_equal(got[:, target], want[:, source])
         others = np.arange(want.shape[1]) != target
         np.testing.assert_array_equal(got[:, others], want[:, others])
-    forked_pages = np.asarray(state.pages).copy()
-    forked_pages[1] = forked_pages[0]
-    branch = generate.branch_state(state, jnp.asarray([False, True, False]), jnp.asarray(forked_pages))
-    assert np.asarray(branch.pages).tolist() == forked_pages.tolist()
-    assert np.asarray(branch.active).tolist() == [False, True, False]
-    assert not np.array_equal(jax.random.key_data(branch.key)[1], jax.random.key_data(state.key)[1])
+    key = jax.random.key(3)
+    rows, branch = jnp.asarray([False, True, True]), jnp.asarray([False, True, False])
+    reset = generate.reset_rows(copied(state), rows, key, jnp.asarray([0, 7, 7]), jnp.asarray([0, 5, 0]), branch,
+                                RULES)
+    assert np.asarray(reset.length).tolist() == [int(state.length[0]), 5, 0]
+    assert np.asarray(reset.branch).tolist() == [False, True, False]
+    episode = jax.random.fold_in(key, 7)
+    assert jax.random.key_data(reset.key[2]).tolist() == jax.random.key_data(episode).tolist()
+    assert jax.random.key_data(reset.key[1]).tolist() == jax.random.key_data(
+        jax.random.fold_in(episode, 1)).tolist()
+    assert not np.asarray(reset.active)[1:].any() and not np.asarray(reset.tokens)[1:].any()

@@ -1,0 +1,82 @@
+"""The copies a compiled program makes: the bytes each `copy` and `dynamic-slice` writes (on its own or as
+the root of a fusion), read from the program's optimised HLO text.
+
+A decode step that reads a layer's weights or its keys and values in place makes no copy of them; one that
+slices them out of a stacked array first writes them again, every step (what the paged cache and the unrolled
+decode avoid: `searchrl.models.kv_cache`). `largest_copies` lists the biggest, for a test to hold against one
+layer's size.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import NamedTuple
+
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+          "s64": 8, "u64": 8, "f64": 8}
+_COPYING = ("copy", "dynamic-slice")
+# `%name = TYPE[dims]{layout} opcode(` (an instruction; ROOT before the name for a computation's result)
+_INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?%(\S+)\s*=\s*(\w+)\[([\d,]*)\]\S*\s+([\w-]+)\(")
+_COMPUTATION = re.compile(r"^\s*%(\S+)\s*\(.*\{\s*$")
+_CALLS = re.compile(r"calls=%([\w.\-]+)")
+
+
+class Copy(NamedTuple):
+    """One instruction that writes a copy: its name, opcode (or "fusion:<root opcode>"), output bytes and
+    dimensions."""
+
+    name: str
+    kind: str
+    bytes: int
+    shape: tuple[int, ...]
+
+
+def _roots(hlo: str) -> dict[str, str]:
+    """Each computation's root opcode."""
+    roots, current = {}, None
+    for line in hlo.splitlines():
+        if (head := _COMPUTATION.match(line)) is not None:
+            current = head.group(1)
+        elif (inst := _INSTRUCTION.match(line)) is not None and inst.group(1) and current is not None:
+            roots[current] = inst.group(5)
+    return roots
+
+
+def copies(hlo: str) -> list[Copy]:
+    """Every copy in a compiled program's HLO text (`compiled.as_text()`): `copy` and `dynamic-slice`
+    instructions outside fusions, and fusions whose root is one, with the bytes of their outputs and the
+    dimensions written."""
+    roots, found, inside = _roots(hlo), [], None
+    fused = set(_CALLS.findall("\n".join(line for line in hlo.splitlines() if " fusion(" in line)))
+    for line in hlo.splitlines():
+        if (head := _COMPUTATION.match(line)) is not None:
+            inside = head.group(1)
+            continue
+        inst = _INSTRUCTION.match(line)
+        if inst is None or inside in fused:
+            continue
+        _, name, dtype, dims, opcode = inst.groups()
+        shape = tuple(int(d) for d in dims.split(",") if d)
+        size = _BYTES.get(dtype, 4) * math.prod(shape)
+        if opcode in _COPYING:
+            found.append(Copy(name, opcode, size, shape))
+        elif opcode == "fusion" and (called := _CALLS.search(line)) is not None:
+            if (root := roots.get(called.group(1))) in _COPYING:
+                found.append(Copy(name, f"fusion:{root}", size, shape))
+    return found
+
+
+def largest_copies(hlo: str, n: int = 5) -> list[Copy]:
+    """The `n` biggest copies of a compiled program, biggest first."""
+    return sorted(copies(hlo), key=lambda c: -c.bytes)[:n]
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
+
+
+def copies_of(hlo: str, shapes: list[tuple[int, ...]]) -> list[Copy]:
+    """The copies of a compiled program that write an array of one of `shapes` (sizes of 1 ignored: a slice
+    keeps its stacked axis): e.g. a layer's weights or its keys and values, per device."""
+    wanted = {_squeezed(s) for s in shapes}
+    return [c for c in copies(hlo) if _squeezed(c.shape) in wanted]

@@ -1,0 +1,94 @@
+"""The host's page pool: pages handed out by slots, shared by forks, taken back by reference count, and
+grants that always leave the oldest episode room to finish (no deadlock, nothing dropped)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from searchrl.rollout.pages import PagePool
+
+
+def test_pages_follow_slots_and_come_back_when_released():
+    pool = PagePool(shards=2, pages_per_shard=8, page_size=4, reserve=4)
+    assert pool.grow("a", 0, 5) and pool.held("a") == [0, 1]  # 5 slots: 2 pages, lowest ids first
+    assert pool.grow("a", 0, 8) and pool.held("a") == [0, 1]  # still 2 pages
+    assert pool.grow("b", 1, 1) and pool.held("b") == [0]  # another device's pool: its own ids
+    assert (pool.free(0), pool.free(1), pool.in_use()) == (6, 7, 3)
+    pool.truncate("a", 3)
+    assert pool.held("a") == [0] and pool.free(0) == 7
+    pool.release("a")
+    assert pool.held("a") == [] and pool.free(0) == 8
+    with pytest.raises(ValueError, match="device block 1, not 0"):
+        pool.grow("b", 0, 9)
+
+
+def test_grants_keep_the_oldest_owners_reserve():
+    """A younger owner gets pages only while the oldest can still grow to `reserve` pages; the oldest gets
+    every free page; when it ends, the next oldest's reserve is covered."""
+    pool = PagePool(shards=1, pages_per_shard=10, page_size=1, reserve=6)
+    assert pool.grow("old", 0, 2)  # first owner: the oldest; 8 free
+    assert pool.grow("young", 0, 4)  # 8 free - 4 = 4 >= the oldest's 6 - 2 = 4 it may still need
+    assert not pool.grow("young", 0, 5)  # one more would leave 3 < 4: refused, nothing taken
+    assert pool.held("young") == [2, 3, 4, 5] and pool.free(0) == 4
+    assert not pool.grow("new", 0, 1)  # a third owner neither
+    assert pool.held("new") == []
+    assert pool.grow("old", 0, 6)  # the oldest takes its reserve
+    pool.release("old")
+    assert pool.grow("young", 0, 6)  # now the oldest: up to the free pages
+    with pytest.raises(ValueError, match="cannot hold one episode"):
+        PagePool(shards=1, pages_per_shard=5, page_size=1, reserve=6)
+
+
+def test_a_fork_shares_full_pages_and_copies_the_partial_one():
+    pool = PagePool(shards=1, pages_per_shard=16, page_size=4, reserve=8)
+    assert pool.grow("parent", 0, 10)  # pages 0, 1 full, page 2 holds slots 8, 9
+    forked = pool.fork("parent", "child", 10, grow_to=17)
+    assert forked.copy == (2, 3)  # the partial page copied into a fresh one
+    assert pool.held("child") == [0, 1, 3, 4, 5]  # shares 0 and 1, then its own up to 17 slots
+    assert pool.free(0) == 16 - 6
+    pool.release("parent")
+    assert pool.free(0) == 16 - 5  # page 2 freed; 0 and 1 still held by the child
+    pool.release("child")
+    assert pool.free(0) == 16
+    assert pool.grow("parent", 0, 8)
+    assert pool.fork("parent", "child", 8, grow_to=8).copy is None  # on a page boundary: nothing to copy
+    assert pool.held("child") == pool.held("parent")
+    with pytest.raises(ValueError, match="already holds"):
+        pool.fork("parent", "child", 8, grow_to=8)
+
+
+def test_a_fork_the_shard_cannot_spare_is_refused_whole():
+    pool = PagePool(shards=1, pages_per_shard=8, page_size=2, reserve=6)
+    assert pool.grow("old", 0, 4)  # 2 pages; it may need 4 more
+    assert pool.grow("young", 0, 3)  # 2 pages: 4 free, all the oldest's
+    free = pool.free(0)
+    assert pool.fork("young", "branch", 3, grow_to=5) is None
+    assert pool.held("branch") == [] and pool.free(0) == free
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_workloads_always_finish(seed):
+    """Episodes of random lengths growing a few slots at a time on a pool of one episode's reserve and a
+    bit: whatever the order of requests, some owner always gets its pages, every episode finishes, and every
+    page comes back."""
+    rng = np.random.default_rng(seed)
+    reserve, page = 6, 4
+    pool = PagePool(shards=1, pages_per_shard=reserve + 3, page_size=page, reserve=reserve)
+    lengths = {e: int(rng.integers(1, reserve * page + 1)) for e in range(30)}
+    size = {e: 0 for e in lengths}
+    running, waiting, rounds = [], list(lengths), 0
+    while running or waiting:
+        rounds += 1
+        assert rounds < 10_000, "no owner could go on"
+        while waiting and len(running) < 4:
+            running.append(waiting.pop(0))
+        progressed = False
+        for e in rng.permutation(running):
+            want = min(size[e] + int(rng.integers(1, 5)), lengths[e])
+            if pool.grow(e, 0, want):
+                size[e], progressed = want, True
+                if want == lengths[e]:
+                    pool.release(e)
+                    running.remove(e)
+        assert progressed
+    assert pool.in_use() == 0 and pool.free(0) == reserve + 3
