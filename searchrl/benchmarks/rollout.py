@@ -422,6 +422,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                     flag_values=values)
     as_json = flags.DEFINE_boolean("json", False, "print one JSON object instead of a table",
                                    flag_values=values)
+
     cli.parse(values, argv, __doc__)
     if not parts.value or set(parts.value) - set("abdis"):
         raise SystemExit(f"--parts={parts.value!r}: give one or more of the letters a, b, d, i, s.")

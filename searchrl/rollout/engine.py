@@ -447,9 +447,9 @@ class RolloutEngine:
               ) -> generate.GenState:
         """One round of the host loop: append the observations that came back (parked episodes first moved
         back into free rows; side branches forked) and refill free rows, as far as pages allow; dispatch a
-        decode chunk of the generating rows that got pages for it; send the rows that stopped to the env while it runs (parking them if episodes wait for a row),
-        then read which rows the chunk stopped. With nothing to decode, wait for the env (the device
-        idles)."""
+        decode chunk of the generating rows that got pages for it; send the rows that stopped to the env
+        while it runs (parking them if episodes wait for a row), then read which rows the chunk stopped.
+        With nothing to decode, wait for the env (the device idles)."""
         moving = [r for r in run.rows_in("decode") if r not in run.held]  # not waiting for pages
         if (run.futures or run.parked_in("observed") or run.rows_in("observed")) and not (
                 run.lockstep and (moving or run.rows_in("stopped"))):
