@@ -53,6 +53,7 @@ from searchrl.benchmarks.jaxpr_cost import matmul_cost
 from searchrl.benchmarks.model import torch_device
 from searchrl.benchmarks.retrieval import default_encoder, make_queries, random_encoder, synthetic_corpus
 from searchrl.episode import Action, Observation, SideBranch, Trajectory, Turn
+from searchrl.models.paged_attention import pages_a_step
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.retrieval.dense import DenseRetriever
 from searchrl.rollout import generate
@@ -111,8 +112,10 @@ def decode_step_bytes(cfg: models.ModelConfig, params, batch: int, prompt_len: i
     pool, state, spec = _generation(cfg, batch, prompt_len, new_tokens, dtype=jax.tree.leaves(params)[0].dtype)
     traced = generate.decode_chunk.trace(cfg, params, pool, state, np.ones(batch, bool),
                                          (generate.stop_table(_NEVER),), _NO_EOS, spec)
-    live_pages = -(-(prompt_len + new_tokens) // RolloutConfig.page_size)
-    return matmul_cost(traced.jaxpr, while_trips=1, trips={"paged_attention.reference": live_pages}).bytes
+    page_size = RolloutConfig.page_size
+    per_step = pages_a_step(spec.attention, page_size, state.pages.shape[1])
+    trips = -(-(prompt_len + new_tokens) // (page_size * per_step))  # the blocks of pages live at the end
+    return matmul_cost(traced.jaxpr, while_trips=1, trips={"paged_attention.reference": trips}).bytes
 
 
 def bench_decode_scaling(preset: str, batch: int, live: int, slots: tuple[int, int], steps: int, rounds: int,

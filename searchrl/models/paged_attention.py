@@ -77,15 +77,22 @@ def _live_pages(kv_length: jax.Array, page_size: int) -> jax.Array:
 
 
 def _page_step(qg: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_table: jax.Array,
-               query_slot: jax.Array, kv_length: jax.Array, i: jax.Array,
+               query_slot: jax.Array, kv_length: jax.Array, i: jax.Array, per_step: int,
                stats: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The online softmax `stats` of grouped queries qg [B, KV, G, T, hd] updated with each row's logical page
-    i: float32 scores [B, KV, G, T, page], MASKED where the query may not attend, and the values of slots
-    past a row's length zeroed, so that no garbage there (NaN included) reaches the output."""
+    """The online softmax `stats` of grouped queries qg [B, KV, G, T, hd] updated with each row's logical pages
+    i * per_step .. (i + 1) * per_step - 1 (`page_table` padded to a multiple of `per_step`): float32 scores
+    [B, KV, G, T, per_step * page], MASKED where the query may not attend, and the values of slots past a
+    row's length zeroed, so that no garbage there (NaN included) reaches the output."""
     page_size = k_pages.shape[2]
-    pages = jax.lax.dynamic_index_in_dim(page_table, i, axis=1, keepdims=False)
-    keys, values = (jnp.swapaxes(jnp.take(x, pages, axis=1), 0, 1) for x in (k_pages, v_pages))
-    slots = i * page_size + jnp.arange(page_size, dtype=jnp.int32)
+    pages = jax.lax.dynamic_slice_in_dim(page_table, i * per_step, per_step, axis=1)  # [B, per_step]
+    width = per_step * page_size
+
+    def gather(x):  # [KV, P, page, hd] -> [B, KV, per_step * page, hd]
+        taken = jnp.take(x, pages, axis=1)  # [KV, B, per_step, page, hd]
+        return jnp.swapaxes(taken, 0, 1).reshape(pages.shape[0], x.shape[0], width, x.shape[-1])
+
+    keys, values = gather(k_pages), gather(v_pages)
+    slots = i * width + jnp.arange(width, dtype=jnp.int32)
     live = slots[None, :] < kv_length[:, None]
     scores = jnp.einsum("bkgth,bksh->bkgts", qg, keys, preferred_element_type=jnp.float32)
     scores = jnp.where(attend_mask(live, query_slot, slots)[:, None, None], scores / math.sqrt(qg.shape[-1]),
@@ -93,23 +100,32 @@ def _page_step(qg: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_table
     return _softmax_step(stats, scores, jnp.where(live[:, None, :, None], values, 0))
 
 
+def pages_a_step(config: AttentionConfig, page_size: int, table_width: int) -> int:
+    """Pages "reference" reads a loop step: `config.block_size` key slots of whole pages (a loop step costs
+    more than a page on CPUs), at most a row's table."""
+    return max(1, min(config.block_size // page_size, table_width))
+
+
 @PAGED_ATTENTION.register("reference")
 def reference(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_table: jax.Array,
               query_slot: jax.Array, kv_length: jax.Array, config: AttentionConfig) -> jax.Array:
-    """Online softmax page by page (`attention._flash_forward`'s, with pages for blocks) in a while loop of
-    as many steps as the longest row has pages. A row past its own pages reads some page of the pool and
-    masks all of it: for a query with a key to attend, a step that changes none of its statistics (exactly:
-    scale 1, probabilities 0), so its output does not depend on how long the other rows are. Forward only
+    """Online softmax over blocks of pages (`attention._flash_forward`'s, with a block of
+    `config.block_size` key slots, whole pages, for its blocks) in a while loop of as many steps as the
+    longest row has blocks of live pages. A row past its own pages reads some page of the pool and masks
+    all of it: for a query with a key to attend, a step that changes none of its statistics (exactly: scale
+    1, probabilities 0), so its output does not depend on how long the other rows are. Forward only
     (serving)."""
-    del config
     kv_length, query_slot = kv_length.astype(jnp.int32), query_slot.astype(jnp.int32)
+    page_size = k_pages.shape[2]
+    per_step = pages_a_step(config, page_size, page_table.shape[1])
+    page_table = jnp.pad(page_table, ((0, 0), (0, -page_table.shape[1] % per_step)))
     qg = _grouped(q, k_pages.shape[0])
     shape = qg.shape[:-1]
-    trips = jnp.max(_live_pages(kv_length, k_pages.shape[2]))
+    trips = -(-jnp.max(_live_pages(kv_length, page_size)) // per_step)
 
     def step(carry):
         i, stats = carry
-        return i + 1, _page_step(qg, k_pages, v_pages, page_table, query_slot, kv_length, i, stats)
+        return i + 1, _page_step(qg, k_pages, v_pages, page_table, query_slot, kv_length, i, per_step, stats)
 
     init = (jnp.int32(0), (jnp.full(shape, MASKED, jnp.float32), jnp.zeros(shape, jnp.float32),
                            jnp.zeros((*shape, v_pages.shape[-1]), jnp.float32)))

@@ -69,10 +69,11 @@ def test_cost_arithmetic():
 @pytest.mark.parametrize("tied", [True, False])
 def test_one_decode_step_of_the_decoder_is_the_textbook_count(tied):
     """Per row and layer: q, k, v and o projections, scores and values over the row's live pages (the paged
-    attention loop's trips: `live` pages, a hint), the gated MLP; then the LM head. A decode chunk counts
-    one step unless told its steps."""
+    attention loop's trips: `live` blocks of a page each here, a hint), the gated MLP; then the LM head. A
+    decode chunk counts one step unless told its steps."""
     cfg = dataclasses.replace(models.get_preset("tiny"), tie_word_embeddings=tied)
     rows, slots, page, live = 3, 40, 8, 3
+    attention = models.AttentionConfig(block_size=page)  # one page a step of the attention loop
     D, F, H, KV, hd, V, L = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
                              cfg.head_dim, cfg.vocab_size, cfg.num_layers)
     params = models.unstack_layers(models.init_params(cfg, jax.random.key(0)))
@@ -80,7 +81,7 @@ def test_one_decode_step_of_the_decoder_is_the_textbook_count(tied):
     state = generate.init_state(rows, slots, page, jax.random.key(1))._replace(pages=jnp.asarray(table))
     pool = models.KVPool.init(cfg, pages, page)
     spec = generate.DecodeSpec(8, slots - 1, SamplingParams(temperature=0.0), steps=4, rules=models.SAMPLE_RULES,
-                               attention=ATTENTION)
+                               attention=attention)
     stops, eos = (generate.stop_table([[5]]),), jnp.asarray([0], jnp.int32)
     traced = generate.decode_chunk.trace(cfg, params, pool, state, jnp.ones(rows, bool), stops, eos, spec)
     trips = {"paged_attention.reference": live}

@@ -21,10 +21,10 @@ def test_a_decode_step_moves_every_weight_and_the_live_pages():
     slots = pages * RolloutConfig.page_size
     cache = 4 * 2 * L * batch * slots * KV * hd
     # One token's activations per row, in and out of each matmul: per layer q/k/v's input and outputs, o's,
-    # gate/up/down's, the attention scores (both ways: the scores' output and the mixing's input), and on
-    # each page's step the query read and its mixed values written ...
+    # gate/up/down's, the attention scores (both ways: the scores' output and the mixing's input), the query
+    # read and its mixed values written by the attention's one step (both pages in one block) ...
     per_layer = ((3 * D + H * hd + 2 * KV * hd) + (H * hd + D) + (2 * D + 2 * F + F + D)
-                 + 2 * H * slots + 2 * H * hd * pages)
+                 + 2 * H * slots + 2 * H * hd)
     activations = 4 * batch * (L * per_layer + D + V)
     step_bytes = rollout_bench.decode_step_bytes(cfg, params, batch, prompt_len, new_tokens)
     assert step_bytes == weights + cache + activations

@@ -157,10 +157,11 @@ def test_garbage_outside_live_slots_changes_nothing():
     np.testing.assert_array_equal(dirty, clean)
 
 
-def test_work_follows_the_live_pages(monkeypatch):
-    """A while loop of as many steps as the longest row has pages: the same steps and the same output bit for
-    bit from a larger pool and longer page tables holding the same live slots; none when no row has a live
-    slot (and a finite output)."""
+@pytest.mark.parametrize("pages_a_step,trips", [(1, 4), (2, 2), (N, 1)])
+def test_work_follows_the_live_pages(monkeypatch, pages_a_step, trips):
+    """A while loop of as many steps as the longest row has blocks of live pages (`block_size` slots a
+    step): the same steps and the same output bit for bit from a larger pool and longer page tables holding
+    the same live slots; none when no row has a live slot (and a finite output)."""
     steps = []
     page_step = paged_lib._page_step
 
@@ -169,24 +170,25 @@ def test_work_follows_the_live_pages(monkeypatch):
         return page_step(*args)
 
     monkeypatch.setattr(paged_lib, "_page_step", counted)
+    config = AttentionConfig(block_size=pages_a_step * PAGE)
     rng = np.random.default_rng(7)
     rows = _rows(rng, n=2 * N)
     table = _table(rng, LENGTHS)
     q = rng.standard_normal((B, 1, H, HD)).astype(np.float32)
     query_slot = _query_slots(LENGTHS, 1)
     pages = _pool(rows, table, LENGTHS)
-    jaxpr = str(jax.make_jaxpr(lambda *a: paged_attention(*a, REFERENCE))(
+    jaxpr = str(jax.make_jaxpr(lambda *a: paged_attention(*a, config))(
         q, pages[0], pages[1], table, query_slot, LENGTHS))
     assert "while[" in jaxpr and "scan[" not in jaxpr
-    out = _run(REFERENCE, q, pages, table, query_slot, LENGTHS)
-    assert len(steps) == _live(LENGTHS).max() == 4
+    out = _run(config, q, pages, table, query_slot, LENGTHS)
+    assert len(steps) == trips == -(-_live(LENGTHS).max() // pages_a_step)
     wide = np.concatenate([table, rng.integers(0, 3 * POOL, (B, N)).astype(np.int32)], axis=1)
-    larger = _run(REFERENCE, q, _pool(rows, wide, LENGTHS, pool=3 * POOL), wide, query_slot, LENGTHS)
-    assert len(steps) == 8
+    larger = _run(config, q, _pool(rows, wide, LENGTHS, pool=3 * POOL), wide, query_slot, LENGTHS)
+    assert len(steps) == 2 * trips
     np.testing.assert_array_equal(larger, out)
     empty = np.zeros(B, np.int32)
-    nothing = _run(REFERENCE, q, np.full_like(pages, np.nan), table, _query_slots(empty, 1), empty)
-    assert len(steps) == 8 and np.isfinite(nothing).all()
+    nothing = _run(config, q, np.full_like(pages, np.nan), table, _query_slots(empty, 1), empty)
+    assert len(steps) == 2 * trips and np.isfinite(nothing).all()
 
 
 def test_unknown_implementation_names_the_field():
