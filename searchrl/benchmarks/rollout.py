@@ -113,7 +113,7 @@ def decode_step_bytes(cfg: models.ModelConfig, params, batch: int, prompt_len: i
     traced = generate.decode_chunk.trace(cfg, params, pool, state, np.ones(batch, bool),
                                          (generate.stop_table(_NEVER),), _NO_EOS, spec)
     page_size = RolloutConfig.page_size
-    per_step = pages_a_step(spec.attention, page_size, state.pages.shape[1])
+    per_step = pages_a_step(spec.attention, page_size)
     trips = -(-(prompt_len + new_tokens) // (page_size * per_step))  # the blocks of pages live at the end
     return matmul_cost(traced.jaxpr, while_trips=1, trips={"paged_attention.reference": trips}).bytes
 

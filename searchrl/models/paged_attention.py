@@ -100,10 +100,11 @@ def _page_step(qg: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_table
     return _softmax_step(stats, scores, jnp.where(live[:, None, :, None], values, 0))
 
 
-def pages_a_step(config: AttentionConfig, page_size: int, table_width: int) -> int:
+def pages_a_step(config: AttentionConfig, page_size: int) -> int:
     """Pages "reference" reads a loop step: `config.block_size` key slots of whole pages (a loop step costs
-    more than a page on CPUs), at most a row's table."""
-    return max(1, min(config.block_size // page_size, table_width))
+    more than a page on CPUs). Not bounded by a row's table: a row's sums then do not depend on how many
+    slots it may use."""
+    return max(1, config.block_size // page_size)
 
 
 @PAGED_ATTENTION.register("reference")
@@ -117,7 +118,7 @@ def reference(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_table: 
     (serving)."""
     kv_length, query_slot = kv_length.astype(jnp.int32), query_slot.astype(jnp.int32)
     page_size = k_pages.shape[2]
-    per_step = pages_a_step(config, page_size, page_table.shape[1])
+    per_step = pages_a_step(config, page_size)
     page_table = jnp.pad(page_table, ((0, 0), (0, -page_table.shape[1] % per_step)))
     qg = _grouped(q, k_pages.shape[0])
     shape = qg.shape[:-1]

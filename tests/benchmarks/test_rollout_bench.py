@@ -8,7 +8,7 @@ from searchrl.benchmarks import rollout as rollout_bench
 from searchrl.rollout.config import RolloutConfig
 
 
-def test_a_decode_step_moves_every_weight_and_the_live_pages():
+def test_a_decode_step_moves_every_weight_and_its_block_of_pages():
     cfg = dataclasses.replace(models.get_preset("tiny"), tie_word_embeddings=False)
     params = models.unstack_layers(models.init_params(cfg, jax.random.key(0)))
     batch, prompt_len, new_tokens = 4, 20, 7
@@ -16,9 +16,10 @@ def test_a_decode_step_moves_every_weight_and_the_live_pages():
                              cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size)
     # float32 throughout: the matmul weights (q, k, v, o, gate, up, down, LM head) ...
     weights = 4 * (L * (D * H * hd * 2 + D * KV * hd * 2 + 3 * D * F) + D * V)
-    # ... and each layer's keys and values in every slot of the pages live at the end (27 tokens: 2 pages) ...
-    pages = 2
-    slots = pages * RolloutConfig.page_size
+    # ... and each layer's keys and values in the block of pages its attention reads a step: the 27 tokens
+    # live at the end fill 2 pages, one block of `block_size` slots ...
+    slots = models.AttentionConfig().block_size
+    assert 2 * RolloutConfig.page_size <= slots
     cache = 4 * 2 * L * batch * slots * KV * hd
     # One token's activations per row, in and out of each matmul: per layer q/k/v's input and outputs, o's,
     # gate/up/down's, the attention scores (both ways: the scores' output and the mixing's input), the query
