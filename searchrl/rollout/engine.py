@@ -185,8 +185,7 @@ class RolloutEngine:
 
     def reserve(self) -> int:
         """Pages an episode holds at its largest: its row's slots, and a side branch's beside them."""
-        branch = 0 if self.branch is None else -(-self.slots // self.config.page_size) + 1
-        return self.table_width + branch
+        return self.table_width + (0 if self.branch is None else self.table_width + 1)
 
     def pool_pages(self, batch: int) -> int:
         """Pages per device of a rollout on `batch` decode rows (`rollout.pool_pages`; 0: every decode and
@@ -333,7 +332,6 @@ class RolloutEngine:
         for r, row in rows.items():
             mask[r], branch[r], episodes[r] = True, row.parent is not None, run.first_row + row.episode
             start[r] = row.start
-            row.cached = row.start + len(row.observation) if row.parent is not None else row.cached
         inputs = self._to_device((mask, episodes, start, branch))
         return self._dispatch(generate.reset_rows, state, inputs[0], run.key, *inputs[1:], self.rules)
 
@@ -389,8 +387,9 @@ class RolloutEngine:
         episode's so far shared (a partial last one copied, added to `copies`), room for `sequence` and the
         branch's tokens; None (nothing taken) if its device cannot spare them."""
         row, shard = run.rows[r], self._shard(r, run)
+        start = 0 if self.branch.separate_prompt else row.cached
         fork = _Row(row.episode, parent=row, turn=len(row.turns) - 1, shard=shard, observation=sequence,
-                    start=0 if self.branch.separate_prompt else row.cached)
+                    start=start, cached=start + len(sequence))  # its cache once its tokens are appended
         grow_to = min(fork.start + len(sequence) + self.branch.max_tokens, self.slots)
         if self.branch.separate_prompt:
             return fork if run.pages.grow(fork.owner, shard, grow_to) else None
