@@ -383,16 +383,15 @@ class RolloutEngine:
         return sequence
 
     def _fork_branch(self, run: _Run, r: int, sequence: list[int], copies: dict[int, list]) -> _Row | None:
-        """Row `r`'s side branch after its last turn (to start: `_start_forks`) with its pages: its
-        episode's so far shared (a partial last one copied, added to `copies`), room for `sequence` and the
-        branch's tokens; None (nothing taken) if its device cannot spare them."""
+        """Row `r`'s side branch after its last turn (to start: `_start_forks`) with its pages, in its
+        episode's family: its episode's so far shared (a partial last one copied, added to `copies`; none
+        for a separate prompt), room for `sequence` and the branch's tokens; None (nothing taken) if its
+        device cannot spare them."""
         row, shard = run.rows[r], self._shard(r, run)
         start = 0 if self.branch.separate_prompt else row.cached
         fork = _Row(row.episode, parent=row, turn=len(row.turns) - 1, shard=shard, observation=sequence,
                     start=start, cached=start + len(sequence))  # its cache once its tokens are appended
         grow_to = min(fork.start + len(sequence) + self.branch.max_tokens, self.slots)
-        if self.branch.separate_prompt:
-            return fork if run.pages.grow(fork.owner, shard, grow_to) else None
         forked = run.pages.fork(row.episode, fork.owner, fork.start, grow_to)
         if forked is not None and forked.copy is not None:
             copies.setdefault(shard, []).append(forked.copy)
@@ -448,7 +447,9 @@ class RolloutEngine:
         back into free rows; side branches forked) and refill free rows, as far as pages allow; dispatch a
         decode chunk of the generating rows that got pages for it; send the rows that stopped to the env
         while it runs (parking them if episodes wait for a row), then read which rows the chunk stopped.
-        With nothing to decode, wait for the env (the device idles)."""
+        With nothing to decode, wait for the env (the device idles); with nothing else either, a round that
+        changed nothing would repeat forever: a clear error instead."""
+        before = run.where()
         moving = [r for r in run.rows_in("decode") if r not in run.held]  # not waiting for pages
         if (run.futures or run.parked_in("observed") or run.rows_in("observed")) and not (
                 run.lockstep and (moving or run.rows_in("stopped"))):
@@ -472,6 +473,9 @@ class RolloutEngine:
             self._read_stops(state, run, decoding, probe)
         elif run.futures:
             self._wait_for_env(run)
+        elif run.where() == before:
+            raise RuntimeError(f"Rollout stalled: no row could go on ({run.pages.in_use()} pages in use, "
+                               f"{len(run.waiting)} episodes waiting for a row); raise rollout.pool_pages.")
         return state
 
     def _shard(self, r: int, run: _Run) -> int:
@@ -879,6 +883,12 @@ class _Run:
     def __post_init__(self):
         self.waiting = collections.deque(range(len(self.examples)))
         self.decoded = np.zeros(len(self.rows), np.int32)
+
+    def where(self) -> tuple:
+        """Where every row and waiting episode stands: a round that leaves it unchanged with no env call
+        out would repeat forever."""
+        return len(self.waiting), tuple((row.episode, row.phase, row.cached, row.forks)
+                                        for row in self.rows + self.parked if row is not None)
 
     def rows_in(self, phase: str) -> list[int]:
         return [r for r, row in enumerate(self.rows) if row is not None and row.phase == phase]

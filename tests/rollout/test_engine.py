@@ -345,6 +345,28 @@ def test_rows_short_of_pages_wait_and_run_each_episode_as_it_runs_alone(model, t
         make_engine(model, tokenizer, env, pool_pages=roomy.reserve() - 1, **settings).run(model[1], examples, key)
 
 
+def test_a_separate_branch_prompt_goes_on_in_the_smallest_pool(model, tokenizer):
+    """With one decode row and a pool of one episode's largest size, a side branch from its own prompt
+    (sharing no page) is counted in its episode's family: it starts, and the rollout equals a roomy one."""
+    env = ScriptedEnv(branch_prompt=" <answer>", separate=True)
+    key = jax.random.key(2)
+    tight = make_engine(model, tokenizer, env, decode_rows=1)
+    assert tight.pool_pages(1) == tight.reserve()
+    want = make_engine(model, tokenizer, env, decode_rows=1, pool_pages=3 * tight.reserve()).run(
+        model[1], EXAMPLES[:3], key)
+    got = tight.run(model[1], EXAMPLES[:3], key)
+    assert any("note" in t.info for row in got.turns for t in row)
+    assert_same_episodes(got, want)
+
+
+def test_a_rollout_that_cannot_go_on_is_a_clear_error(model, tokenizer, monkeypatch):
+    """A round that changes no row with no env call out would repeat forever: it is an error instead."""
+    from searchrl.rollout import pages
+    monkeypatch.setattr(pages.PagePool, "grow", lambda *args: False)  # no prompt ever gets its pages
+    with pytest.raises(RuntimeError, match="Rollout stalled: no row could go on"):
+        make_engine(model, tokenizer, ScriptedEnv()).run(model[1], EXAMPLES[:2], jax.random.key(0))
+
+
 def test_prompt_too_long_is_a_clear_error(model, tokenizer):
     engine = make_engine(model, tokenizer, ScriptedEnv(), max_prompt_tokens=4)
     with pytest.raises(ValueError, match="Example 0: prompt has"):
