@@ -186,12 +186,13 @@ def rollout_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> di
     stops = jax.ShapeDtypeStruct(STOP_TABLE, jnp.int32, sharding=replicated)
     eos = jax.ShapeDtypeStruct(EOS_IDS, jnp.int32, sharding=replicated)
     allowed = _rows_sharded((rows,), jnp.bool_, mesh, rules)
+    joins = _rows_sharded((rows,), jnp.int32, mesh, rules)  # a GRPO group's responses start on one prefill
     prefill = {} if rollout.chunked_prefill else {
         "prefill": (generate.extend, (cfg, params, pool, state, *chunk(rollout.max_prompt_tokens),
-                                      rollout.sampling, rules, config.mesh.attention))}
+                                      rollout.sampling, rules, config.mesh.attention, joins))}
     return prefill | {
         "extend": (generate.extend, (cfg, params, pool, state, *chunk(max(rollout.obs_buckets)), rollout.sampling,
-                                     rules, config.mesh.attention)),
+                                     rules, config.mesh.attention, joins)),
         "decode": (generate.decode_chunk, (cfg, params, pool, state, allowed, (stops,), eos, spec)),
     }
 

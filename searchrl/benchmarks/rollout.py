@@ -139,7 +139,7 @@ def bench_decode_scaling(preset: str, batch: int, live: int, slots: tuple[int, i
         runs[n][:2] = pool, jax.block_until_ready(generate.truncate(state, np.full(batch, live, np.int32)))
 
     timed = compare(lambda: decode(slots[1]), lambda: decode(slots[0]), rounds, calls=3, warmup=1)
-    return {"decode_scaling_slots": list(slots), "decode_scaling_rows": batch, "decode_scaling_live": live,
+    return {"decode_scaling_preset": preset, "decode_scaling_slots": list(slots), "decode_scaling_rows": batch, "decode_scaling_live": live,
             "decode_scaling_ms_per_step": [1e3 * statistics.median(t) / steps
                                            for t in (timed.peer_s, timed.ours_s)],
             # how many times the many-slot step costs the few-slot one, per round: median and range
@@ -277,17 +277,18 @@ def _long_tail_config(rows: int, extend_rows: int, parked_rows: int) -> RolloutC
 
 
 def _timed_engines(engines: dict[str, RolloutEngine], params, examples: list[dict], rounds: int, prefix: str
-                   ) -> tuple[dict, Trajectory]:
+                   ) -> tuple[dict, dict[str, Trajectory]]:
     """Two engines' rollouts of `examples` in interleaved rounds, after one untimed rollout each (their
     stats count the timed ones): the comparison (first against second), each one's utilisation, idle share
-    and episodes/s, and the compiles after warm-up."""
+    and episodes/s, and the compiles after warm-up; and each engine's trajectory."""
     (first, one), (second, other) = engines.items()
     one.warmup(params, len(examples))
     other.warmup(params, len(examples))
     compiled = generate.compiled_programs()
     key = jax.random.key(0)  # the same episodes every time, on both (scheduling does not change them)
-    for engine in engines.values():
-        traj = engine.run(params, examples, key)
+    trajectories = {}
+    for name, engine in engines.items():
+        trajectories[name] = engine.run(params, examples, key)
         engine.stats = type(engine.stats)()
     timed = compare(lambda: one.run(params, examples, key), lambda: other.run(params, examples, key), rounds,
                     warmup=0).summary(prefix)
@@ -296,7 +297,7 @@ def _timed_engines(engines: dict[str, RolloutEngine], params, examples: list[dic
         out |= {f"{prefix}_{name}_utilisation": engine.stats.utilisation,
                 f"{prefix}_{name}_idle_share": engine.stats.idle_share,
                 f"{prefix}_{name}_episodes_per_s": engine.stats.episodes_per_s}
-    return out, traj
+    return out, trajectories
 
 
 def bench_long_tail(preset: str, episodes: int, rows: int, extend_rows: int, parked_rows: int, passages: int,
@@ -308,7 +309,8 @@ def bench_long_tail(preset: str, episodes: int, rows: int, extend_rows: int, par
     engines = {schedule: RolloutEngine(cfg, tokenizer, env, dataclasses.replace(config, schedule=schedule),
                                        rules=_SAMPLE_RULES, attention=_ATTENTION)
                for schedule in ("continuous", "lockstep")}
-    out, traj = _timed_engines(engines, params, examples, rounds, "long_tail")
+    out, trajectories = _timed_engines(engines, params, examples, rounds, "long_tail")
+    traj = trajectories["continuous"]  # the same episodes under either schedule
     mix = np.bincount([searches(t) for t in traj.turns], minlength=len(LONG_TAIL_STOP) + 1)[1:] / episodes
     return out | {"long_tail_calls_mix": [round(float(m), 3) for m in mix]}
 
@@ -323,7 +325,8 @@ def bench_intermediate_answers(preset: str, episodes: int, rows: int, extend_row
     engines = {name: RolloutEngine(cfg, tokenizer, LongTailEnv(retriever, topk=3, intermediate_answers=n),
                                    config, rules=_SAMPLE_RULES, attention=_ATTENTION)
                for name, n in (("answers", tokens), ("plain", 0))}
-    out, traj = _timed_engines(engines, params, examples, rounds, "answers")
+    out, trajectories = _timed_engines(engines, params, examples, rounds, "answers")
+    traj = trajectories["answers"]
     answered = sum("intermediate_answer" in t.info for row in traj.turns for t in row)
     return out | {"answers_tokens": tokens, "answers_per_rollout": answered,
                   "answers_searches_per_rollout": sum(searches(t) for t in traj.turns)}

@@ -13,7 +13,6 @@ the record gives: a figure edited by hand, or a record published without regener
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 from typing import Any, Mapping
@@ -22,6 +21,7 @@ from absl import flags
 
 from searchrl import cli
 from searchrl.demo.reproduce import CLAIMS_FILE, claims_table
+from searchrl.generated import replace_block
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = Path("docs/results")
@@ -32,7 +32,6 @@ BLOCKS = {Path("README.md"): ("claims", None),
           Path("notebooks/01_quickstart.ipynb"): ("claims autosearch", ("autosearch",)),
           Path("notebooks/03_deepretrieval.ipynb"): ("claims deepretrieval", ("deepretrieval",)),
           Path("notebooks/04_rpl.ipynb"): ("claims rpl", ("rpl",))}
-_END = "<!-- end generated -->"
 
 
 def load_record(root: Path) -> tuple[dict[str, Any] | None, dict[str, Any]]:
@@ -120,14 +119,6 @@ def results_page(claims: Mapping[str, Any] | None, results: Mapping[str, Any]) -
             parts += [f"`{preset}`: each figure over the seeds, then per seed.", ""]
         parts += [over_seeds_table(result.get("over_seeds", {})), "", per_seed_table(result)]
     return "\n".join(parts) + "\n"
-
-
-def replace_block(text: str, name: str, body: str, where: Path) -> str:
-    """`text` with the block named `name` holding `body`; an error naming `where` when it has none."""
-    pattern = re.compile(rf"(<!-- generated: {re.escape(name)} -->\n)(?:.*?\n)?({re.escape(_END)})", re.S)
-    if not pattern.search(text):
-        raise ValueError(f"{where}: no '<!-- generated: {name} -->' ... '{_END}' block")
-    return pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text, count=1)
 
 
 def notebook_with_block(raw: str, name: str, body: str, where: Path) -> str:

@@ -13,8 +13,9 @@ so or when its slots run out; its episode goes to the finished batch and the row
 the parked episode moves back into a free row of its device once its observation is in, before new prompts.
 An env's side branch (`episode.SideBranch`) after a turn is a fork: a row of its own in the same decode batch,
 sharing its episode's pages up to the turn's end (its partial last page copied), decoded in the same chunks
-as every other row (with its own prompt: in pages of its own), while its episode goes on; with no free row on
-its device it runs at once, aside. Every row holds the pages its next call writes (`searchrl.rollout.pages`);
+as every other row (with its own prompt: in pages of its own), while its episode goes on; it waits for a free
+row of its device, which it gets before any new episode, and runs at once, aside, if its episode's next
+observation comes in first. Every row holds the pages its next call writes (`searchrl.rollout.pages`);
 one that cannot get them waits. `rollout.schedule="lockstep"` runs the same loop with every row's turn awaited
 together: the env gets the batch's actions in one call once every row stopped, observations are appended once
 all returned, rows are refilled once all are free.
@@ -56,7 +57,8 @@ class RolloutStats:
     run; `decode_tokens`: the tokens those steps wrote (the other row-steps were rows waiting, finished or
     idle); `parks`: rows waiting for the env that were parked (`rollout.parked_rows`); `page_waits`: times a
     row or an episode waited for pages (`rollout.pool_pages`): a decode chunk sat out, an observation or a
-    prompt held back a round.
+    prompt held back a round; `shared_prompts`: episodes that started on another's prompt pages (a GRPO
+    group's responses) instead of prefilling their own.
     """
 
     wall_s: float = 0.0
@@ -67,6 +69,7 @@ class RolloutStats:
     decode_tokens: int = 0
     parks: int = 0
     page_waits: int = 0
+    shared_prompts: int = 0
 
     @property
     def host_fraction(self) -> float:
@@ -225,7 +228,7 @@ class RolloutEngine:
                 inputs = self._to_device((self._local(computed, batch), *pad_batch([[]] * rows, width),
                                           np.zeros(rows, bool)))
                 pool, state = self._call(generate.extend, self.cfg, params, pool, state, *inputs, sampling,
-                                         self.rules, self.attention)
+                                         self.rules, self.attention, self._to_device(self._joins({}, batch, rows)))
         pool, state = self._call(generate.decode_chunk, self.cfg, params, pool, state, idle, self.stops,
                                  self.eos_ids, self.spec)
         state = self._call(generate.truncate, state, zeros)
@@ -299,22 +302,18 @@ class RolloutEngine:
         `max_obs_tokens` and to the room left."""
         return self._decode(self._observation_tokens(obs, self.config.max_len - used - 1))
 
-    def _start_forks(self, params, state: generate.GenState, run: _Run, forks: list[_Row]) -> generate.GenState:
-        """Starts side branches (their pages forked: `_fork_branch`), each in a free row of its episode's
-        device, at the slot its episode had reached: its tokens (the observation and the branch's prompt, or
-        its own prompt) appended, its turn started; it decodes in the chunks that follow, beside every other
-        row. A branch that finds no free row runs at once, aside (`_branch_aside`)."""
-        starts, aside = {}, []
-        for fork in forks:
+    def _start_forks(self, params, state: generate.GenState, run: _Run) -> generate.GenState:
+        """Starts the side branches waiting for a row (their pages forked: `_fork_branch`), oldest first, in
+        the free rows of their episode's device, at the slot their episode had reached: their tokens (the
+        observation and the branch's prompt, or their own prompt) appended, their turn started; they decode
+        in the chunks that follow, beside every other row. The others wait for a row to free up."""
+        starts = {}
+        for fork in list(run.branches):
             free = [r for r, row in enumerate(run.rows) if row is None and self._shard(r, run) == fork.shard
                     and r not in starts]
             if free:
                 starts[free[0]] = fork
-                fork.parent.forks += 1
-            else:
-                aside.append(fork)
-        if aside:
-            self._branch_aside(params, state, run, aside)
+                run.branches.remove(fork)
         if not starts:
             return state
         for r, fork in starts.items():
@@ -336,9 +335,9 @@ class RolloutEngine:
         return self._dispatch(generate.reset_rows, state, inputs[0], run.key, *inputs[1:], self.rules)
 
     def _branch_aside(self, params, state: generate.GenState, run: _Run, forks: list[_Row]) -> None:
-        """Runs side branches that found no free row at once, on a copy of the rows' bookkeeping (the
-        episodes wait; the branches' pages were forked as for a row of their own), each in its episode's
-        row of the copy, and ends them."""
+        """Runs side branches at once, each in its episode's row of a copy of the rows' bookkeeping (the
+        episodes wait; the branches' pages were forked as for a row of their own), and ends them: a branch
+        still waiting for a row when its episode's next observation is in."""
         rows = {run.rows.index(fork.parent): fork for fork in forks}
         aside = self._reset(self._dispatch(generate.copied, state), run, rows)
         table = run.pages.table([rows[r].owner if r in rows else None for r in range(len(run.rows))],
@@ -365,6 +364,7 @@ class RolloutEngine:
         text = self._decode(tokens[turn_start:length])
         stop = first_stop_end(text, self.branch.stop_strings)
         fork.parent.turns[fork.turn].info[self.branch.name] = text if stop is None else text[:stop]
+        fork.parent.forks -= 1
         run.pages.release(fork.owner)
 
     def _branch_sequence(self, run: _Run, r: int) -> list[int]:
@@ -436,7 +436,7 @@ class RolloutEngine:
             run.parking = self._new_state(parked, key, first_row)
         run.key = self._replicated(key)
         with concurrent.futures.ThreadPoolExecutor(self.config.env_workers) as pool:
-            while run.waiting or any(row is not None for row in run.rows + run.parked):
+            while run.waiting or run.branches or any(row is not None for row in run.rows + run.parked):
                 state = self._step(params, state, run, pool)
         return run.episodes.trajectory(self.config.sampling.logprob_temperature,
                                        None if self.branch is None else self.branch.name)
@@ -454,6 +454,8 @@ class RolloutEngine:
         if (run.futures or run.parked_in("observed") or run.rows_in("observed")) and not (
                 run.lockstep and (moving or run.rows_in("stopped"))):
             state = self._take_observations(params, state, run)
+        if run.branches:  # before new episodes: they hold their pages already
+            state = self._start_forks(params, state, run)
         free = [r for r, row in enumerate(run.rows) if row is None]
         if run.waiting and free and not (run.lockstep and len(free) < len(run.rows)):
             state = self._refill(params, state, run, free)
@@ -543,7 +545,6 @@ class RolloutEngine:
             row = run.rows[r]
             if row.parent is not None:
                 self._end_branch(run, row, tokens[r], int(turn_start[r]), int(length[r]))
-                row.parent.forks -= 1
                 run.rows[r] = None
                 continue
             row.phase, row.turn_start, row.length = "stopped", int(turn_start[r]), int(length[r])
@@ -658,25 +659,30 @@ class RolloutEngine:
                 row.phase = "observed"
         if run.parked:
             state = self._unpark(state, run)
-        chunks, forks, copies = self._grant_observations(run)
+        if run.branches:
+            state = self._start_forks(params, state, run)
+        if overdue := [b for b in run.branches if b.parent.phase == "observed" and b.parent in run.rows]:
+            run.branches = [b for b in run.branches if b not in overdue]
+            self._branch_aside(params, state, run, overdue)
+        chunks, copies = self._grant_observations(run)
         if not chunks:
             return state
         state = self._sync_pages(state, run)
         if copies:  # before the episodes write into the pages their side branches copy
             run.pool = self._dispatch(generate.copy_pages, run.pool, *self._copies(copies, len(run.rows)),
                                       len(run.rows), self.rules)
-        if forks:
-            state = self._start_forks(params, state, run, forks)
+        if run.branches:
+            state = self._start_forks(params, state, run)
         for r in chunks:
             run.rows[r].phase = "decode"
         return self._append(params, state, run, chunks, set(chunks), self.config.sampling)
 
-    def _grant_observations(self, run: _Run) -> tuple[dict[int, list[int]], list[_Row], dict]:
-        """The observations to append now, oldest episode first: (row -> its observation, the side branches
-        to start after their turns, the pages they copy per device), for the rows that got the pages their
-        observation needs and whose side branch could be forked (its previous one done); the others wait
+    def _grant_observations(self, run: _Run) -> tuple[dict[int, list[int]], dict]:
+        """The observations to append now, oldest episode first: (row -> its observation, the pages their
+        side branches copy per device), for the rows that got the pages their observation needs and whose
+        side branch could be forked (its previous one done; the fork joins `run.branches`); the others wait
         a round."""
-        chunks, forks, copies = {}, [], {}
+        chunks, copies = {}, {}
         for r in sorted(run.rows_in("observed"), key=lambda r: run.rows[r].episode):
             row = run.rows[r]
             if not run.pages.grow(row.episode, self._shard(r, run), row.cached + len(row.observation)):
@@ -687,38 +693,63 @@ class RolloutEngine:
                 if fork is None:
                     self.stats.page_waits += not row.forks
                     continue
-                forks.append(fork)
+                row.forks += 1
+                run.branches.append(fork)
             chunks[r] = row.observation
             row.cached += len(row.observation)
-        return chunks, forks, copies
+        return chunks, copies
 
     def _refill(self, params, state: generate.GenState, run: _Run, free: list[int]) -> generate.GenState:
         """Starts the next waiting episodes in the `free` rows that can take their prompt's pages: emptied,
-        keyed by episode, prefilled."""
-        starts = {}
+        keyed by episode, prefilled. Episodes of the same prompt (a GRPO group) starting on one device share
+        its pages: the first prefills it, the others join it (`generate.extend`'s `joins`), each then
+        copying the partial last page."""
+        starts, joins, copies, leaders = {}, {}, {}, {}
         for r in free:
             if not run.waiting:
                 break
-            e = run.waiting[0]
-            if run.pages.grow(e, self._shard(r, run), len(run.prompts[e])):
-                starts[r] = run.waiting.popleft()
-                run.rows[r] = _Row(e, cached=len(run.prompts[e]))
+            e, shard = run.waiting[0], self._shard(r, run)
+            prompt = run.prompts[e]
+            leader = leaders.get((shard, tuple(prompt)))
+            if leader is None:
+                taken = run.pages.grow(e, shard, len(prompt))
             else:
+                forked = run.pages.fork(run.rows[leader].episode, e, len(prompt), len(prompt), family=e)
+                taken = forked is not None
+                if taken and forked.copy is not None:
+                    copies.setdefault(shard, []).append(forked.copy)
+            if not taken:
                 self.stats.page_waits += 1
+                continue
+            if leader is None:
+                leaders[shard, tuple(prompt)] = r
+            else:
+                joins[r] = leader
+            starts[r] = run.waiting.popleft()
+            run.rows[r] = _Row(e, cached=len(prompt))
         if not starts:
             return state
         state = self._reset(state, run, {r: run.rows[r] for r in starts})
         state = self._sync_pages(state, run)
-        return self._append(params, state, run, {r: run.prompts[e] for r, e in starts.items()}, set(starts),
-                            self.config.sampling, prompt=not self.config.chunked_prefill)
+        self.stats.shared_prompts += len(joins)
+        prefilled = {r: run.prompts[e] for r, e in starts.items() if r not in joins}
+        state = self._append(params, state, run, prefilled, set(prefilled), self.config.sampling,
+                             prompt=not self.config.chunked_prefill, joins=joins)
+        if copies:  # after the prompts are in their pages, before anyone writes past them
+            run.pool = self._dispatch(generate.copy_pages, run.pool, *self._copies(copies, len(run.rows)),
+                                      len(run.rows), self.rules)
+        return state
 
     def _append(self, params, state: generate.GenState, run: _Run, sequences: dict[int, list[int]],
-                start: set[int], sampling: SamplingParams, prompt: bool = False) -> generate.GenState:
+                start: set[int], sampling: SamplingParams, prompt: bool = False,
+                joins: dict[int, int] | None = None) -> generate.GenState:
         """Appends each row's tokens (into the pages it holds) and starts the turns of the `start` rows. A
         prompt (`prompt`) goes in one call of `max_prompt_tokens`; otherwise a row's tokens go in chunks of at
         most the widest chunk width, aligned so that its last chunk comes in the last round, each chunk
         padded to its own bucket: one call per bucket in use, so that a row's computation does not depend on
-        the other rows'."""
+        the other rows'. The rows of `joins` (row -> a `start` row of the same device) start their turn on
+        that row's tokens in the call that starts it."""
+        joins = joins or {}
         batch = state.tokens.shape[0]
         widest = self.config.max_prompt_tokens if prompt else self.chunk_widths[-1]
         rounds = max(-(-len(s) // widest) for s in sequences.values())
@@ -733,11 +764,21 @@ class RolloutEngine:
                     order = range(batch) if computed is None else computed
                     tokens, lengths = pad_batch([pieces[r] if r in part else [] for r in order], width)
                     starting = np.asarray([left == 1 and r in part and r in start for r in order])
+                    joined = self._joins({m: order.index(r) for m, r in joins.items()
+                                          if left == 1 and r in part and r in start}, batch, len(order))
                     run.pool, state = self._dispatch(
                         generate.extend, self.cfg, params, run.pool, state,
                         *self._to_device((self._local(computed, batch), tokens, lengths, starting)), sampling,
-                        self.rules, self.attention)
+                        self.rules, self.attention, self._to_device(joined))
         return state
+
+    def _joins(self, sources: dict[int, int], batch: int, computed: int) -> np.ndarray:
+        """`generate.extend`'s `joins` [batch]: row m starts on the k-th of a call's `computed` rows
+        (`sources[m]` = k; local to its device's block under a mesh), -1 for the other rows."""
+        joins = np.full(batch, -1, np.int32)
+        for m, k in sources.items():
+            joins[m] = k % (computed // self.shards(batch))
+        return joins
 
     def _append_calls(self, rows: list[int], batch: int) -> list[tuple[list[int], list[int] | None]]:
         """The append calls for `rows` of a `batch`-row state: each call's (rows it appends to, rows it
@@ -816,7 +857,7 @@ class _Row:
     parent: _Row | None = None  # a side branch's episode (its tokens: `observation`)
     turn: int = 0  # the turn of `parent` a side branch follows
     start: int = 0  # the slot a side branch was forked at
-    forks: int = 0  # an episode's side branches decoding in rows of their own
+    forks: int = 0  # an episode's side branches forked and not ended (decoding, or waiting for a row)
 
     @property
     def owner(self) -> Hashable:
@@ -873,6 +914,7 @@ class _Run:
     pages: PagePool
     waiting: collections.deque = None
     futures: dict = dataclasses.field(default_factory=dict)  # env call -> the `_Row`s it answers
+    branches: list = dataclasses.field(default_factory=list)  # side branches forked, waiting for a row
     parking: generate.GenState | None = None  # the parked rows' state, on device
     key: jax.Array | None = None  # the rollout's key, on device
     held: set = dataclasses.field(default_factory=set)  # decode rows that sat out the last chunk for pages
@@ -887,7 +929,7 @@ class _Run:
     def where(self) -> tuple:
         """Where every row and waiting episode stands: a round that leaves it unchanged with no env call
         out would repeat forever."""
-        return len(self.waiting), tuple((row.episode, row.phase, row.cached, row.forks)
+        return len(self.waiting), len(self.branches), tuple((row.episode, row.phase, row.cached, row.forks)
                                         for row in self.rows + self.parked if row is not None)
 
     def rows_in(self, phase: str) -> list[int]:

@@ -168,6 +168,7 @@ def extend(
     sampling: SamplingParams,
     rules: models.ShardingRules,
     attention: models.AttentionConfig,
+    joins: jax.Array | None = None,
 ) -> tuple[models.KVPool, GenState]:
     """Appends `chunk[k, :chunk_len[k]]` (right-padded [K, T]) to row `rows[k]` (distinct indices; None: every
     row, K = B), then starts a policy turn on the rows where `start_turn` [K] is true. `params` are the
@@ -178,19 +179,51 @@ def extend(
     (`_take_rows`): a row is computed on its own device, beside its pages. Rows must not hold a pending
     token, unless their `chunk_len` is 0 (they are left as they were). Starting a turn samples its first
     token from the logits at the row's last appended token.
+
+    `joins` [B] (-1: none) starts rows that computed nothing on another's prompt (a GRPO group's responses,
+    prefilled once): row b takes the tokens of the k-th computed row (k = `joins[b]`, local under a mesh,
+    on the same device), whose pages it shares (`PagePool.fork`), and samples its first token, with its own
+    key, from that row's logits: the very logits it would compute itself.
     """
     if rows is None:
-        pool, state = _extend(cfg, params, pool, state, chunk, chunk_len, start_turn, sampling, rules, attention)
-        return pool, _placed(state, rules)
-    pool, part = _extend(cfg, params, pool, _take_rows(state, rows, rules), chunk, chunk_len, start_turn,
-                         sampling, rules, attention)
-    return pool, _placed(_put_rows(state, rows, part, rules), rules)
+        pool, state, logits = _extend(cfg, params, pool, state, chunk, chunk_len, start_turn, sampling, rules,
+                                      attention)
+    else:
+        pool, part, logits = _extend(cfg, params, pool, _take_rows(state, rows, rules), chunk, chunk_len,
+                                     start_turn, sampling, rules, attention)
+        state = _put_rows(state, rows, part, rules)
+    if joins is not None:
+        state = _by_device(functools.partial(_start_joined, sampling=sampling), rules, state.tokens.shape[0])(
+            state, joins, rows, logits)
+    return pool, _placed(state, rules)
+
+
+def _start_joined(state: GenState, joins: jax.Array, computed: jax.Array | None, logits: jax.Array,
+                  sampling: SamplingParams) -> GenState:
+    """`extend`'s `joins`: rows b with `joins[b]` = k >= 0 become copies of the k-th computed row (row
+    `computed[k]`; row k if every row was) in tokens and length, and start their turn from `logits[k]`,
+    drawn with their own keys. Nothing runs without joins."""
+    def start(state: GenState) -> GenState:
+        joined, k = joins >= 0, jnp.maximum(joins, 0)
+        source = k if computed is None else computed[k]
+
+        def copy(x: jax.Array) -> jax.Array:
+            return jnp.where(joined.reshape((-1,) + (1,) * (x.ndim - 1)), x[source], x)
+
+        length = copy(state.length)
+        turn = state._replace(length=length, tokens=copy(state.tokens), sampled=copy(state.sampled),
+                              logprobs=copy(state.logprobs))
+        tokens, logprobs = sample(logits[k], _row_keys(turn, length), sampling)
+        turn = _record_samples(turn._replace(pending=state.pending & ~joined), joined, tokens, logprobs)
+        return turn._replace(active=state.active | joined, turn_start=jnp.where(joined, length, state.turn_start))
+
+    return jax.lax.cond(jnp.any(joins >= 0), start, lambda state: state, state)
 
 
 def _extend(cfg: models.ModelConfig, params, pool: models.KVPool, state: GenState, chunk: jax.Array,
             chunk_len: jax.Array, start_turn: jax.Array, sampling: SamplingParams, rules: models.ShardingRules,
-            attention: models.AttentionConfig) -> tuple[models.KVPool, GenState]:
-    """`extend` on every row of `state`."""
+            attention: models.AttentionConfig) -> tuple[models.KVPool, GenState, jax.Array]:
+    """`extend` on every row of `state`; also the logits [K, V] its rows' first tokens were drawn from."""
     start = state.length
     real = jnp.arange(chunk.shape[1])[None, :] < chunk_len[:, None]
     positions = start[:, None] + jnp.arange(chunk.shape[1])[None, :]
@@ -203,10 +236,11 @@ def _extend(cfg: models.ModelConfig, params, pool: models.KVPool, state: GenStat
         logprobs=models.write_rows(state.logprobs, jnp.zeros(chunk.shape, jnp.float32), start, real),
     )
     last = jnp.take_along_axis(hidden, jnp.maximum(chunk_len - 1, 0)[:, None, None], axis=1)[:, 0]
-    tokens, logprobs = sample(models.lm_logits(cfg, params, last), _row_keys(state, cache.length), sampling)
+    logits = models.lm_logits(cfg, params, last)
+    tokens, logprobs = sample(logits, _row_keys(state, cache.length), sampling)
     state = _record_samples(state, start_turn, tokens, logprobs)
     return models.KVPool(cache.k, cache.v), state._replace(
-        active=state.active | start_turn, turn_start=jnp.where(start_turn, cache.length, state.turn_start))
+        active=state.active | start_turn, turn_start=jnp.where(start_turn, cache.length, state.turn_start)), logits
 
 
 def _row_index(axes: tuple[str, ...], rows: jax.Array) -> tuple:

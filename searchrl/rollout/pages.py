@@ -13,6 +13,10 @@ impossible because every grant keeps enough pages free for the shard's oldest fa
 size (`reserve` pages: an episode at its longest and one side branch): that family always goes on, and when
 it ends the pages it frees cover the next oldest (vLLM preempts instead, recomputing the evicted sequence;
 holding a row back keeps its tokens and needs no recompute).
+
+A GRPO group's responses are families of their own that share their prompt's full pages (`fork` with a
+`family`): they start together, so their ages follow each other, and when the oldest of them ends its shared
+pages stay with the next oldest, which counts them among its own: the argument above still holds.
 """
 from __future__ import annotations
 
@@ -104,20 +108,25 @@ class PagePool:
         self._take(holding, wanted)
         return True
 
-    def fork(self, parent: Hashable, child: Hashable, slots: int, grow_to: int) -> Forked | None:
-        """`child` (of `parent`'s family) takes `parent`'s pages for its first `slots` slots, the full ones
-        shared and a partial last one copied into a fresh page, and grows to hold `grow_to` slots; None
-        (nothing taken) if the shard cannot spare the fresh pages. The caller copies `Forked.copy` on device
-        (`generate.copy_pages`) before either writes."""
+    def fork(self, parent: Hashable, child: Hashable, slots: int, grow_to: int, family: Hashable | None = None
+             ) -> Forked | None:
+        """`child` (of `parent`'s family, or of a new `family`: an episode on its group's prompt) takes
+        `parent`'s pages for its first `slots` slots, the full ones shared and a partial last one copied into
+        a fresh page, and grows to hold `grow_to` slots; None (nothing taken) if the shard cannot spare the
+        fresh pages. The caller copies `Forked.copy` on device (`generate.copy_pages`) after the parent wrote
+        those slots and before either writes more."""
         if self.held(child):
             raise ValueError(f"{child!r} already holds pages.")
         source = self._owners[parent]
+        family = source.family if family is None else family
         full = slots // self.page_size
-        if self.pages(grow_to) - full > self._headroom(source.shard, source.family):
+        if self.pages(grow_to) - full > self._headroom(source.shard, family):
             return None
         shared = source.pages[:full]
         self._refs[source.shard, shared] += 1
-        holding = self._owners[child] = _Holding(source.shard, source.family, list(shared))
+        holding = self._owners[child] = _Holding(source.shard, family, list(shared))
+        if family not in self._ages:  # younger than its parent, even if it takes no page of its own
+            self._ages[family], self._next_age = self._next_age, self._next_age + 1
         copy = None
         if slots % self.page_size:
             self._take(holding, 1)

@@ -53,6 +53,8 @@ SAME_NAME_OTHER_MEANING = {
     ("searchrl.tasks.rpl.sdk.RetrievalSDK.dense_retrieval", "top_k"): "the program SDK's documented default",
     ("searchrl.tasks.deepretrieval.env.QueryRewriteEnv.target_response", "reasoning"): "a text, not the flag",
     ("searchrl.text.chat.messages", "assistant_prefix"): "'' is no prefix: a chat helper's neutral value",
+    ("searchrl.tasks.deepretrieval.engines.PubMed.__init__", "page_size"): "ids a search API page, not KV slots",
+    ("searchrl.tasks.deepretrieval.engines.ClinicalTrials.__init__", "page_size"): "studies a search API page",
 }
 ALLOWED = SAME_NAME_OTHER_MEANING
 

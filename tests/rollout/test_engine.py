@@ -345,6 +345,32 @@ def test_rows_short_of_pages_wait_and_run_each_episode_as_it_runs_alone(model, t
         make_engine(model, tokenizer, env, pool_pages=roomy.reserve() - 1, **settings).run(model[1], examples, key)
 
 
+@pytest.mark.parametrize("mesh,chunked_prefill", [(None, False), (None, True), ((2, 2, 2), False)],
+                         ids=["one_device", "chunked_prefill", "mesh"])
+def test_a_grpo_group_prefills_its_prompt_once_and_each_response_is_its_episode_alone(model, tokenizer, mesh,
+                                                                                       chunked_prefill):
+    """Three prompts of two responses each: the second response of a group starting beside the first
+    shares its prompt's pages (no prefill of its own) and still samples what it samples alone, bit for bit,
+    side branches, refills and pool exhaustion included."""
+    examples = [{"q": w} for w in WORDS[:3] for _ in range(2)]
+    mesh = None if mesh is None else models.make_mesh(*mesh)
+    env = ScriptedEnv(branch_prompt=" <answer>", max_turns=3)
+    settings = dict(mesh=mesh, decode_rows=4 if mesh is None else 8, extend_rows=2, page_size=4,
+                    chunked_prefill=chunked_prefill)
+    key = jax.random.key(5)
+    engine = make_engine(model, tokenizer, env, **settings)
+    got = engine.run(model[1], examples, key)
+    assert engine.stats.shared_prompts >= 2
+    alone = make_engine(model, tokenizer, env, **settings)
+    for b in range(len(examples)):
+        assert_same_episodes(got, alone.run(model[1], examples[b:b + 1], key, first_row=b), [b])
+    assert alone.stats.shared_prompts == 0
+    if mesh is None:  # one episode's pages at a time: the group's second response waits for its own
+        tight = make_engine(model, tokenizer, env, pool_pages=engine.reserve(), **settings)
+        assert_same_episodes(tight.run(model[1], examples, key), got)
+        assert tight.stats.page_waits > 0
+
+
 def test_a_separate_branch_prompt_goes_on_in_the_smallest_pool(model, tokenizer):
     """With one decode row and a pool of one episode's largest size, a side branch from its own prompt
     (sharing no page) is counted in its episode's family: it starts, and the rollout equals a roomy one."""

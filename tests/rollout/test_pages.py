@@ -92,3 +92,58 @@ def test_random_workloads_always_finish(seed):
                     running.remove(e)
         assert progressed
     assert pool.in_use() == 0 and pool.free(0) == reserve + 3
+
+
+def test_a_response_forked_into_a_family_of_its_own_shares_the_prompt_and_is_younger():
+    pool = PagePool(shards=1, pages_per_shard=16, page_size=4, reserve=6)
+    assert pool.grow("first", 0, 10)  # the prompt: pages 0, 1 full, 2 partial
+    forked = pool.fork("first", "second", 10, grow_to=10, family="second")
+    assert forked.copy == (2, 3) and pool.held("second") == [0, 1, 3]
+    # "second" is a family of its own, younger than "first": its grant must leave "first" its reserve
+    assert pool.grow("first", 0, 24)  # 6 pages, its reserve: nothing held back for it any more
+    assert not pool.grow("second", 0, 16 * 4)
+    assert pool.grow("second", 0, 24)
+    pool.release("first")
+    assert pool.held("second")[:2] == [0, 1] and pool.free(0) == 16 - 6
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_grpo_groups_sharing_their_prompt_always_finish(seed):
+    """Groups of 3 responses, the first prefilling a prompt the other two fork (families of their own),
+    growing in random order on a pool of one episode's reserve and a bit: every response finishes and every
+    page comes back."""
+    rng = np.random.default_rng(seed)
+    reserve, page = 6, 4
+    pool = PagePool(shards=1, pages_per_shard=reserve + 3, page_size=page, reserve=reserve)
+    groups = [(int(rng.integers(1, 3 * page)), [int(rng.integers(3 * page, reserve * page + 1)) for _ in range(3)])
+              for _ in range(10)]
+    size, lengths, running, rounds = {}, {}, [], 0
+    while groups or running:
+        rounds += 1
+        assert rounds < 10_000, "no owner could go on"
+        if groups and len(running) < 4:
+            prompt, ends = groups[0]
+            first = (len(groups), 0)
+            if pool.grow(first, 0, prompt):
+                started = [first] + [(len(groups), k) for k in (1, 2)
+                                     if pool.fork(first, (len(groups), k), prompt, prompt, family=(len(groups), k))]
+                for e in started:
+                    size[e], lengths[e] = prompt, ends[e[1]]
+                running += started
+                if len(started) == 3:
+                    groups.pop(0)
+                else:  # a group that could not fork every response gives its pages back and tries later
+                    for e in started:
+                        pool.release(e)
+                        running.remove(e)
+        progressed = False
+        for i in rng.permutation(len(running)):
+            e = running[i]
+            want = min(size[e] + int(rng.integers(1, 5)), lengths[e])
+            if pool.grow(e, 0, want):
+                size[e], progressed = want, True
+        for e in [e for e in running if size[e] == lengths[e]]:
+            pool.release(e)
+            running.remove(e)
+        assert progressed or not running
+    assert pool.in_use() == 0 and pool.free(0) == reserve + 3
