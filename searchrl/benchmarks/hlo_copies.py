@@ -4,7 +4,7 @@ the root of a fusion), read from the program's optimised HLO text.
 A decode step that reads a layer's weights or its keys and values in place makes no copy of them; one that
 slices them out of a stacked array first writes them again, every step (what the paged cache and the unrolled
 decode avoid: `searchrl.models.kv_cache`). `largest_copies` lists the biggest, for a test to hold against one
-layer's size.
+layer's size. A copy inside a loop body (a decode chunk's steps) is made every step; one outside, once a call.
 """
 from __future__ import annotations
 
@@ -19,16 +19,19 @@ _COPYING = ("copy", "dynamic-slice")
 _INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?%(\S+)\s*=\s*(\w+)\[([\d,]*)\]\S*\s+([\w-]+)\(")
 _COMPUTATION = re.compile(r"^\s*%(\S+)\s*\(.*\{\s*$")
 _CALLS = re.compile(r"calls=%([\w.\-]+)")
+_CALLED = re.compile(r"(?:calls|to_apply|body|condition)=%([\w.\-]+)|branch_computations=\{([^}]*)\}")
+_LOOP_BODY = re.compile(r"\bbody=%([\w.\-]+)")
 
 
 class Copy(NamedTuple):
-    """One instruction that writes a copy: its name, opcode (or "fusion:<root opcode>"), output bytes and
-    dimensions."""
+    """One instruction that writes a copy: its name, opcode (or "fusion:<root opcode>"), output bytes,
+    dimensions, and whether it runs in a loop's body (every iteration)."""
 
     name: str
     kind: str
     bytes: int
     shape: tuple[int, ...]
+    in_loop: bool = False
 
 
 def _roots(hlo: str) -> dict[str, str]:
@@ -42,11 +45,30 @@ def _roots(hlo: str) -> dict[str, str]:
     return roots
 
 
+def _in_loops(hlo: str) -> set[str]:
+    """The computations a `while` loop's body runs (its body and whatever that calls, transitively)."""
+    calls, current, bodies = {}, None, set()
+    for line in hlo.splitlines():
+        if (head := _COMPUTATION.match(line)) is not None:
+            current = head.group(1)
+            continue
+        for single, branches in _CALLED.findall(line):
+            names = [single] if single else [b.strip().lstrip("%") for b in branches.split(",")]
+            calls.setdefault(current, set()).update(names)
+        bodies.update(_LOOP_BODY.findall(line))
+    reached, todo = set(), list(bodies)
+    while todo:
+        if (name := todo.pop()) not in reached:
+            reached.add(name)
+            todo += calls.get(name, ())
+    return reached
+
+
 def copies(hlo: str) -> list[Copy]:
     """Every copy in a compiled program's HLO text (`compiled.as_text()`): `copy` and `dynamic-slice`
     instructions outside fusions, and fusions whose root is one, with the bytes of their outputs and the
     dimensions written."""
-    roots, found, inside = _roots(hlo), [], None
+    roots, looped, found, inside = _roots(hlo), _in_loops(hlo), [], None
     fused = set(_CALLS.findall("\n".join(line for line in hlo.splitlines() if " fusion(" in line)))
     for line in hlo.splitlines():
         if (head := _COMPUTATION.match(line)) is not None:
@@ -59,10 +81,10 @@ def copies(hlo: str) -> list[Copy]:
         shape = tuple(int(d) for d in dims.split(",") if d)
         size = _BYTES.get(dtype, 4) * math.prod(shape)
         if opcode in _COPYING:
-            found.append(Copy(name, opcode, size, shape))
+            found.append(Copy(name, opcode, size, shape, inside in looped))
         elif opcode == "fusion" and (called := _CALLS.search(line)) is not None:
             if (root := roots.get(called.group(1))) in _COPYING:
-                found.append(Copy(name, f"fusion:{root}", size, shape))
+                found.append(Copy(name, f"fusion:{root}", size, shape, inside in looped))
     return found
 
 

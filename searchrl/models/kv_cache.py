@@ -85,13 +85,17 @@ def write_pages(pool: jax.Array, new: jax.Array, pages: jax.Array, start: jax.Ar
                 ) -> jax.Array:
     """pool (one layer's [KV, P, page, hd]) with row b's first count[b] entries of `new` [B, T, KV, hd] at its
     slots start[b] .. (through its page table `pages` [B, n]); the other entries are dropped, so a row
-    writes only into pages it holds."""
+    writes only into pages it holds. Each head's entry is written on its own (a scatter of head_dim
+    vectors): XLA:TPU then keeps the pool in the layout the Pallas kernel reads, where a scatter of whole
+    [KV, hd] tokens made it copy the pool around every layer's attention."""
     P, page = pool.shape[1], pool.shape[2]
     T = new.shape[1]
     slot = start[:, None] + jnp.arange(T)
     held = jnp.take_along_axis(pages, jnp.minimum(slot // page, pages.shape[1] - 1), axis=1)
     target = jnp.where(jnp.arange(T)[None, :] < count[:, None], held, P)  # P: out of range, dropped
-    return pool.at[:, target, slot % page].set(jnp.moveaxis(new, 2, 0).astype(pool.dtype), mode="drop")
+    heads = jnp.arange(pool.shape[0])[:, None, None]
+    return pool.at[heads, target[None], (slot % page)[None]].set(jnp.moveaxis(new, 2, 0).astype(pool.dtype),
+                                                                  mode="drop")
 
 
 def _attend_local(q, k, v, k_pool, v_pool, pages, start, count, config):
