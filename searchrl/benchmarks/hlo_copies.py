@@ -8,9 +8,12 @@ layer's size. A copy inside a loop body (a decode chunk's steps) is made every s
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import jax
 
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
           "s64": 8, "u64": 8, "f64": 8}
@@ -102,3 +105,32 @@ def copies_of(hlo: str, shapes: list[tuple[int, ...]]) -> list[Copy]:
     keeps its stacked axis): e.g. a layer's weights or its keys and values, per device."""
     wanted = {_squeezed(s) for s in shapes}
     return [c for c in copies(hlo) if _squeezed(c.shape) in wanted]
+
+
+def decode_program(config: Any, devices: list[jax.Device], mesh_sizes: tuple[int, int, int]
+                   ) -> tuple[str, list[tuple[int, ...]], int]:
+    """(compiled HLO of a run config's decode chunk on a (data, fsdp, tensor) mesh of `devices`, the
+    per-device shapes of one layer's weights and pools, that layer's bytes per device)."""
+    from searchrl import models, run_config  # noqa: PLC0415
+    from searchrl.benchmarks import aot  # noqa: PLC0415
+    config = run_config.parse(config)
+    cfg = models.config_from_source(dataclasses.replace(config.model, path=""))
+    mesh = models.make_mesh(*mesh_sizes, devices=devices)
+    fn, args = aot.rollout_inputs(config, cfg, mesh)["decode"]
+    with jax.set_mesh(mesh):
+        hlo = fn.trace(*args).lower().compile(aot.compiler_options(mesh)).as_text()
+    params, pool = args[1], args[2]
+    layer = jax.tree.leaves(params["layers_0"]) + [pool.k[0], pool.v[0]]
+    shapes = [x.sharding.shard_shape(x.shape) for x in layer]
+    size = sum(x.dtype.itemsize * math.prod(s) for x, s in zip(layer, shapes))
+    return hlo, shapes, size
+
+
+def layer_copies(hlo: str, shapes: list[tuple[int, ...]], layer_bytes: int) -> list[str]:
+    """What keeps a decode program from reading its layers in place: copies of a layer's weights or pools
+    in its loop body (every step), or copies in all of at least one layer's bytes. Empty when it does."""
+    found = [f"{c.name} ({c.kind}, {c.shape}) copies a layer's array every step"
+             for c in copies_of(hlo, shapes) if c.in_loop]
+    if (total := sum(c.bytes for c in copies(hlo))) >= layer_bytes:
+        found.append(f"its copies write {total} bytes a call, not less than one layer's {layer_bytes}")
+    return found

@@ -1,18 +1,20 @@
 """A decode step reads each layer's weights and its keys and values in place: its steps (the decode chunk's
 loop body) copy none of them, and the whole program copies less than one layer's size (XLA:CPU on the
-(2, 2, 2) mesh, and XLA:TPU for the 3B preset on 8 v5p chips, compiled with libtpu). XLA:TPU lays the query,
-key and value projections out anew once a call, before the loop: counted in the total."""
-import dataclasses
-import math
+(2, 2, 2) mesh; for the 3B preset, XLA:TPU on 8 v5p chips with libtpu and XLA:GPU on 8 H100s with JAX's CUDA
+plugin, from `make aot-gpu`'s venv where it is built). XLA:TPU lays the query, key and value projections out
+anew once a call, before the loop: counted in the total."""
 import os
+import pathlib
+import subprocess
 import sys
 
 import jax
 import jax.numpy as jnp
+import pytest
 
-from searchrl import models, run_config
+from searchrl import run_config
 from searchrl.benchmarks import aot
-from searchrl.benchmarks.hlo_copies import copies, copies_of
+from searchrl.benchmarks.hlo_copies import copies, copies_of, decode_program, layer_copies
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
 import search_r1  # noqa: E402
@@ -31,25 +33,8 @@ def test_a_weight_sliced_from_a_stack_is_found():
     assert found and found[0].bytes == 4 * width * width
 
 
-def _decode_program(config, devices, mesh_sizes) -> tuple[str, list[tuple[int, ...]], int]:
-    """(compiled HLO of the config's decode chunk on a mesh of `devices`, the per-device shapes of one
-    layer's weights and pools, that layer's bytes per device)."""
-    config = run_config.parse(config)
-    cfg = models.config_from_source(dataclasses.replace(config.model, path=""))
-    mesh = models.make_mesh(*mesh_sizes, devices=devices)
-    fn, args = aot.rollout_inputs(config, cfg, mesh)["decode"]
-    with jax.set_mesh(mesh):
-        hlo = fn.trace(*args).lower().compile(aot.compiler_options(mesh)).as_text()
-    params, pool = args[1], args[2]
-    layer = jax.tree.leaves(params["layers_0"]) + [pool.k[0], pool.v[0]]
-    shapes = [x.sharding.shard_shape(x.shape) for x in layer]
-    size = sum(x.dtype.itemsize * math.prod(s) for x, s in zip(layer, shapes))
-    return hlo, shapes, size
-
-
-def _check(hlo: str, shapes: list[tuple[int, ...]], layer_bytes: int) -> None:
-    assert [c for c in copies_of(hlo, shapes) if c.in_loop] == []
-    assert sum(c.bytes for c in copies(hlo)) < layer_bytes
+def _check(config, devices, mesh_sizes: tuple[int, int, int]) -> None:
+    assert layer_copies(*decode_program(config, devices, mesh_sizes)) == []
 
 
 def test_copies_in_a_loop_body_are_told_from_those_before_it():
@@ -93,7 +78,7 @@ ENTRY %main (w: f32[4,8,8]) -> (s32[], f32[4,8,8]) {
 
 
 def test_the_tiny_decode_step_copies_no_layer_on_cpu():
-    _check(*_decode_program(search_r1.get_config("tiny"), jax.devices(), (2, 2, 2)))
+    _check(search_r1.get_config("tiny"), jax.devices(), (2, 2, 2))
 
 
 def test_the_3b_decode_step_copies_no_layer_on_tpu():
@@ -101,4 +86,26 @@ def test_the_3b_decode_step_copies_no_layer_on_tpu():
     mesh = run_config.parse(config).mesh
     devices = aot.topology_devices("v5p:2x2x2", aot.DEFAULT_LIBTPU)
     with jax.default_matmul_precision("default"):  # as a run compiles it (the suite sets "highest": no bf16 dot
-        _check(*_decode_program(config, devices, (mesh.data, mesh.fsdp, mesh.tensor)))  # in the Pallas kernel)
+        _check(config, devices, (mesh.data, mesh.fsdp, mesh.tensor))  # in the Pallas kernel)
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+GPU_PYTHON = ROOT / ".venv-gpu" / "bin" / "python"
+
+
+@pytest.mark.skipif(not GPU_PYTHON.exists(), reason="needs JAX's CUDA plugin: make aot-gpu")
+def test_the_3b_decode_step_copies_no_layer_on_gpu():
+    """The same check for 8 H100s, run in `make aot-gpu`'s venv (JAX_PLATFORMS=cpu: no driver needed)."""
+    check = ("import search_r1\n"
+             "from searchrl import run_config\n"
+             "from searchrl.benchmarks import aot, hlo_copies\n"
+             "config = search_r1.get_config('paper,h100x8')\n"
+             "mesh = run_config.parse(config).mesh\n"
+             "devices = aot.topology_devices('h100:8', aot.DEFAULT_LIBTPU)\n"
+             "found = hlo_copies.layer_copies(*hlo_copies.decode_program(config, devices, (mesh.data, mesh.fsdp, "
+             "mesh.tensor)))\n"
+             "assert found == [], found\n")
+    path = os.pathsep.join(str(p) for p in (ROOT, ROOT / "configs"))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": path, "XLA_FLAGS": ""}
+    done = subprocess.run([str(GPU_PYTHON), "-c", check], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
