@@ -44,7 +44,8 @@ from searchrl.rl import advantages, packing, ppo
 from searchrl.rl.config import RLConfig, TrainConfig, batch_rows
 from searchrl.rl.train_state import abstract_train_state, init_train_state
 from searchrl.rollout.config import RolloutConfig, SamplingParams
-from searchrl.rollout.engine import RolloutEngine, RolloutStats
+from searchrl.rollout.engine import RolloutEngine
+from searchrl.rollout.rows import RolloutStats
 from searchrl.run_lock import WorkdirInUseError, WorkdirLock
 from searchrl.shapes import padded_width
 

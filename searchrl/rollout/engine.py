@@ -26,14 +26,12 @@ depends on the row's own data only. The engine knows no task.
 """
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import contextlib
-import dataclasses
 import functools
 import re
 import time
-from typing import Any, Callable, Hashable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -45,59 +43,8 @@ from searchrl.episode import Action, Env, Observation, SideBranch, Trajectory, T
 from searchrl.rollout import generate
 from searchrl.rollout.config import RolloutConfig, SamplingParams
 from searchrl.rollout.pages import PagePool
+from searchrl.rollout.rows import Episodes, IdleClock, RolloutStats, Row, Run, pad_batch
 from searchrl.text import chat
-
-
-@dataclasses.dataclass
-class RolloutStats:
-    """Where a rollout's wall time went and how much of the decode batch did useful work.
-
-    `device_s`: time the host waited for jitted work; `idle_s`: time the device had nothing to do while the
-    host worked or waited for the env (an upper bound, `_IdleClock`); `decode_row_steps`: rows x decode steps
-    run; `decode_tokens`: the tokens those steps wrote (the other row-steps were rows waiting, finished or
-    idle); `parks`: rows waiting for the env that were parked (`rollout.parked_rows`); `page_waits`: times a
-    row or an episode waited for pages (`rollout.pool_pages`): a decode chunk sat out, an observation or a
-    prompt held back a round; `shared_prompts`: episodes that started on another's prompt pages (a GRPO
-    group's responses) instead of prefilling their own.
-    """
-
-    wall_s: float = 0.0
-    device_s: float = 0.0
-    idle_s: float = 0.0
-    episodes: int = 0
-    decode_row_steps: int = 0
-    decode_tokens: int = 0
-    parks: int = 0
-    page_waits: int = 0
-    shared_prompts: int = 0
-
-    @property
-    def host_fraction(self) -> float:
-        return 1.0 - self.device_s / self.wall_s if self.wall_s else 0.0
-
-    @property
-    def idle_share(self) -> float:
-        """The share of wall time the device idled waiting for the host (at most)."""
-        return self.idle_s / self.wall_s if self.wall_s else 0.0
-
-    @property
-    def utilisation(self) -> float:
-        """Decode slot utilisation: useful generated token-steps / decode row-steps."""
-        return self.decode_tokens / self.decode_row_steps if self.decode_row_steps else 0.0
-
-    @property
-    def episodes_per_s(self) -> float:
-        return self.episodes / self.wall_s if self.wall_s else 0.0
-
-
-def pad_batch(sequences: Sequence[Sequence[int]], width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pads token lists into int32 [B, width]; returns (tokens, lengths)."""
-    tokens = np.zeros((len(sequences), width), np.int32)
-    lengths = np.zeros((len(sequences),), np.int32)
-    for b, seq in enumerate(sequences):
-        tokens[b, : len(seq)] = seq
-        lengths[b] = len(seq)
-    return tokens, lengths
 
 
 def first_stop_end(text: str, stop_strings: Sequence[str]) -> int | None:
@@ -149,7 +96,7 @@ class RolloutEngine:
         self.spec = generate.DecodeSpec(config.max_turn_tokens, config.max_len, config.sampling,
                                         steps=config.chunk_steps, branch=limits, rules=rules, attention=attention)
         self.stats = RolloutStats()
-        self._idle = _IdleClock()
+        self._idle = IdleClock()
         self._warmup_key = jax.random.key(0)  # made here: a key from a Python int is a host transfer
 
     def sampling_params(self, params):
@@ -302,7 +249,7 @@ class RolloutEngine:
         `max_obs_tokens` and to the room left."""
         return self._decode(self._observation_tokens(obs, self.config.max_len - used - 1))
 
-    def _start_forks(self, params, state: generate.GenState, run: _Run) -> generate.GenState:
+    def _start_forks(self, params, state: generate.GenState, run: Run) -> generate.GenState:
         """Starts the side branches waiting for a row (their pages forked: `_fork_branch`), oldest first, in
         the free rows of their episode's device, at the slot their episode had reached: their tokens (the
         observation and the branch's prompt, or their own prompt) appended, their turn started; they decode
@@ -323,7 +270,7 @@ class RolloutEngine:
         return self._append(params, state, run, {r: fork.observation for r, fork in starts.items()}, set(starts),
                             self.branch.sampling)
 
-    def _reset(self, state: generate.GenState, run: _Run, rows: dict[int, _Row]) -> generate.GenState:
+    def _reset(self, state: generate.GenState, run: Run, rows: dict[int, Row]) -> generate.GenState:
         """`state` with `rows` (row -> its episode or side branch) emptied and keyed for them
         (`generate.reset_rows`); a side branch starts at its fork slot."""
         mask, branch = np.zeros(len(run.rows), bool), np.zeros(len(run.rows), bool)
@@ -334,7 +281,7 @@ class RolloutEngine:
         inputs = self._to_device((mask, episodes, start, branch))
         return self._dispatch(generate.reset_rows, state, inputs[0], run.key, *inputs[1:], self.rules)
 
-    def _branch_aside(self, params, state: generate.GenState, run: _Run, forks: list[_Row]) -> None:
+    def _branch_aside(self, params, state: generate.GenState, run: Run, forks: list[Row]) -> None:
         """Runs side branches at once, each in its episode's row of a copy of the rows' bookkeeping (the
         episodes wait; the branches' pages were forked as for a row of their own), and ends them: a branch
         still waiting for a row when its episode's next observation is in."""
@@ -358,7 +305,7 @@ class RolloutEngine:
         for r, fork in rows.items():
             self._end_branch(run, fork, tokens[r], int(turn_start[r]), int(length[r]))
 
-    def _end_branch(self, run: _Run, fork: _Row, tokens: np.ndarray, turn_start: int, length: int) -> None:
+    def _end_branch(self, run: Run, fork: Row, tokens: np.ndarray, turn_start: int, length: int) -> None:
         """Ends a side branch: its text (cut after the first stop string) into its episode's turn, its pages
         back to the pool."""
         text = self._decode(tokens[turn_start:length])
@@ -367,7 +314,7 @@ class RolloutEngine:
         fork.parent.forks -= 1
         run.pages.release(fork.owner)
 
-    def _branch_sequence(self, run: _Run, r: int) -> list[int]:
+    def _branch_sequence(self, run: Run, r: int) -> list[int]:
         """What row `r`'s side branch appends: its observation and the branch's prompt, or the env's
         separate branch prompt."""
         row = run.rows[r]
@@ -382,14 +329,14 @@ class RolloutEngine:
                              "(raise rollout.max_prompt_tokens: it adds slots to every row).")
         return sequence
 
-    def _fork_branch(self, run: _Run, r: int, sequence: list[int], copies: dict[int, list]) -> _Row | None:
+    def _fork_branch(self, run: Run, r: int, sequence: list[int], copies: dict[int, list]) -> Row | None:
         """Row `r`'s side branch after its last turn (to start: `_start_forks`) with its pages, in its
         episode's family: its episode's so far shared (a partial last one copied, added to `copies`; none
         for a separate prompt), room for `sequence` and the branch's tokens; None (nothing taken) if its
         device cannot spare them."""
         row, shard = run.rows[r], self._shard(r, run)
         start = 0 if self.branch.separate_prompt else row.cached
-        fork = _Row(row.episode, parent=row, turn=len(row.turns) - 1, shard=shard, observation=sequence,
+        fork = Row(row.episode, parent=row, turn=len(row.turns) - 1, shard=shard, observation=sequence,
                     start=start, cached=start + len(sequence))  # its cache once its tokens are appended
         grow_to = min(fork.start + len(sequence) + self.branch.max_tokens, self.slots)
         forked = run.pages.fork(row.episode, fork.owner, fork.start, grow_to)
@@ -404,7 +351,7 @@ class RolloutEngine:
         global index (`generate.reset_rows`), so its tokens depend neither on how the batch is split nor on
         the row or the schedule it runs in."""
         start = time.perf_counter()
-        self._idle = _IdleClock()
+        self._idle = IdleClock()
         trajectory = self._run(params, examples, key, first_row)
         self.stats.wall_s += time.perf_counter() - start
         self.stats.idle_s += self._idle.idle_s
@@ -429,8 +376,8 @@ class RolloutEngine:
         parked = self.config.parked_rows if self._parks() else 0
         batch = self.rows(len(examples))
         pages = PagePool(self.shards(batch), self.pool_pages(batch), self.config.page_size, self.reserve())
-        run = _Run(examples, prompts, [None] * batch, [None] * parked, first_row,
-                   _Episodes.empty(len(examples), self.slots), self.config.schedule == "lockstep", pages)
+        run = Run(examples, prompts, [None] * batch, [None] * parked, first_row,
+                   Episodes.empty(len(examples), self.slots), self.config.schedule == "lockstep", pages)
         state, run.pool = self._new_state(batch, key, first_row), self._new_pool(params, batch)
         if parked:
             run.parking = self._new_state(parked, key, first_row)
@@ -441,7 +388,7 @@ class RolloutEngine:
         return run.episodes.trajectory(self.config.sampling.logprob_temperature,
                                        None if self.branch is None else self.branch.name)
 
-    def _step(self, params, state: generate.GenState, run: _Run, pool: concurrent.futures.Executor
+    def _step(self, params, state: generate.GenState, run: Run, pool: concurrent.futures.Executor
               ) -> generate.GenState:
         """One round of the host loop: append the observations that came back (parked episodes first moved
         back into free rows; side branches forked) and refill free rows, as far as pages allow; dispatch a
@@ -480,7 +427,7 @@ class RolloutEngine:
                                f"{len(run.waiting)} episodes waiting for a row); raise rollout.pool_pages.")
         return state
 
-    def _shard(self, r: int, run: _Run) -> int:
+    def _shard(self, r: int, run: Run) -> int:
         """The block of rows (device along the data axes) decode row `r` is on: its pages are there."""
         return r // (len(run.rows) // run.pages.shards)
 
@@ -499,7 +446,7 @@ class RolloutEngine:
             pairs[:, shard, :len(listed)] = np.asarray(listed, np.int32).T
         return self._to_device((pairs[0].ravel(), pairs[1].ravel()))
 
-    def _sync_pages(self, state: generate.GenState, run: _Run) -> generate.GenState:
+    def _sync_pages(self, state: generate.GenState, run: Run) -> generate.GenState:
         """`state` with the decode rows' page tables as the host holds them (sent when they changed)."""
         table = run.pages.table([None if row is None else row.owner for row in run.rows], self.table_width)
         if run.table is not None and np.array_equal(table, run.table):
@@ -507,7 +454,7 @@ class RolloutEngine:
         run.table = table
         return self._dispatch(generate.set_pages, state, self._to_device(table), self.rules)
 
-    def _grant_decode(self, run: _Run, decoding: list[int]) -> np.ndarray:
+    def _grant_decode(self, run: Run, decoding: list[int]) -> np.ndarray:
         """Which decode rows may run the next chunk [B] bool: those that got the pages its steps write,
         oldest episode first (the others sit it out: `PagePool`)."""
         allowed = np.zeros(len(run.rows), bool)
@@ -529,7 +476,7 @@ class RolloutEngine:
         self._idle.dispatched(out)
         return out
 
-    def _read_stops(self, state: generate.GenState, run: _Run, decoding: list[int], probe) -> None:
+    def _read_stops(self, state: generate.GenState, run: Run, decoding: list[int], probe) -> None:
         """Waits for the chunk, counts its useful row-steps, and snapshots the rows it stopped."""
         active, decoded = self._read(probe)
         self._count_steps(run.decoded, decoded)
@@ -566,12 +513,12 @@ class RolloutEngine:
         self.stats.decode_tokens += int(advance.sum())
         self.stats.decode_row_steps += int(advance.max(initial=0)) * len(advance)
 
-    def _wait_for_env(self, run: _Run) -> None:
+    def _wait_for_env(self, run: Run) -> None:
         """Blocks until the env answers (every call under lock step): the device has nothing to do."""
         when = concurrent.futures.ALL_COMPLETED if run.lockstep else concurrent.futures.FIRST_COMPLETED
         concurrent.futures.wait(run.futures, return_when=when)
 
-    def _send_to_env(self, state: generate.GenState, run: _Run, stopped: list[int],
+    def _send_to_env(self, state: generate.GenState, run: Run, stopped: list[int],
                      pool: concurrent.futures.Executor) -> generate.GenState:
         """Ends the stopped rows' turns (trimmed at a stop string found on text; pages past the end taken
         back) and hands them to the env in one call on a worker thread."""
@@ -590,7 +537,7 @@ class RolloutEngine:
         run.futures[pool.submit(self._env_turns, turns)] = rows
         return state
 
-    def _park(self, state: generate.GenState, run: _Run) -> None:
+    def _park(self, state: generate.GenState, run: Run) -> None:
         """Moves rows waiting for the env into free parked rows, as many as episodes wait for a decode row
         beyond the free ones (a moved row is free at the next round). The episode keeps its pages (its page
         table moves with it) and comes back to a row on the same device."""
@@ -605,7 +552,7 @@ class RolloutEngine:
             run.parked[p], run.rows[r] = run.rows[r], None
             self.stats.parks += 1
 
-    def _unpark(self, state: generate.GenState, run: _Run) -> generate.GenState:
+    def _unpark(self, state: generate.GenState, run: Run) -> generate.GenState:
         """Moves parked episodes whose observation is in back into free decode rows on their own device,
         first in first out."""
         for row in run.parked_in("observed"):
@@ -641,7 +588,7 @@ class RolloutEngine:
             answers[k] = _Answer(actions[k], obs, tokens, self._decode(tokens))
         return answers
 
-    def _take_observations(self, params, state: generate.GenState, run: _Run) -> generate.GenState:
+    def _take_observations(self, params, state: generate.GenState, run: Run) -> generate.GenState:
         """Records the turns of every env call that returned, ends the episodes the env (or the slots) ended,
         and appends the observations, starting those rows' next turns."""
         ready = [f for f in run.futures if f.done()]
@@ -677,7 +624,7 @@ class RolloutEngine:
             run.rows[r].phase = "decode"
         return self._append(params, state, run, chunks, set(chunks), self.config.sampling)
 
-    def _grant_observations(self, run: _Run) -> tuple[dict[int, list[int]], dict]:
+    def _grant_observations(self, run: Run) -> tuple[dict[int, list[int]], dict]:
         """The observations to append now, oldest episode first: (row -> its observation, the pages their
         side branches copy per device), for the rows that got the pages their observation needs and whose
         side branch could be forked (its previous one done; the fork joins `run.branches`); the others wait
@@ -699,7 +646,7 @@ class RolloutEngine:
             row.cached += len(row.observation)
         return chunks, copies
 
-    def _refill(self, params, state: generate.GenState, run: _Run, free: list[int]) -> generate.GenState:
+    def _refill(self, params, state: generate.GenState, run: Run, free: list[int]) -> generate.GenState:
         """Starts the next waiting episodes in the `free` rows that can take their prompt's pages: emptied,
         keyed by episode, prefilled. Episodes of the same prompt (a GRPO group) starting on one device share
         its pages: the first prefills it, the others join it (`generate.extend`'s `joins`), each then
@@ -726,7 +673,7 @@ class RolloutEngine:
             else:
                 joins[r] = leader
             starts[r] = run.waiting.popleft()
-            run.rows[r] = _Row(e, cached=len(prompt))
+            run.rows[r] = Row(e, cached=len(prompt))
         if not starts:
             return state
         state = self._reset(state, run, {r: run.rows[r] for r in starts})
@@ -740,7 +687,7 @@ class RolloutEngine:
                                       len(run.rows), self.rules)
         return state
 
-    def _append(self, params, state: generate.GenState, run: _Run, sequences: dict[int, list[int]],
+    def _append(self, params, state: generate.GenState, run: Run, sequences: dict[int, list[int]],
                 start: set[int], sampling: SamplingParams, prompt: bool = False,
                 joins: dict[int, int] | None = None) -> generate.GenState:
         """Appends each row's tokens (into the pages it holds) and starts the turns of the `start` rows. A
@@ -803,29 +750,6 @@ class RolloutEngine:
         return calls
 
 
-class _IdleClock:
-    """Bounds the time the device had nothing to do, from the host's side: jitted calls run in order, so
-    between two dispatches it idled at most the gap if the earlier call had finished by the later one, and not
-    at all if it had not; after a call the host waited for, it idled until the next dispatch."""
-
-    def __init__(self):
-        self.idle_s, self._last, self._since = 0.0, None, time.perf_counter()
-
-    def dispatching(self) -> None:
-        if self._last is None or self._last.is_ready():
-            self.idle_s += time.perf_counter() - self._since
-
-    def dispatched(self, out) -> None:
-        self._last, self._since = jax.tree.leaves(out)[0], time.perf_counter()
-
-    def drained(self) -> None:
-        self._last, self._since = None, time.perf_counter()
-
-    def busy_until_now(self) -> None:
-        """The host just waited for a call to finish: the device was busy until now."""
-        self._since = time.perf_counter()
-
-
 class _Answer(NamedTuple):
     """The env's answer to one turn: its action, and the observation if the episode goes on (with its tokens
     as appended, truncated, and their text)."""
@@ -834,120 +758,6 @@ class _Answer(NamedTuple):
     observation: Observation | None = None
     tokens: list[int] = []
     text: str = ""
-
-
-@dataclasses.dataclass(eq=False)
-class _Row:
-    """The episode a decode row (or a parked row) runs, and where its current turn stands.
-
-    phase: "decode" (generating on device), "stopped" (its turn ended; snapshot read), "env" (waiting for
-    the env's answer), "observed" (its observation is in, to be appended)."""
-
-    episode: int
-    turns: list[Turn] = dataclasses.field(default_factory=list)
-    phase: str = "decode"
-    turn_start: int = 0
-    length: int = 0  # slots used when the turn stopped
-    end: int = 0  # the turn's end after trimming on text
-    text: str = ""
-    snapshot: tuple[np.ndarray, np.ndarray, np.ndarray] = ()  # tokens, sampled, logprobs of the row
-    observation: list[int] = dataclasses.field(default_factory=list)  # its tokens, once "observed"
-    cached: int = 0  # slots in the cache on device (what the next call's pages start from)
-    shard: int = 0  # the block of rows its pages are on (kept while it is parked or waits for a row)
-    parent: _Row | None = None  # a side branch's episode (its tokens: `observation`)
-    turn: int = 0  # the turn of `parent` a side branch follows
-    start: int = 0  # the slot a side branch was forked at
-    forks: int = 0  # an episode's side branches forked and not ended (decoding, or waiting for a row)
-
-    @property
-    def owner(self) -> Hashable:
-        """Who holds the row's pages (`PagePool`): its episode, or its episode's side branch after a turn."""
-        return self.episode if self.parent is None else ("branch", self.episode, self.turn)
-
-
-@dataclasses.dataclass
-class _Episodes:
-    """The finished episodes of a rollout, on the host, one row each in episode order."""
-
-    tokens: np.ndarray
-    sampled: np.ndarray
-    logprobs: np.ndarray
-    prompt_lengths: np.ndarray
-    lengths: np.ndarray
-    turns: list[list[Turn]]
-    finish: list[str]
-
-    @classmethod
-    def empty(cls, episodes: int, slots: int) -> _Episodes:
-        return cls(np.zeros((episodes, slots), np.int32), np.zeros((episodes, slots), bool),
-                   np.zeros((episodes, slots), np.float32), np.zeros(episodes, np.int32),
-                   np.zeros(episodes, np.int32), [[] for _ in range(episodes)], [""] * episodes)
-
-    def trajectory(self, logprob_temperature: float, side_branch: str | None) -> Trajectory:
-        attention = np.arange(self.tokens.shape[1])[None, :] < self.lengths[:, None]
-        return Trajectory(
-            tokens=np.where(attention, self.tokens, 0).astype(np.int32),
-            attention_mask=attention,
-            loss_mask=(self.sampled & attention).astype(np.float32),
-            logprobs=np.where(attention, self.logprobs, 0.0).astype(np.float32),
-            prompt_lengths=self.prompt_lengths,
-            lengths=self.lengths,
-            turns=self.turns,
-            finish_reasons=self.finish,
-            logprob_temperature=logprob_temperature,
-            side_branch=side_branch,
-        )
-
-
-@dataclasses.dataclass
-class _Run:
-    """The host's view of one rollout: the decode rows, the parked rows, the episodes waiting for a row, the
-    env calls out."""
-
-    examples: Sequence[dict]
-    prompts: list[list[int]]
-    rows: list[_Row | None]
-    parked: list[_Row | None]
-    first_row: int
-    episodes: _Episodes
-    lockstep: bool
-    pages: PagePool
-    waiting: collections.deque = None
-    futures: dict = dataclasses.field(default_factory=dict)  # env call -> the `_Row`s it answers
-    branches: list = dataclasses.field(default_factory=list)  # side branches forked, waiting for a row
-    parking: generate.GenState | None = None  # the parked rows' state, on device
-    key: jax.Array | None = None  # the rollout's key, on device
-    held: set = dataclasses.field(default_factory=set)  # decode rows that sat out the last chunk for pages
-    pool: models.KVPool | None = None  # the keys and values, on device
-    table: np.ndarray | None = None  # the decode rows' page tables as last sent
-    decoded: np.ndarray = None  # each row's `GenState.decoded` when last read
-
-    def __post_init__(self):
-        self.waiting = collections.deque(range(len(self.examples)))
-        self.decoded = np.zeros(len(self.rows), np.int32)
-
-    def where(self) -> tuple:
-        """Where every row and waiting episode stands: a round that leaves it unchanged with no env call
-        out would repeat forever."""
-        return len(self.waiting), len(self.branches), tuple((row.episode, row.phase, row.cached, row.forks)
-                                        for row in self.rows + self.parked if row is not None)
-
-    def rows_in(self, phase: str) -> list[int]:
-        return [r for r, row in enumerate(self.rows) if row is not None and row.phase == phase]
-
-    def parked_in(self, phase: str) -> list[_Row]:
-        return [row for row in self.parked if row is not None and row.phase == phase]
-
-    def finish(self, row: _Row, reason: str) -> None:
-        """Moves `row`'s episode, ended at its last turn, to the finished episodes and frees its (decode or
-        parked) row."""
-        out, e = self.episodes, row.episode
-        out.tokens[e], out.sampled[e], out.logprobs[e] = row.snapshot
-        out.prompt_lengths[e], out.lengths[e] = len(self.prompts[e]), row.end
-        out.turns[e], out.finish[e] = row.turns, reason
-        self.pages.release(e)
-        place = self.rows if row in self.rows else self.parked
-        place[place.index(row)] = None
 
 
 _CLOSING_TAG = re.compile(r"</[A-Za-z_]+>\s*\Z")
