@@ -2,6 +2,7 @@
 import importlib.util
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -63,8 +64,10 @@ def test_a_program_that_does_not_fit_is_reported_not_raised(devices):
     row = aot.report(run_config.parse(config), "v5p:2x2x1", devices, (4, 1, 1), ["prefill"])["programs"][0]
     assert not row["fits"] and "RESOURCE_EXHAUSTED" in row["compile_error"] and "total_gib" not in row
     assert row["tflop_per_step"] > 0  # counted on the jaxpr, compiled or not
-    assert "exceeds available HBM" in aot.format_report({"model": "tiny", "topology": "v5p:2x2x1", "devices": 4,
-                                                     "device_kind": "TPU v5", "mesh": {}, "programs": [row]})
+    table = aot.format_report({"model": "tiny", "topology": "v5p:2x2x1", "devices": 4, "device_kind": "TPU v5",
+                               "mesh": {}, "programs": [row]})
+    # what XLA found too big (its message, or what it says the total is required for) against the chip's HBM
+    assert re.search(r"\| prefill \| - \| - \| - \| \S.* / 95 \| no \|", table), table
 
 
 _CUDA_PLUGIN = all(importlib.util.find_spec(name) for name in ("jax_plugins", "jax_plugins.xla_cuda12"))
