@@ -377,7 +377,7 @@ class RolloutEngine:
         batch = self.rows(len(examples))
         pages = PagePool(self.shards(batch), self.pool_pages(batch), self.config.page_size, self.reserve())
         run = Run(examples, prompts, [None] * batch, [None] * parked, first_row,
-                   Episodes.empty(len(examples), self.slots), self.config.schedule == "lockstep", pages)
+                  Episodes.empty(len(examples), self.slots), self.config.schedule == "lockstep", pages)
         state, run.pool = self._new_state(batch, key, first_row), self._new_pool(params, batch)
         if parked:
             run.parking = self._new_state(parked, key, first_row)

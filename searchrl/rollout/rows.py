@@ -188,8 +188,9 @@ class Run:
     def where(self) -> tuple:
         """Where every row and waiting episode stands: a round that leaves it unchanged with no env call
         out would repeat forever."""
-        return len(self.waiting), len(self.branches), tuple((row.episode, row.phase, row.cached, row.forks)
-                                        for row in self.rows + self.parked if row is not None)
+        rows = tuple((row.episode, row.phase, row.cached, row.forks)
+                     for row in self.rows + self.parked if row is not None)
+        return len(self.waiting), len(self.branches), rows
 
     def rows_in(self, phase: str) -> list[int]:
         return [r for r, row in enumerate(self.rows) if row is not None and row.phase == phase]
