@@ -179,11 +179,12 @@ class RolloutEngine:
         pool, state = self._call(generate.decode_chunk, self.cfg, params, pool, state, idle, self.stops,
                                  self.eos_ids, self.spec)
         state = self._call(generate.truncate, state, zeros)
+        for rows in _read_buckets(batch):
+            self._call(generate.rows_of, state, self._replicated(np.zeros(rows, np.int32)))
         if self._parks():
             parking = self._new_state(self.config.parked_rows, key)
-            one = self._to_device(np.zeros(1, np.int32))
-            parking = self._call(generate.move_rows, state, parking, one, one, self.rules)
-            self._call(generate.move_rows, parking, state, one, one, self.rules)
+            parking = self._call(generate.move_rows, state, parking, *self._moves([], parking), self.rules)
+            self._call(generate.move_rows, parking, state, *self._moves([], state), self.rules)
 
     def _parks(self) -> bool:
         """Whether rows waiting for the env are parked (`rollout.parked_rows`; the continuous schedule)."""
@@ -411,7 +412,7 @@ class RolloutEngine:
         if allowed.any():
             state = self._sync_pages(state, run)
             run.pool, state = self._dispatch(generate.decode_chunk, self.cfg, params, run.pool, state,
-                                             self._to_device(allowed), self.stops, self.eos_ids, self.spec)
+                                             self._sent_mask(run, allowed), self.stops, self.eos_ids, self.spec)
             probe = self._dispatch(generate.progress, state)
         stopped = run.rows_in("stopped")
         if stopped and not (run.lockstep and allowed.any()):
@@ -454,6 +455,12 @@ class RolloutEngine:
         run.table = table
         return self._dispatch(generate.set_pages, state, self._to_device(table), self.rules)
 
+    def _sent_mask(self, run: Run, allowed: np.ndarray) -> jax.Array:
+        """`allowed` on device: the copy sent last when it has not changed (most chunks)."""
+        if run.allowed is None or not np.array_equal(run.allowed[0], allowed):
+            run.allowed = allowed, self._to_device(allowed)
+        return run.allowed[1]
+
     def _grant_decode(self, run: Run, decoding: list[int]) -> np.ndarray:
         """Which decode rows may run the next chunk [B] bool: those that got the pages its steps write,
         oldest episode first (the others sit it out: `PagePool`)."""
@@ -486,16 +493,22 @@ class RolloutEngine:
         stopped = [r for r in decoding if not active[r]]
         if not stopped:
             return
-        tokens, sampled, logprobs, turn_start, length = self._read(
-            (state.tokens, state.sampled, state.logprobs, state.turn_start, state.length))
-        for r in stopped:
+        tokens, sampled, logprobs, turn_start, length = self._read_rows(state, stopped)
+        for k, r in enumerate(stopped):
             row = run.rows[r]
             if row.parent is not None:
-                self._end_branch(run, row, tokens[r], int(turn_start[r]), int(length[r]))
+                self._end_branch(run, row, tokens[k], int(turn_start[k]), int(length[k]))
                 run.rows[r] = None
                 continue
-            row.phase, row.turn_start, row.length = "stopped", int(turn_start[r]), int(length[r])
-            row.snapshot = (tokens[r], sampled[r], logprobs[r])
+            row.phase, row.turn_start, row.length = "stopped", int(turn_start[k]), int(length[k])
+            row.snapshot = (tokens[k], sampled[k], logprobs[k])
+
+    def _read_rows(self, state: generate.GenState, rows: list[int]) -> tuple[np.ndarray, ...]:
+        """`generate.rows_of` the `rows` on the host (and no other row), their count padded to a bucket
+        (`_read_buckets`: programs compiled at warm-up)."""
+        index = np.full(_read_bucket(len(rows), state.tokens.shape[0]), rows[0], np.int32)
+        index[:len(rows)] = rows
+        return self._read(self._dispatch(generate.rows_of, state, self._replicated(index)))
 
     def _read(self, arrays):
         """The host copy of device `arrays`, waiting for them (device time)."""
@@ -543,32 +556,41 @@ class RolloutEngine:
         table moves with it) and comes back to a row on the same device."""
         free = sum(row is None for row in run.rows)
         wanted = len(run.waiting) + len(run.parked_in("observed")) - free
+        moves = []
         for r in run.rows_in("env")[:max(wanted, 0)]:
             if None not in run.parked:
-                return
+                break
             p = run.parked.index(None)
-            run.parking = self._move(state, r, run.parking, p)
             run.rows[r].shard = self._shard(r, run)
             run.parked[p], run.rows[r] = run.rows[r], None
-            self.stats.parks += 1
+            moves.append((r, p))
+        self.stats.parks += len(moves)
+        if moves:
+            run.parking = self._dispatch(generate.move_rows, state, run.parking, *self._moves(moves, run.parking),
+                                         self.rules)
 
     def _unpark(self, state: generate.GenState, run: Run) -> generate.GenState:
         """Moves parked episodes whose observation is in back into free decode rows on their own device,
         first in first out."""
+        moves = []
         for row in run.parked_in("observed"):
             free = [r for r, held in enumerate(run.rows) if held is None and self._shard(r, run) == row.shard]
             if not free:
                 continue
-            r, p = free[0], run.parked.index(row)
-            state = self._move(run.parking, p, state, r)
-            run.rows[r], run.parked[p] = row, None
-        return state
+            p = run.parked.index(row)
+            run.rows[free[0]], run.parked[p] = row, None
+            moves.append((p, free[0]))
+        if not moves:
+            return state
+        return self._dispatch(generate.move_rows, run.parking, state, *self._moves(moves, state), self.rules)
 
-    def _move(self, source: generate.GenState, source_row: int, target: generate.GenState, target_row: int
-              ) -> generate.GenState:
-        """`target` with row `target_row` replaced by row `source_row` of `source` (`generate.move_rows`)."""
-        rows = self._to_device((np.int32([source_row]), np.int32([target_row])))
-        return self._dispatch(generate.move_rows, source, target, *rows, self.rules)
+    def _moves(self, pairs: list[tuple[int, int]], target: generate.GenState) -> tuple[jax.Array, jax.Array]:
+        """`generate.move_rows`' (source rows, target rows) of a round's (source, target) `pairs`: always
+        `rollout.parked_rows` of them (one program each way), the unused aimed past `target`'s rows."""
+        rows = np.zeros((2, self.config.parked_rows), np.int32)
+        rows[1] = target.tokens.shape[0] + np.arange(self.config.parked_rows)
+        rows[:, :len(pairs)] = np.asarray(pairs, np.int32).reshape(-1, 2).T
+        return self._replicated(rows[0]), self._replicated(rows[1])
 
     def _env_turns(self, turns: list[tuple[int, str, int, int]]) -> list[_Answer]:
         """On a worker thread: the env's answer to each (episode, turn text, turn index, slots left for an
@@ -713,10 +735,10 @@ class RolloutEngine:
                     starting = np.asarray([left == 1 and r in part and r in start for r in order])
                     joined = self._joins({m: order.index(r) for m, r in joins.items()
                                           if left == 1 and r in part and r in start}, batch, len(order))
-                    run.pool, state = self._dispatch(
-                        generate.extend, self.cfg, params, run.pool, state,
-                        *self._to_device((self._local(computed, batch), tokens, lengths, starting)), sampling,
-                        self.rules, self.attention, self._to_device(joined))
+                    *inputs, joined = self._to_device((self._local(computed, batch), tokens, lengths, starting,
+                                                       joined))
+                    run.pool, state = self._dispatch(generate.extend, self.cfg, params, run.pool, state, *inputs,
+                                                     sampling, self.rules, self.attention, joined)
         return state
 
     def _joins(self, sources: dict[int, int], batch: int, computed: int) -> np.ndarray:
@@ -762,6 +784,16 @@ class _Answer(NamedTuple):
 
 _CLOSING_TAG = re.compile(r"</[A-Za-z_]+>\s*\Z")
 _BRANCH_PROMPT_ROOM = 64  # tokens reserved for a side branch's prompt
+
+
+def _read_bucket(rows: int, batch: int) -> int:
+    """Rows a read of `rows` stopped rows takes: the next power of two, at most the batch."""
+    return min(1 << (rows - 1).bit_length(), batch)
+
+
+def _read_buckets(batch: int) -> list[int]:
+    """Every `_read_bucket` of a `batch`-row state."""
+    return sorted({_read_bucket(rows, batch) for rows in range(1, batch + 1)})
 
 
 @functools.partial(jax.jit, static_argnames=("dtype",))

@@ -404,11 +404,12 @@ def copy_pages(pool: models.KVPool, source: jax.Array, target: jax.Array, batch:
 @functools.partial(jax.jit, static_argnames=("rules",), donate_argnums=(1,))
 def move_rows(source: GenState, target: GenState, source_rows: jax.Array, target_rows: jax.Array,
               rules: models.ShardingRules) -> GenState:
-    """`target` with its rows `target_rows` [K] replaced by rows `source_rows` of `source`: episodes moved,
-    page tables, buffers and keys with them (their pages stay where they are), between the decode batch and
-    the parked rows. `decoded` counts a decode row's steps, not an episode's, so each side keeps its own."""
+    """`target` with its rows `target_rows` [K] (distinct; those past its rows left out) replaced by rows
+    `source_rows` of `source`: episodes moved, page tables, buffers and keys with them (their pages stay where
+    they are), between the decode batch and the parked rows. `decoded` counts a decode row's steps, not an
+    episode's, so each side keeps its own."""
     moved = jax.tree.map(lambda axes, x, y: x.at[_row_index(axes, target_rows)].set(
-        y[_row_index(axes, source_rows)], unique_indices=True), state_logical_axes(), target, source,
+        y[_row_index(axes, source_rows)], unique_indices=True, mode="drop"), state_logical_axes(), target, source,
         is_leaf=lambda axes: type(axes) is tuple)
     return _placed(moved._replace(decoded=target.decoded), rules)
 
@@ -420,6 +421,14 @@ def progress(state: GenState) -> tuple[jax.Array, jax.Array]:
 
 
 @jax.jit
+def rows_of(state: GenState, rows: jax.Array) -> tuple[jax.Array, ...]:
+    """What the host reads of `rows` [K] (global indices, repeats allowed): their tokens, sampled flags,
+    log-probabilities, turn starts and lengths. The rows a chunk stopped, so the host never copies the
+    others."""
+    return tuple(x[rows] for x in (state.tokens, state.sampled, state.logprobs, state.turn_start, state.length))
+
+
+@jax.jit
 def copied(state: GenState) -> GenState:
     """A copy of `state` (the original stays donatable): where side branches run aside."""
     return jax.tree.map(jnp.copy, state)
@@ -427,5 +436,6 @@ def copied(state: GenState) -> GenState:
 
 def compiled_programs() -> int:
     """How many programs the rollout's jitted functions have compiled so far in this process."""
-    functions = (extend, decode_chunk, truncate, reset_rows, set_pages, copy_pages, progress, move_rows, copied)
+    functions = (extend, decode_chunk, truncate, reset_rows, set_pages, copy_pages, progress, move_rows, copied,
+                 rows_of)
     return sum(f._cache_size() for f in functions)

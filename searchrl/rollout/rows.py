@@ -179,6 +179,7 @@ class Run:
     held: set = dataclasses.field(default_factory=set)  # decode rows that sat out the last chunk for pages
     pool: models.KVPool | None = None  # the keys and values, on device
     table: np.ndarray | None = None  # the decode rows' page tables as last sent
+    allowed: tuple | None = None  # the decode mask as last sent: (on the host, on device)
     decoded: np.ndarray = None  # each row's `GenState.decoded` when last read
 
     def __post_init__(self):

@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -14,25 +19,37 @@ from searchrl.rollout import generate
 from searchrl.rollout.config import RolloutConfig, SamplingParams
 from searchrl.rollout.engine import RolloutEngine
 from searchrl.text.tokenizer import train_bpe_tokenizer
+from tests.processes import free_port, wait, xla_flags_with_devices
+from tests.rollout import engine_processes
+
+REPO = Path(__file__).resolve().parents[2]
 
 ATTENTION = models.AttentionConfig()  # the default: `MeshConfig.attention`
 
 WORDS = "alpha beta gamma delta search answer river mountain city house tree stone light water fire".split()
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
+def build_tokenizer():
     rng = np.random.default_rng(0)
     texts = [" ".join(rng.choice(WORDS, 12)) for _ in range(300)]
     return train_bpe_tokenizer(texts, vocab_size=330)
 
 
-@pytest.fixture(scope="module")
-def model(tokenizer):
+def build_model(tokenizer):
     # Untied embeddings: a random tied model greedily repeats its last input token, which would hide bugs.
     cfg = dataclasses.replace(models.get_preset("tiny"), vocab_size=len(tokenizer),
                               eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
     return cfg, models.init_params(cfg, jax.random.key(1))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return build_model(tokenizer)
 
 
 @dataclasses.dataclass
@@ -369,6 +386,31 @@ def test_a_grpo_group_prefills_its_prompt_once_and_each_response_is_its_episode_
         tight = make_engine(model, tokenizer, env, pool_pages=engine.reserve(), **settings)
         assert_same_episodes(tight.run(model[1], examples, key), got)
         assert tight.stats.page_waits > 0
+
+
+GRPO_EXAMPLES = [{"q": w} for w in WORDS[:4] for _ in range(2)]  # four prompts, two responses each
+
+
+def test_a_grpo_rollout_as_two_processes_is_the_one_process_rollout(tmp_path):
+    """Two processes (gloo on 127.0.0.1, 4 CPU devices each), each rolling out its half of a GRPO batch on
+    its block of the (2, 2, 2) mesh with its groups sharing prompt pages, give the one-process rollout's
+    episodes bit for bit."""
+    port, out = free_port(), tmp_path
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), "XLA_FLAGS": xla_flags_with_devices(4)}
+    with open(out / "log", "w") as log:
+        procs = [subprocess.Popen([sys.executable, "-m", "tests.rollout.engine_processes", str(out), str(i), "2",
+                                   str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+                 for i in range(2)]
+    wait(procs, [out, out])
+    want_arrays, want = engine_processes.rollout(slice(0, len(GRPO_EXAMPLES)))
+    assert want["shared_prompts"] >= 2
+    halves = [(np.load(out / f"process{i}.npz"), json.loads((out / f"process{i}.json").read_text()))
+              for i in range(2)]
+    for name, array in want_arrays.items():
+        np.testing.assert_array_equal(np.concatenate([arrays[name] for arrays, _ in halves]), array)
+    for name in ("turns", "finish"):
+        assert [row for _, texts in halves for row in texts[name]] == want[name]
+    assert all(texts["shared_prompts"] >= 1 for _, texts in halves)
 
 
 def test_a_separate_branch_prompt_goes_on_in_the_smallest_pool(model, tokenizer):

@@ -99,6 +99,20 @@ def test_move_rows_carries_an_episode_whole_and_keeps_each_rows_step_count():
         np.testing.assert_array_equal(got[0], want[2])
 
 
+def test_move_rows_moves_several_rows_at_once_and_leaves_out_targets_past_the_batch():
+    """The engine moves a round's rows in one call of a fixed width, its unused pairs aimed past the target's
+    rows: those change nothing."""
+    cfg, params = tiny()
+    _, state = prefilled(cfg, params, 4)
+    _, parked = prefilled(cfg, params, 3, key=9)
+    source, before = host(state), host(parked)
+    parked = host(generate.move_rows(state, parked, jnp.asarray([3, 1, 0]), jnp.asarray([2, 0, 4]), RULES))
+    for got, want, kept in zip(*(jax.tree.leaves(s._replace(decoded=None)) for s in (parked, source, before))):
+        np.testing.assert_array_equal(got[[2, 0]], want[[3, 1]])
+        np.testing.assert_array_equal(got[1], kept[1])
+    assert np.asarray(parked.decoded).tolist() == np.asarray(before.decoded).tolist()
+
+
 def _decoded(cfg, params, sampling: SamplingParams, **kwargs) -> generate.GenState:
     pool, state = prefilled(cfg, params, 3, **kwargs)
     spec = generate.DecodeSpec(6, 47, sampling, steps=6, rules=RULES, attention=ATTENTION)
