@@ -1,14 +1,14 @@
 """The projected step time of each paper run (`aot_setups.RUNS`), phase by phase, beside the step time its
 peer (the paper's own code) reports on the same hardware.
 
-    python -m searchrl.benchmarks.project [--only SUBSTRING] [--check]
+    python -m searchrl.benchmarks.project [--only SUBSTRING] [--docs_only] [--check]
 
 Per run, the cost model (`jaxpr_cost`) counts each program's FLOPs and bytes per device on its traced jaxpr
 (nothing is compiled; `aot.learn_inputs` and `aot.rollout_inputs` lay the programs out on the run's devices,
 here CPU devices of the same count), and a program takes the slower of its FLOPs at the chip's peak times a
 cited model FLOPs utilisation (`MFU`) and its bytes at the chip's HBM bandwidth times a cited decode bandwidth
-share (`BANDWIDTH_SHARE`). The workload (`Workload`) is every episode at its config's limits: each turn samples
-`rollout.max_turn_tokens`, each search returns `rollout.max_obs_tokens`. The phases of a step:
+share (`BANDWIDTH_SHARE`). Two workloads (`Workload`): the Search-R1-like mix of lengths the AOT table lays
+out (`mix`, for envs that search) and every episode at its config's limits (`limits`). The phases of a step:
 
   prefill      the prompts appended (`extend` chunks, or the one-call `prefill` program);
   decode       the decode steps: the episodes' sampled tokens over the rows decoded at once, each step at the
@@ -18,11 +18,11 @@ share (`BANDWIDTH_SHARE`). The workload (`Workload`) is every episode at its con
   scoring      the PPO step's scoring pass (policy, reference and critic forward);
   update       the PPO epochs.
 
-The costs are counted with attention the cost model sees whole: "blockwise" for the PPO step (the block pairs
-the Pallas kernels compute) and the paged "reference" loop for the rollout (the pages the kernels read), with
-the scoring pass as its own program (`rl.offload_reference`) and unpacked rows as wide as the workload's. The
-results file (`RESULTS`) is the source of the generated block of docs/benchmarks.md; --check writes nothing
-and fails when the block differs from what the file gives.
+Attention is counted as the cost model sees it whole (`costing`): "blockwise" in the PPO step (the block
+pairs the Pallas kernels compute) and the paged "reference" loop in the rollout (the pages the kernels read),
+with the scoring pass a program of its own (`rl.offload_reference`). The results file (`RESULTS`) is the
+source of the generated block of docs/benchmarks.md; --check writes nothing and fails when the block differs
+from what the file gives.
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ from searchrl import cli, models, run_config
 from searchrl.benchmarks import aot, aot_setups
 from searchrl.benchmarks.hardware import GPU_TARGETS, Chip, chip_of
 from searchrl.benchmarks.jaxpr_cost import MatmulCost, input_shards, matmul_cost
+from searchrl.benchmarks.lengths import search_r1_episodes
 from searchrl.configlib import sibling
 from searchrl.generated import replace_block
 from searchrl.run_config import RunConfig
@@ -102,46 +103,71 @@ PEERS = (
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """What one step of a run does, each episode at its config's limits."""
+    """What one step of a run does: its episodes' mean parts, and the rows of its PPO step."""
 
+    name: str  # "limits" or "mix"
     episodes: int
-    prompt: int  # tokens
-    turns: int  # decoded turns an episode
-    turn_tokens: int  # sampled tokens a turn
-    observations: int  # search results appended an episode
-    obs_tokens: int  # tokens a search result
-    searches: int  # rounds of one search an episode (the reward's search where the env has no turns)
-    length: int  # tokens of a finished episode (at most rollout.max_len)
+    prompt: float  # tokens
+    turns: float  # decoded turns an episode
+    turn_tokens: float  # sampled tokens a turn
+    observations: float  # search results appended an episode
+    obs_tokens: float  # tokens a search result
+    searches: float  # searches an episode (the reward's search where the env has no turns)
+    longest: int  # sampled tokens of the longest episode
+    max_len: int  # rollout.max_len
+    length: int  # the PPO step's unpacked rows' tokens; 0: packed, as the trainer packs the mix (`lengths`)
 
     def live(self) -> int:
         """The mean live length of a decode step: turn k (from 0) decodes after the prompt and k turns and
         observations, half its own tokens on average."""
         step = self.turn_tokens + self.obs_tokens * (self.observations > 0)
-        mean = self.prompt + step * (self.turns - 1) / 2 + self.turn_tokens / 2
-        return min(self.length, math.ceil(mean))
+        return min(self.max_len, math.ceil(self.prompt + step * (self.turns - 1) / 2 + self.turn_tokens / 2))
+
+    def decode_steps(self, rows: int) -> int:
+        """Decode steps on `rows` rows at once: the episodes' sampled tokens over the rows (refilled as
+        episodes end), and at least the longest episode's."""
+        return max(math.ceil(self.episodes * self.turns * self.turn_tokens / rows), self.longest)
 
 
-def workload(config: RunConfig) -> Workload:
-    """The `Workload` of a config: an env with `max_turns` searches that often and then answers; one
-    without decodes one turn and searches once, for its reward."""
+def limits(config: RunConfig) -> Workload:
+    """Every episode at its config's limits: an env with `max_turns` searches that often, each result
+    `rollout.max_obs_tokens`, then answers, each turn `rollout.max_turn_tokens`; one without decodes one turn
+    and searches once, for its reward. The PPO step's rows are a finished episode long."""
     rollout, searches = config.rollout, getattr(config.env, "max_turns", None)
     turns, observations = (searches + 1, searches) if searches else (1, 0)
     prompt = min(rollout.max_prompt_tokens, rollout.max_len)
     length = min(rollout.max_len, prompt + turns * rollout.max_turn_tokens
                  + observations * rollout.max_obs_tokens)
-    return Workload(aot.batch_rows(config), prompt, turns, rollout.max_turn_tokens, observations,
-                    rollout.max_obs_tokens, searches or 1, length)
+    return Workload("limits", aot.batch_rows(config), prompt, turns, rollout.max_turn_tokens, observations,
+                    rollout.max_obs_tokens, searches or 1, turns * rollout.max_turn_tokens, rollout.max_len,
+                    length)
 
 
-def costing(config: RunConfig, length: int) -> RunConfig:
+def mix(config: RunConfig) -> Workload | None:
+    """The Search-R1-like mix of `lengths.search_r1_episodes` (the AOT's and the padding benchmark's) for an
+    env that searches (`max_turns`), its PPO step packed as the trainer packs it; None for one that does
+    not."""
+    if not getattr(config.env, "max_turns", None):
+        return None
+    rows = aot.batch_rows(config)
+    episodes = search_r1_episodes(rows, config.rollout)
+    searches = float(episodes.searches.mean())
+    turns = searches + 1
+    return Workload("mix", rows, float(episodes.prompt.mean()), turns, float(episodes.sampled.mean()) / turns,
+                    searches, float(episodes.observed.mean()) / searches, searches, int(episodes.sampled.max()),
+                    config.rollout.max_len, 0)
+
+
+def costing(config: RunConfig, work: Workload) -> RunConfig:
     """`config` as the cost model counts it: blockwise attention in the PPO step, the paged reference loop
-    in the rollout, the scoring pass a program of its own, unpacked rows `length` tokens wide."""
-    mesh = config.mesh
+    in the rollout, the scoring pass a program of its own, the PPO step's rows unpacked and a finished
+    episode long where `work` says so."""
+    mesh, rl, rollout = config.mesh, config.rl, config.rollout
     attention = dataclasses.replace(mesh.attention, impl="blockwise", paged="reference")
-    return dataclasses.replace(
-        config, mesh=dataclasses.replace(mesh, attention=attention),
-        rl=dataclasses.replace(config.rl, offload_reference=True, pack=False),
-        rollout=dataclasses.replace(config.rollout, max_len=length))
+    if work.length:
+        rl, rollout = dataclasses.replace(rl, pack=False), dataclasses.replace(rollout, max_len=work.length)
+    return dataclasses.replace(config, mesh=dataclasses.replace(mesh, attention=attention),
+                               rl=dataclasses.replace(rl, offload_reference=True), rollout=rollout)
 
 
 def paged_trips(config: RunConfig, live: int) -> float:
@@ -173,35 +199,40 @@ def seconds(cost: MatmulCost, chip: Chip, mfu: float) -> float:
     return max(cost.flops / (chip.peak_flops * mfu), cost.bytes / (chip.hbm_bandwidth * BANDWIDTH_SHARE.value))
 
 
-def phase_calls(work: Workload, costs: Mapping[str, tuple[MatmulCost, tuple]]) -> dict[str, tuple[str, float]]:
+def phase_calls(work: Workload, costs: Mapping[str, tuple[MatmulCost, tuple]]) -> dict[str, tuple[str, int]]:
     """Each rollout phase's program and how many times a step runs it. An append program's arguments hold
     its chunk (rows, width) after (cfg, params, pool, state, index); a decode chunk's its state's rows."""
     rows, width = costs["extend"][1][5].shape
-    groups = math.ceil(work.episodes / rows)
     decode_rows = costs["decode"][1][3].tokens.shape[0]
-    prefill = (("prefill", groups) if "prefill" in costs
-               else ("extend", groups * math.ceil(work.prompt / width)))
-    return {"prefill": prefill,
-            "decode": ("decode", math.ceil(work.episodes / decode_rows) * work.turns * work.turn_tokens),
-            "observations": ("extend", groups * work.observations * math.ceil(work.obs_tokens / width))}
+    prefill = (("prefill", math.ceil(work.episodes / rows)) if "prefill" in costs
+               else ("extend", math.ceil(work.episodes / rows) * math.ceil(work.prompt / width)))
+    appends = math.ceil(work.episodes * work.observations / rows) * math.ceil(work.obs_tokens / width)
+    return {"prefill": prefill, "decode": ("decode", work.decode_steps(decode_rows)),
+            "observations": ("extend", appends)}
 
 
-def project(config: RunConfig, topology: str, devices: Sequence[jax.Device], queries_per_s: float) -> dict:
-    """One run's projection: each phase's seconds a step, with what it rests on."""
-    work = workload(config)
+def costs_of(config: RunConfig, work: Workload, devices: Sequence[jax.Device]
+             ) -> dict[str, tuple[MatmulCost, tuple]]:
+    """`program_costs` of `config` as the cost model counts it for `work` (`costing`), at its mean live
+    length."""
+    return program_costs(costing(config, work), devices, work.live())
+
+
+def project(work: Workload, topology: str, costs: Mapping[str, tuple[MatmulCost, tuple]],
+            queries_per_s: float) -> dict:
+    """A run's projection for `work` from its programs' costs (`costs_of`): each phase's seconds a step,
+    with what it rests on."""
     chip, mfu = chip_of(topology), MFU[topology.partition(":")[0]].value
-    counted = costing(config, work.length)
-    costs = program_costs(counted, devices, work.live())
-    phases = {name: (program, calls, seconds(costs[program][0], chip, mfu) * calls)
-              for name, (program, calls) in phase_calls(work, costs).items()}
-    step = {name: costs[name][0] for name in ("score", "learn")}
+    calls = phase_calls(work, costs)
+    # without a reference there is no scoring program of its own: the scoring pass is in "learn"
+    step = {name: costs[name][0] if name in costs else MatmulCost() for name in ("score", "learn")}
     decode = costs["decode"][0]
     return {
         "workload": dataclasses.asdict(work) | {"live": work.live()},
         "decode_step": {"tflop": decode.flops / 1e12, "gb": decode.bytes / 1e9,
                         "rows": costs["decode"][1][3].tokens.shape[0]},
-        "calls": {name: calls for name, (_, calls, _) in phases.items()},
-        "seconds": {**{name: s for name, (_, _, s) in phases.items()},
+        "calls": {name: n for name, (_, n) in calls.items()},
+        "seconds": {**{name: seconds(costs[program][0], chip, mfu) * n for name, (program, n) in calls.items()},
                     "retrieval": work.episodes * work.searches / queries_per_s,
                     "scoring": seconds(step["score"], chip, mfu), "update": seconds(step["learn"], chip, mfu)},
         "step_tflop": {"scoring": step["score"].flops / 1e12, "update": step["learn"].flops / 1e12},
@@ -231,50 +262,72 @@ def dominant(seconds: Mapping[str, float]) -> str:
     return max(PHASES, key=lambda name: seconds[name])
 
 
+def total(projection: Mapping[str, Any]) -> float:
+    return sum(projection["seconds"][p] for p in PHASES)
+
+
+def shown(run: Mapping[str, Any]) -> dict[str, Any]:
+    """The projection a run's row shows: at the mix where its env searches, else at its limits."""
+    return run["mix"] or run["limits"]
+
+
+def _peer(config: str, step: float) -> tuple[str, str]:
+    """A row's peer cells: its step time, linked, and its ratio to `step`."""
+    peer = peer_of(config)
+    if peer is None:
+        return "no public figure", "-"
+    one = peer.low_s == peer.high_s
+    span = _seconds(peer.low_s) if one else f"{_seconds(peer.low_s)}-{_seconds(peer.high_s)}"
+    ratio = f"{peer.low_s / step:.2g}" if one else f"{peer.low_s / step:.2g}-{peer.high_s / step:.2g}"
+    return f"[{span}]({peer.source})", ratio
+
+
 def render(results: Mapping[str, Any]) -> str:
     """The block: the table, each run's dominant phase and why, and the model's assumptions."""
     lines = [f"Generated by `python -m searchrl.benchmarks.project` on {results['date']} (commit "
              f"{results['commit']}): seconds a step, each phase from the cost model at the cited fractions "
-             "of peak (below), every episode at its config's limits.", "",
-             "| run | " + " | ".join(PHASES) + " | step | peer's step (s) | peer / projected |",
-             "|---|" + "---|" * (len(PHASES) + 3)]
+             "of peak (assumptions below); the phases at the Search-R1-like mix of lengths (`mix`) where the "
+             "env searches, else at the config's limits (`limits`), and the step with every episode at its "
+             "limits beside them.", "",
+             "| run | workload | " + " | ".join(PHASES) + " | step | step at the limits | peer's step (s) "
+             "| peer / step |", "|---|---|" + "---|" * (len(PHASES) + 4)]
     for run in results["runs"]:
-        s = run["projection"]["seconds"]
-        total = sum(s[p] for p in PHASES)
-        peer = peer_of(run["config"])
-        if peer is None:
-            quoted, ratio = "no public figure", "-"
-        else:
-            span = _seconds(peer.low_s) if peer.low_s == peer.high_s else \
-                f"{_seconds(peer.low_s)}-{_seconds(peer.high_s)}"
-            quoted = f"[{span}]({peer.source})"
-            ratio = (f"{peer.low_s / total:.2g}" if peer.low_s == peer.high_s
-                     else f"{peer.low_s / total:.2g}-{peer.high_s / total:.2g}")
-        lines.append(f"| `{run['config']}` | " + " | ".join(_seconds(s[p]) for p in PHASES)
-                     + f" | {_seconds(total)} | {quoted} | {ratio} |")
+        row = shown(run)
+        quoted, ratio = _peer(run["config"], total(row))
+        lines.append(f"| `{run['config']}` | {row['workload']['name']} | "
+                     + " | ".join(_seconds(row["seconds"][p]) for p in PHASES)
+                     + f" | {_seconds(total(row))} | {_seconds(total(run['limits']))} | {quoted} | {ratio} |")
     lines += ["", *why(results["runs"]), "", *assumptions(results)]
     return "\n".join(lines)
 
 
 def why(runs: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One line a run: the phase that dominates its step and what makes it long."""
-    lines = ["Which phase dominates each run, and why:", ""]
-    for run in runs:
-        p = run["projection"]
+    """How many runs each phase dominates, then one line a run: its dominant phase and what makes it long."""
+    tops = [dominant(shown(run)["seconds"]) for run in runs]
+    counts = ", ".join(f"{phase} in {tops.count(phase)}" for phase in PHASES if phase in tops)
+    lines = [f"Which phase dominates each run, and why ({counts} of the {len(runs)} runs):", ""]
+    for run, top in zip(runs, tops):
+        p = shown(run)
         s, work, step = p["seconds"], p["workload"], p["decode_step"]
-        top = dominant(s)
-        share = s[top] / sum(s[q] for q in PHASES)
+        share = s[top] / total(p)
         if top == "decode":
-            reason = (f"{p['calls']['decode']:,} decode steps ({work['episodes']} episodes x {work['turns']} "
-                      f"turns x {work['turn_tokens']} tokens over {step['rows']} rows at once), each reading "
-                      f"{step['gb']:.1f} GB a device (the weights and the KV cache at {work['live']:,} live "
-                      f"tokens) for one token a row: memory-bound")
+            reason = (f"{p['calls']['decode']:,} decode steps ({work['episodes']} episodes of "
+                      f"{work['turns'] * work['turn_tokens']:,.0f} sampled tokens on average over "
+                      f"{step['rows']} rows at once), each reading {step['gb']:.1f} GB a device (the weights and "
+                      f"the KV cache at {work['live']:,} live tokens) for one token a row: memory-bound")
         elif top in ("update", "scoring"):
-            reason = (f"{p['step_tflop'][top]:,.0f} TFLOP a device over {work['episodes']} rows of "
-                      f"{work['length']:,} tokens: compute-bound")
+            what = ("the PPO epochs' forward, backward and recomputed forward of every trained model"
+                    if top == "update" else "a forward pass of each model that scores")
+            rows = (f"{work['episodes']} rows of {work['length']:,} tokens" if work["length"]
+                    else f"the mix's {work['episodes']} episodes packed into rows")
+            reason = f"{p['step_tflop'][top]:,.0f} TFLOP a device, {what}, over {rows}: compute-bound"
+        elif top == "retrieval":
+            reason = f"{work['episodes'] * work['searches']:,.0f} searches at the measured BM25 throughput"
         else:
-            reason = f"{p['calls'].get(top, 0):,} calls"
-        lines.append(f"- `{run['config']}`: {top}, {share:.0%} of the step: {reason}.")
+            reason = f"{p['calls'][top]:,} append calls, each reading the weights"
+        second = max((q for q in PHASES if q != top), key=lambda q: s[q])
+        lines.append(f"- `{run['config']}` ({work['name']}): {top}, {share:.0%} of the step: {reason}; "
+                     f"then {second}, {s[second] / total(p):.0%}.")
     return lines
 
 
@@ -286,24 +339,31 @@ def assumptions(results: Mapping[str, Any]) -> list[str]:
     return [
         "The model's assumptions:",
         "",
-        "- Every episode runs its config's limits: a search env's `env.max_turns` searches, each returning "
+        "- `mix`: the episodes of `lengths.search_r1_episodes` (prompts of 150-400 tokens, 1-4 searches of "
+        "50-300 sampled tokens and a 300-500-token result each, an answer of 20-100 tokens, each part cut at "
+        "the config's limits), the PPO step on them packed as the trainer packs them (`rl.pack`); the AOT "
+        "table and the padding benchmark lay out the same mix. It is Search-R1's shape, taken for every env "
+        "that searches.",
+        "- `limits`: every episode at its config's limits: `env.max_turns` searches, each returning "
         "`rollout.max_obs_tokens`, then an answer turn, every turn `rollout.max_turn_tokens` sampled tokens, "
-        "the prompt `rollout.max_prompt_tokens`; an env without turns decodes once and searches once for its "
-        "reward. Episodes that stop early (most do) make every rollout phase shorter: the projection is an "
-        "upper bound for the rollout.",
-        "- Decoding runs every row to the same number of tokens (rows refilled as episodes end where "
-        "`rollout.decode_rows` is set); a decode step attends over the mean live length of its episode.",
+        "the prompt `rollout.max_prompt_tokens`; an env without turns decodes once and searches once, for "
+        "its reward. The PPO step on unpacked rows a finished episode long. An upper bound.",
+        "- Decode rows are refilled as episodes end where `rollout.decode_rows` is set, so a rollout takes "
+        "its episodes' sampled tokens over the rows in decode steps, and at least its longest episode's; "
+        "every decode step and every append (`rollout.extend_rows` rows a call: prompt chunks and search "
+        "results) attends over the episodes' mean live length.",
         "- Each program takes the slower of its matmul FLOPs (`jaxpr_cost`, a device's share) at a model "
         f"FLOPs utilisation of the chip's peak ({mfu}) and its bytes at {BANDWIDTH_SHARE.value:.1%} of the "
         f"chip's HBM bandwidth ([{BANDWIDTH_SHARE.what}]({BANDWIDTH_SHARE.source}); taken for every chip). "
         "Elementwise work, host time, weight syncs and collectives are not counted.",
+        "- Attention is counted as the cost model sees it whole: blockwise in the PPO step (the block pairs "
+        "the Pallas kernels compute) and the paged reference loop in the rollout (the live pages the kernels "
+        "read). The scoring pass (policy, reference and critic forward) is a program of its own; a run "
+        "without a reference scores within its update (scoring 0).",
         f"- Retrieval: {retrieval['queries_per_s']:,.0f} queries/s, the retrieval benchmark's in-process BM25 "
-        f"(`{retrieval['what']}`, `{RETRIEVAL}`), for every run's searches; the papers' own retrievers "
+        f"({retrieval['what']}; `{RETRIEVAL}`), for every run's searches; the papers' own retrievers "
         "(e5 over 21M passages, PubMed's API, SQLite) are not measured here.",
-        "- The PPO step is counted on unpacked rows as long as a finished episode, with blockwise attention "
-        "(the block pairs the Pallas kernels compute), remat as the run's config sets it.",
-        f"- Peers: {peers}. Their runs stop episodes early; the ratio compares their measured step with this "
-        "upper bound.",
+        f"- Peers: {peers}. Their steps ran their own episodes' lengths, which neither workload reproduces.",
     ]
 
 
@@ -327,12 +387,25 @@ def generated(root: pathlib.Path) -> str:
 
 
 def run_all(runs: Sequence[tuple[str, str]], root: pathlib.Path) -> list[dict[str, Any]]:
-    """The projection of each of `runs` ((config, topology) pairs), on this process's first devices."""
+    """The projections of each of `runs` ((config, topology) pairs) at its limits and its mix, on this
+    process's first devices; what `costing` counts the same (setups that differ only in what it replaces)
+    is traced once."""
     rate = retrieval_rate(root)["queries_per_s"]
-    return [{"config": config, "topology": topology,
-             "projection": project(load_config(config), topology, jax.devices()[:topology_devices(topology)],
-                                   rate)}
-            for config, topology in runs]
+    traced: dict[tuple[str, int, int], dict] = {}
+    out = []
+    for config, topology in runs:
+        parsed, devices = load_config(config), jax.devices()[:topology_devices(topology)]
+        entry = {"config": config, "topology": topology}
+        for work in (limits(parsed), mix(parsed)):
+            if work is None:
+                entry["mix"] = None
+                continue
+            key = (repr(costing(parsed, work)), len(devices), work.live())
+            if key not in traced:
+                traced[key] = costs_of(parsed, work, devices)
+            entry[work.name] = project(work, topology, traced[key], rate)
+        out.append(entry)
+    return out
 
 
 def merged(earlier: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -352,7 +425,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     check = flags.DEFINE_boolean("check", False, "write nothing; fail if the block is stale", flag_values=values)
     only = flags.DEFINE_string("only", "", "project only the runs whose config contains this (the others "
                                "keep their results)", flag_values=values)
+    docs_only = flags.DEFINE_boolean("docs_only", False, "rewrite the block from the results file, projecting "
+                                     "nothing", flag_values=values)
     cli.parse(values, argv, __doc__)
+    if docs_only.value:
+        (ROOT / DOCS).write_text(generated(ROOT))
+        print(f"wrote {DOCS}")
+        return
     if check.value:
         if stale(ROOT):
             cli.fail(f"stale projection in {DOCS}: run `python -m searchrl.benchmarks.project`")

@@ -25,6 +25,7 @@ SAME_NAME_OTHER_MEANING = {
     ("searchrl.benchmarks.learn.synthetic_batch", "seed"): "a benchmark's data seed, not SFTConfig.seed",
     ("searchrl.benchmarks.retrieval.random_encoder", "seed"): "a benchmark's encoder seed",
     ("searchrl.benchmarks.lengths.search_r1_lengths", "seed"): "a benchmark's length-mix seed",
+    ("searchrl.benchmarks.lengths.search_r1_episodes", "seed"): "a benchmark's length-mix seed",
     ("searchrl.benchmarks.lengths.packing_of", "seed"): "a benchmark's length-mix seed",
     ("searchrl.benchmarks.padding.run", "seed"): "a benchmark's length-mix seed",
     ("searchrl.benchmarks.attention.packed_ids", "seed"): "a benchmark's length-mix seed",

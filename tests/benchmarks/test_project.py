@@ -12,6 +12,7 @@ from searchrl import models
 from searchrl.benchmarks import aot_setups, project
 from searchrl.benchmarks.hardware import GPU_TARGETS
 from searchrl.benchmarks.jaxpr_cost import MatmulCost
+from searchrl.benchmarks.lengths import search_r1_episodes, search_r1_lengths
 
 
 @pytest.fixture(scope="module")
@@ -19,17 +20,30 @@ def tiny():
     """Search-R1's tiny preset on one device, as the cost model counts it, with its programs' costs at a live
     length of 300 tokens."""
     config = project.load_config("search_r1.py:tiny")
-    work = project.workload(config)
-    counted = project.costing(config, work.length)
+    work = project.limits(config)
+    counted = project.costing(config, work)
     return counted, work, project.program_costs(counted, jax.devices()[:1], live=300)
 
 
-def test_workload_of_a_search_preset_is_its_limits():
+def test_the_limits_of_a_search_preset():
     config = project.load_config("search_r1.py:paper")
-    work = project.workload(config)
+    work = project.limits(config)
     assert (work.episodes, work.prompt, work.turns, work.turn_tokens, work.observations) == (512, 2048, 5, 500, 4)
     assert work.length == 6144  # 2,048 + 5 x 500 + 4 x 500 tokens, cut at rollout.max_len
     assert work.live() == 2048 + 1000 * 2 + 250  # the mean of turns 0..4: two turns and observations before
+    assert work.decode_steps(512) == 2500 and work.decode_steps(256) == 5000
+
+
+def test_the_mix_is_the_aot_tables_and_only_for_envs_that_search():
+    config = project.load_config("search_r1.py:paper")
+    work = project.mix(config)
+    episodes = search_r1_episodes(512, config.rollout)
+    assert work.turns * work.turn_tokens == pytest.approx(episodes.sampled.mean())
+    assert work.observations * work.obs_tokens == pytest.approx(episodes.observed.mean())
+    assert work.decode_steps(512) == episodes.sampled.max()  # all rows at once: the longest episode
+    assert (search_r1_lengths(512, config.rollout)
+            == episodes.prompt + episodes.sampled + episodes.observed).all()  # none past max_len here
+    assert project.mix(project.load_config("deepretrieval.py:literature")) is None
 
 
 def test_decode_step_against_a_hand_count(tiny):
@@ -72,19 +86,21 @@ def _results() -> dict:
     """A results file with made-up seconds for every paper run (rendering only)."""
     seconds = dict(zip(project.PHASES, (1.0, 30.0, 2.0, 0.5, 10.0, 20.0)))
     projection = {"seconds": seconds, "calls": {"prefill": 4, "decode": 2500, "observations": 8},
-                  "workload": {"episodes": 512, "turns": 5, "turn_tokens": 500, "live": 4298, "length": 6144},
+                  "workload": {"name": "limits", "episodes": 512, "turns": 5, "turn_tokens": 500,
+                               "searches": 4, "live": 4298, "length": 6144},
                   "decode_step": {"tflop": 0.4, "gb": 18.6, "rows": 512},
                   "step_tflop": {"scoring": 9000.0, "update": 23000.0}}
     return {"date": "2026-12-07", "commit": "abc1234",
             "retrieval": {"queries_per_s": 1000.0, "what": "bm25s"},
-            "runs": [{"config": c, "topology": t, "projection": projection} for c, t in aot_setups.RUNS]}
+            "runs": [{"config": c, "topology": t, "limits": projection, "mix": None} for c, t in aot_setups.RUNS]}
 
 
 def test_the_table_has_every_paper_run_and_the_peers_links():
     text = project.render(_results())
     for config, _ in aot_setups.RUNS:
         assert f"| `{config}` |" in text
-        assert f"- `{config}`: decode, 47% of the step" in text  # 30 of 63.5 s
+        assert f"- `{config}` (limits): decode, 47% of the step" in text  # 30 of 63.5 s
+        assert "; then update, 31%." in text
     for peer in project.PEERS:
         assert f"]({peer.source})" in text
     assert text.count("no public figure") == len(aot_setups.RUNS) - len(project.PEERS)
@@ -100,7 +116,7 @@ def test_check_fails_on_a_stale_block(tmp_path, monkeypatch):
     (tmp_path / project.DOCS).write_text(project.generated(tmp_path))
     monkeypatch.setattr(project, "ROOT", tmp_path)
     project.main(["--check"])
-    results["runs"][0]["projection"]["seconds"]["decode"] = 31.0
+    results["runs"][0]["limits"]["seconds"]["decode"] = 31.0
     (tmp_path / project.RESULTS).write_text(json.dumps(results))
     with pytest.raises(SystemExit):
         project.main(["--check"])
