@@ -31,7 +31,6 @@ import datetime
 import json
 import math
 import pathlib
-import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -177,19 +176,25 @@ def paged_trips(config: RunConfig, live: int) -> float:
     return math.ceil(math.ceil(live / page) / per_step)
 
 
-def program_costs(config: RunConfig, devices: Sequence[jax.Device], live: int
-                  ) -> dict[str, tuple[MatmulCost, tuple]]:
+def program_costs(config: RunConfig, devices: Sequence[jax.Device], live: int,
+                  traced: dict[tuple, MatmulCost] | None = None) -> dict[str, tuple[MatmulCost, tuple]]:
     """Each program's FLOPs and bytes per device (a decode chunk: one decode step) with its arguments, its
-    paged attention at `live` tokens a row, traced on a (data, fsdp, tensor) mesh of `devices`."""
+    paged attention at `live` tokens a row, traced on a (data, fsdp, tensor) mesh of `devices`. A program
+    whose arguments (arrays' shapes, dtypes and shardings, static settings) are in `traced` is not traced
+    again: it is the same program."""
+    traced = {} if traced is None else traced
     cfg = models.config_from_source(dataclasses.replace(config.model, path=""))
     mesh = models.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices=devices)
     hints = {PAGED_LOOP: paged_trips(config, live)}
     jobs = {**aot.learn_inputs(config, cfg, mesh), **aot.rollout_inputs(config, cfg, mesh)}
     out = {}
     for name, (jitted, args) in jobs.items():
-        with jax.set_mesh(mesh):
-            jaxpr = jitted.trace(*args).jaxpr
-        out[name] = (matmul_cost(jaxpr, trips=hints, devices=mesh.size, in_shards=input_shards(args)), args)
+        key = (name, repr(args), hints[PAGED_LOOP])
+        if key not in traced:
+            with jax.set_mesh(mesh):
+                jaxpr = jitted.trace(*args).jaxpr
+            traced[key] = matmul_cost(jaxpr, trips=hints, devices=mesh.size, in_shards=input_shards(args))
+        out[name] = (traced[key], args)
     return out
 
 
@@ -211,11 +216,11 @@ def phase_calls(work: Workload, costs: Mapping[str, tuple[MatmulCost, tuple]]) -
             "observations": ("extend", appends)}
 
 
-def costs_of(config: RunConfig, work: Workload, devices: Sequence[jax.Device]
-             ) -> dict[str, tuple[MatmulCost, tuple]]:
+def costs_of(config: RunConfig, work: Workload, devices: Sequence[jax.Device],
+             traced: dict[tuple, MatmulCost] | None = None) -> dict[str, tuple[MatmulCost, tuple]]:
     """`program_costs` of `config` as the cost model counts it for `work` (`costing`), at its mean live
     length."""
-    return program_costs(costing(config, work), devices, work.live())
+    return program_costs(costing(config, work), devices, work.live(), traced)
 
 
 def project(work: Workload, topology: str, costs: Mapping[str, tuple[MatmulCost, tuple]],
@@ -367,11 +372,6 @@ def assumptions(results: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def _commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
-
-
 def retrieval_rate(root: pathlib.Path) -> dict[str, Any]:
     """The retrieval benchmark's in-process BM25 throughput and the corpus it was measured on."""
     r = json.loads((root / RETRIEVAL).read_text())
@@ -388,23 +388,16 @@ def generated(root: pathlib.Path) -> str:
 
 def run_all(runs: Sequence[tuple[str, str]], root: pathlib.Path) -> list[dict[str, Any]]:
     """The projections of each of `runs` ((config, topology) pairs) at its limits and its mix, on this
-    process's first devices; what `costing` counts the same (setups that differ only in what it replaces)
-    is traced once."""
+    process's first devices; a program that runs share (the same arguments) is traced once."""
     rate = retrieval_rate(root)["queries_per_s"]
-    traced: dict[tuple[str, int, int], dict] = {}
+    traced: dict[tuple, MatmulCost] = {}
     out = []
     for config, topology in runs:
         parsed, devices = load_config(config), jax.devices()[:topology_devices(topology)]
-        entry = {"config": config, "topology": topology}
-        for work in (limits(parsed), mix(parsed)):
-            if work is None:
-                entry["mix"] = None
-                continue
-            key = (repr(costing(parsed, work)), len(devices), work.live())
-            if key not in traced:
-                traced[key] = costs_of(parsed, work, devices)
-            entry[work.name] = project(work, topology, traced[key], rate)
-        out.append(entry)
+        workloads = {"limits": limits(parsed), "mix": mix(parsed)}
+        out.append({"config": config, "topology": topology} | {
+            name: None if work is None else project(work, topology, costs_of(parsed, work, devices, traced), rate)
+            for name, work in workloads.items()})
     return out
 
 
@@ -441,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     jax.config.update("jax_num_cpu_devices", max(topology_devices(t) for _, t in runs))
     path = ROOT / RESULTS
     earlier = json.loads(path.read_text())["runs"] if path.exists() else []
-    results = {"date": datetime.date.today().isoformat(), "commit": _commit(),
+    results = {"date": datetime.date.today().isoformat(), "commit": aot_setups._commit(),
                "retrieval": retrieval_rate(ROOT), "runs": merged(earlier, run_all(runs, ROOT))}
     path.write_text(json.dumps(results, indent=1) + "\n")
     (ROOT / DOCS).write_text(generated(ROOT))
