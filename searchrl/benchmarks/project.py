@@ -48,7 +48,8 @@ from searchrl.run_config import RunConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = pathlib.Path("docs/results/projection.json")
-RETRIEVAL = pathlib.Path("docs/results/retrieval_cpu.json")  # `python -m searchrl.benchmarks.retrieval --json`
+# `python -m searchrl.benchmarks.retrieval --json`
+RETRIEVAL = pathlib.Path("docs/results/retrieval_cpu.json")
 DOCS = pathlib.Path("docs/benchmarks.md")
 BLOCK = "projection"
 PHASES = ("prefill", "decode", "observations", "retrieval", "scoring", "update")
@@ -74,7 +75,8 @@ MFU = {
                   "Megatron-LM: 52% of peak per A100 (a 1T-parameter GPT on 3,072 A100s)"),
     "h100": Cited(0.38, "https://arxiv.org/abs/2407.21783",
                   "Llama 3 405B: 38-43% BF16 MFU on 8,192-16,384 H100s (the lower end)"),
-    "v5p": Cited(0.60, "https://github.com/AI-Hypercomputer/maxtext/blob/main/end_to_end/tpu/gemma/Run_Gemma.md",
+    "v5p": Cited(0.60,
+                 "https://github.com/AI-Hypercomputer/maxtext/blob/main/end_to_end/tpu/gemma/Run_Gemma.md",
                  "MaxText: Gemma-7B bf16 on v5p-128, 60% MFU"),
 }
 
@@ -152,8 +154,9 @@ def mix(config: RunConfig) -> Workload | None:
     episodes = search_r1_episodes(rows, config.rollout)
     searches = float(episodes.searches.mean())
     turns = searches + 1
-    return Workload("mix", rows, float(episodes.prompt.mean()), turns, float(episodes.sampled.mean()) / turns,
-                    searches, float(episodes.observed.mean()) / searches, searches, int(episodes.sampled.max()),
+    return Workload("mix", rows, float(episodes.prompt.mean()), turns,
+                    float(episodes.sampled.mean()) / turns, searches,
+                    float(episodes.observed.mean()) / searches, searches, int(episodes.sampled.max()),
                     config.rollout.max_len, 0)
 
 
@@ -201,7 +204,8 @@ def program_costs(config: RunConfig, devices: Sequence[jax.Device], live: int,
 def seconds(cost: MatmulCost, chip: Chip, mfu: float) -> float:
     """A program's time: the slower of its FLOPs at `mfu` of the chip's peak and its bytes at the cited
     share of its HBM bandwidth."""
-    return max(cost.flops / (chip.peak_flops * mfu), cost.bytes / (chip.hbm_bandwidth * BANDWIDTH_SHARE.value))
+    return max(cost.flops / (chip.peak_flops * mfu),
+               cost.bytes / (chip.hbm_bandwidth * BANDWIDTH_SHARE.value))
 
 
 def phase_calls(work: Workload, costs: Mapping[str, tuple[MatmulCost, tuple]]) -> dict[str, tuple[str, int]]:
@@ -237,9 +241,11 @@ def project(work: Workload, topology: str, costs: Mapping[str, tuple[MatmulCost,
         "decode_step": {"tflop": decode.flops / 1e12, "gb": decode.bytes / 1e9,
                         "rows": costs["decode"][1][3].tokens.shape[0]},
         "calls": {name: n for name, (_, n) in calls.items()},
-        "seconds": {**{name: seconds(costs[program][0], chip, mfu) * n for name, (program, n) in calls.items()},
+        "seconds": {**{name: seconds(costs[program][0], chip, mfu) * n
+                       for name, (program, n) in calls.items()},
                     "retrieval": work.episodes * work.searches / queries_per_s,
-                    "scoring": seconds(step["score"], chip, mfu), "update": seconds(step["learn"], chip, mfu)},
+                    "scoring": seconds(step["score"], chip, mfu),
+                    "update": seconds(step["learn"], chip, mfu)},
         "step_tflop": {"scoring": step["score"].flops / 1e12, "update": step["learn"].flops / 1e12},
     }
 
@@ -251,7 +257,8 @@ def peer_of(run: str) -> Peer | None:
 def load_config(run: str) -> RunConfig:
     """The parsed config of a run's "FILE:PRESET,SETUP"."""
     file, _, preset = run.partition(":")
-    return run_config.parse(sibling(str(ROOT / "configs" / file), file.removesuffix(".py")).get_config(preset))
+    module = sibling(str(ROOT / "configs" / file), file.removesuffix(".py"))
+    return run_config.parse(module.get_config(preset))
 
 
 def topology_devices(topology: str) -> int:
@@ -318,8 +325,8 @@ def why(runs: Sequence[Mapping[str, Any]]) -> list[str]:
         if top == "decode":
             reason = (f"{p['calls']['decode']:,} decode steps ({work['episodes']} episodes of "
                       f"{work['turns'] * work['turn_tokens']:,.0f} sampled tokens on average over "
-                      f"{step['rows']} rows at once), each reading {step['gb']:.1f} GB a device (the weights and "
-                      f"the KV cache at {work['live']:,} live tokens) for one token a row: memory-bound")
+                      f"{step['rows']} rows at once), each reading {step['gb']:.1f} GB a device (the weights "
+                      f"and the KV cache at {work['live']:,} live tokens) for one token a row: memory-bound")
         elif top in ("update", "scoring"):
             what = ("the PPO epochs' forward, backward and recomputed forward of every trained model"
                     if top == "update" else "a forward pass of each model that scores")
@@ -365,7 +372,8 @@ def assumptions(results: Mapping[str, Any]) -> list[str]:
         "the Pallas kernels compute) and the paged reference loop in the rollout (the live pages the kernels "
         "read). The scoring pass (policy, reference and critic forward) is a program of its own; a run "
         "without a reference scores within its update (scoring 0).",
-        f"- Retrieval: {retrieval['queries_per_s']:,.0f} queries/s, the retrieval benchmark's in-process BM25 "
+        f"- Retrieval: {retrieval['queries_per_s']:,.0f} queries/s, the retrieval benchmark's in-process "
+        "BM25 "
         f"({retrieval['what']}; `{RETRIEVAL}`), for every run's searches; the papers' own retrievers "
         "(e5 over 21M passages, PubMed's API, SQLite) are not measured here.",
         f"- Peers: {peers}. Their steps ran their own episodes' lengths, which neither workload reproduces.",
@@ -396,7 +404,8 @@ def run_all(runs: Sequence[tuple[str, str]], root: pathlib.Path) -> list[dict[st
         parsed, devices = load_config(config), jax.devices()[:topology_devices(topology)]
         workloads = {"limits": limits(parsed), "mix": mix(parsed)}
         out.append({"config": config, "topology": topology} | {
-            name: None if work is None else project(work, topology, costs_of(parsed, work, devices, traced), rate)
+            name: None if work is None
+            else project(work, topology, costs_of(parsed, work, devices, traced), rate)
             for name, work in workloads.items()})
     return out
 
@@ -415,11 +424,13 @@ def stale(root: pathlib.Path) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> None:
     values = flags.FlagValues()
-    check = flags.DEFINE_boolean("check", False, "write nothing; fail if the block is stale", flag_values=values)
+    check = flags.DEFINE_boolean("check", False, "write nothing; fail if the block is stale",
+                                 flag_values=values)
     only = flags.DEFINE_string("only", "", "project only the runs whose config contains this (the others "
                                "keep their results)", flag_values=values)
-    docs_only = flags.DEFINE_boolean("docs_only", False, "rewrite the block from the results file, projecting "
-                                     "nothing", flag_values=values)
+    docs_only = flags.DEFINE_boolean("docs_only", False,
+                                     "rewrite the block from the results file, projecting nothing",
+                                     flag_values=values)
     cli.parse(values, argv, __doc__)
     if docs_only.value:
         (ROOT / DOCS).write_text(generated(ROOT))

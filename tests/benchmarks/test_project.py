@@ -28,7 +28,8 @@ def tiny():
 def test_the_limits_of_a_search_preset():
     config = project.load_config("search_r1.py:paper")
     work = project.limits(config)
-    assert (work.episodes, work.prompt, work.turns, work.turn_tokens, work.observations) == (512, 2048, 5, 500, 4)
+    assert (work.episodes, work.prompt, work.turns, work.turn_tokens) == (512, 2048, 5, 500)
+    assert work.observations == work.searches == 4
     assert work.length == 6144  # 2,048 + 5 x 500 + 4 x 500 tokens, cut at rollout.max_len
     assert work.live() == 2048 + 1000 * 2 + 250  # the mean of turns 0..4: two turns and observations before
     assert work.decode_steps(512) == 2500 and work.decode_steps(256) == 5000
@@ -92,7 +93,8 @@ def _results() -> dict:
                   "step_tflop": {"scoring": 9000.0, "update": 23000.0}}
     return {"date": "2026-12-07", "commit": "abc1234",
             "retrieval": {"queries_per_s": 1000.0, "what": "bm25s"},
-            "runs": [{"config": c, "topology": t, "limits": projection, "mix": None} for c, t in aot_setups.RUNS]}
+            "runs": [{"config": c, "topology": t, "limits": projection, "mix": None}
+                     for c, t in aot_setups.RUNS]}
 
 
 def test_the_table_has_every_paper_run_and_the_peers_links():
@@ -120,3 +122,12 @@ def test_check_fails_on_a_stale_block(tmp_path, monkeypatch):
     (tmp_path / project.RESULTS).write_text(json.dumps(results))
     with pytest.raises(SystemExit):
         project.main(["--check"])
+
+
+def test_a_partial_run_keeps_the_other_runs_in_runs_order():
+    (first, _), (second, _), *_ = aot_setups.RUNS
+    runs = _results()["runs"]
+    earlier = [runs[1], {"config": "gone.py:preset", "topology": "h100:8"}, runs[0]]
+    new = dict(runs[1], mix={"seconds": {}})
+    kept = project.merged(earlier, [new])
+    assert [r["config"] for r in kept] == [first, second] and kept[1]["mix"] == {"seconds": {}}
