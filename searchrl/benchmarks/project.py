@@ -83,7 +83,7 @@ MFU = {
 
 @dataclasses.dataclass(frozen=True)
 class Peer:
-    """A peer's published step time for the runs whose config starts with `run`."""
+    """A peer's published step time (a range where the report gives one) for one run of `RUNS`."""
 
     run: str  # "FILE:PRESET,SETUP"
     low_s: float
@@ -363,7 +363,8 @@ def assumptions(results: Mapping[str, Any]) -> list[str]:
         "- Decode rows are refilled as episodes end where `rollout.decode_rows` is set, so a rollout takes "
         "its episodes' sampled tokens over the rows in decode steps, and at least its longest episode's; "
         "every decode step and every append (`rollout.extend_rows` rows a call: prompt chunks and search "
-        "results) attends over the episodes' mean live length.",
+        "results) attends over the episodes' mean live length. Every episode prefills its own prompt (a GRPO "
+        "group's responses that start together share one prefill in the engine: an overcount there).",
         "- Each program takes the slower of its matmul FLOPs (`jaxpr_cost`, a device's share) at a model "
         f"FLOPs utilisation of the chip's peak ({mfu}) and its bytes at {BANDWIDTH_SHARE.value:.1%} of the "
         f"chip's HBM bandwidth ([{BANDWIDTH_SHARE.what}]({BANDWIDTH_SHARE.source}); taken for every chip). "
