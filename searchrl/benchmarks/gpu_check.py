@@ -39,7 +39,6 @@ import dataclasses
 import functools
 import importlib
 import json
-import math
 import pathlib
 import statistics
 import time
@@ -125,7 +124,7 @@ def decode_program(run: RunConfig, rows: int, steps: int) -> tuple[Callable, Cal
     spec = generate.DecodeSpec(slots, slots - 1, rollout.sampling, steps=steps,
                                rules=models.rules_named(run.mesh.sample_rules), attention=attention)
 
-    def arguments(live: int) -> tuple:
+    def arguments(live: int | jax.Array) -> tuple:
         pages, table = generate.owned_pages(rows, slots, rollout.page_size)
         state = generate.init_state(rows, slots, rollout.page_size, jax.random.key(0))
         state = state._replace(pages=jnp.asarray(table), length=jnp.full((rows,), live, jnp.int32),
@@ -138,7 +137,7 @@ def decode_program(run: RunConfig, rows: int, steps: int) -> tuple[Callable, Cal
     def chunk(params, pool, state, allowed, stops, eos):
         return generate.decode_chunk(cfg, params, pool, state, allowed, stops, eos, spec)
 
-    return chunk, arguments
+    return jax.jit(chunk, donate_argnums=(1, 2)), arguments
 
 
 def _micro_batch_inputs(run: RunConfig, cfg: models.ModelConfig, block: int) -> Callable[[], dict]:
@@ -177,7 +176,7 @@ def micro_batch_program(run: RunConfig, attention: models.AttentionConfig, remat
         loss = lambda p: ppo._actor_loss(config, p, x, 1.0, share, tokens)[0]  # noqa: E731
         return jax.grad(loss)(policy)
 
-    return gradients, _micro_batch_inputs(run, cfg, models.pair_block(attention))
+    return jax.jit(gradients), _micro_batch_inputs(run, cfg, models.pair_block(attention))
 
 
 def flash_program(run: RunConfig, attention: models.AttentionConfig) -> Program:
@@ -207,7 +206,7 @@ def flash_program(run: RunConfig, attention: models.AttentionConfig) -> Program:
         out, pull = jax.vjp(attend, q, k, v)
         return (out, *pull(cotangent))
 
-    return forward_backward, arguments
+    return jax.jit(forward_backward), arguments
 
 
 def paged_program(run: RunConfig, rows: int, live: int, attention: models.AttentionConfig) -> Program:
@@ -228,19 +227,20 @@ def paged_program(run: RunConfig, rows: int, live: int, attention: models.Attent
     def attend(q, k, v, table, query_slot, length):
         return paged_attention(q, k, v, table, query_slot, length, attention)
 
-    return attend, arguments
+    return jax.jit(attend), arguments
 
 
 def traced_cost(program: Program, trips: dict[str, float] | None = None) -> MatmulCost:
     """The cost model's FLOPs and bytes of one run of `program` (nothing is allocated: traced on shapes)."""
     fn, arguments = program
-    return matmul_cost(jax.jit(fn).trace(*jax.eval_shape(arguments)).jaxpr, while_trips=1, trips=trips)
+    return matmul_cost(fn.trace(*jax.eval_shape(arguments)).jaxpr, while_trips=1, trips=trips)
 
 
 def paged_trips(run: RunConfig, live: int) -> dict[str, float]:
     """The reference paged attention's loop trips over rows of `live` tokens: its blocks of live pages."""
     page_size = run.rollout.page_size
-    return {"paged_attention.reference": -(-live // (page_size * pages_a_step(run.mesh.attention, page_size)))}
+    per_step = pages_a_step(run.mesh.attention, page_size)
+    return {"paged_attention.reference": -(-live // (page_size * per_step))}
 
 
 def roofline(cost: MatmulCost, seconds: float, chip: Chip | None) -> dict[str, Any]:
@@ -286,18 +286,18 @@ def max_error(got: Sequence[jax.Array], want: Sequence[jax.Array]) -> float:
 def check_decode(run: RunConfig, name: str, size: Size, chip: Chip | None) -> list[dict]:
     """Per live length: ms a decode step of one GPU's rows (`decode_program`), beside the cost model."""
     rows, results = gpu_rows(run), []
-    fn, arguments = decode_program(run, rows, size.decode_steps)
-    chunk = jax.jit(fn, donate_argnums=(1, 2))
+    chunk, arguments = decode_program(run, rows, size.decode_steps)
     reference = dataclasses.replace(run, mesh=dataclasses.replace(
         run.mesh, attention=dataclasses.replace(run.mesh.attention, paged="reference")))
     ref_fn, ref_arguments = decode_program(reference, rows, 1)
     for live in size.live:
-        params, pool, state, *rest = jax.jit(arguments, static_argnums=0)(live)
+        params, pool, state, *rest = jax.jit(arguments)(live)
         carry = [pool, state]
 
         def step() -> None:  # `steps` steps, then back to `live` tokens a row (in place)
             pool, state = chunk(params, *carry, *rest)
-            carry[:] = pool, jax.block_until_ready(generate.truncate(state, jnp.full((rows,), live, jnp.int32)))
+            state = generate.truncate(state, jnp.full((rows,), live, jnp.int32))
+            carry[:] = pool, jax.block_until_ready(state)
 
         times = spread(timed_rounds(step, size.rounds, size.budget_s / len(size.live)), size.decode_steps)
         cost = traced_cost((ref_fn, functools.partial(ref_arguments, live)), paged_trips(run, live))
@@ -313,17 +313,17 @@ def check_micro_batch(run: RunConfig, name: str, size: Size, chip: Chip | None) 
     FLOPs without recomputation."""
     attention = check_attention(run)
     program = micro_batch_program(run, attention, run.rl.remat)
-    fn, arguments = program
-    jitted = jax.jit(fn)
+    jitted, arguments = program
     args = jax.jit(arguments)()
     times = spread(timed_rounds(lambda: jax.block_until_ready(jitted(*args)), size.rounds, size.budget_s))
     reference = dataclasses.replace(attention, impl="reference")
     executed = traced_cost(micro_batch_program(run, reference, run.rl.remat))
     model = traced_cost(micro_batch_program(run, reference, False))
     seconds, x = times["ms"] / 1e3, args[1]
-    return {"check": "micro_batch", "run": name, "model": run.model.preset,
-            "packed_width": int(x["sources"].shape[-1]), "sequences": int(np.sum(np.asarray(x["loss_mask"]).any(axis=1))),
-            "tokens": int(np.sum(np.asarray(x["sources"]) < args[2].size)), "attention": attention.impl,
+    sources, trained = np.asarray(x["sources"]), np.asarray(x["loss_mask"])
+    return {"check": "micro_batch", "run": name, "model": run.model.preset, "packed_width": sources.shape[-1],
+            "sequences": int(np.sum(trained.any(axis=1))), "tokens": int(np.sum(sources < args[2].size)),
+            "attention": attention.impl,
             "remat": run.rl.remat, **times, **roofline(executed, seconds, chip),
             "mfu": None if chip is None else model.flops / seconds / chip.peak_flops}
 
@@ -331,9 +331,8 @@ def check_micro_batch(run: RunConfig, name: str, size: Size, chip: Chip | None) 
 def check_kernel(kind: str, program: Program, reference: Program, cost: MatmulCost, size: Size,
                  chip: Chip | None, **shape) -> dict:
     """A kernel's largest error against the reference (same arguments), its time and the reference's."""
-    (fn, arguments), (ref_fn, _) = program, reference
+    (jitted, arguments), (ref_jitted, _) = program, reference
     args = jax.jit(arguments)()
-    jitted, ref_jitted = jax.jit(fn), jax.jit(ref_fn)
     error = max_error(jax.tree.leaves(jitted(*args)), jax.tree.leaves(ref_jitted(*args)))
     times = spread(timed_rounds(lambda: jax.block_until_ready(jitted(*args)), size.rounds, size.budget_s / 2))
     ref_times = spread(timed_rounds(lambda: jax.block_until_ready(ref_jitted(*args)), size.rounds,
@@ -396,7 +395,7 @@ def dry_run(size: Size, topology: str, libtpu: str = aot.DEFAULT_LIBTPU) -> dict
     for name, (fn, arguments) in programs(size).items():
         args = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated),
                             jax.eval_shape(arguments))
-        row = aot.analyse(name, jax.jit(fn), args, mesh, chip_of(topology))
+        row = aot.analyse(name, fn, args, mesh, chip_of(topology))
         rows.append({key: row[key] for key in ("program", "hbm_gib", "fits", "total_gib", "arguments_gib",
                                                "temporaries_gib", "compile_error") if key in row})
     return {"topology": topology, "device_kind": devices[0].device_kind, "programs": rows}
@@ -422,13 +421,15 @@ def markdown(result: dict) -> str:
             "fraction_of_peak", "wall_s", *other_keys}
     for r in result["checks"]:
         if "error" in r:
-            lines.append(f"| {r['check']} | failed: {r['error'][:200]} | | | | | |")
+            error = " ".join(r["error"][:300].replace("|", "/").split())
+            lines.append(f"| {r['check']} | failed: {error} | | | | | |")
             continue
         shape = ", ".join(f"{k} {number(v)}" for k, v in r.items() if k not in skip)
         other = ", ".join(f"{k} {number(r[k])}" for k in other_keys if k in r)
         lines.append(f"| {r['check']} | {shape} | {r['ms']:.3g} ({r['ms_min']:.3g}-{r['ms_max']:.3g}, "
                      f"{r['rounds']}) | {r['model_tflop']:.3g} / {r['model_gb']:.3g} | "
-                     f"{number(r['predicted_ms'])} ({r['bound'] or '-'}) | {number(r['fraction_of_peak'], '.1%')} "
+                     f"{number(r['predicted_ms'])} ({r['bound'] or '-'}) | "
+                     f"{number(r['fraction_of_peak'], '.1%')} "
                      f"| {other} |")
     return "\n".join(lines) + "\n"
 

@@ -1,0 +1,88 @@
+"""launch/gpu_check.sh at tiny size on CPU (the kernels interpreted): every check is there with finite figures
+and the kernels agree with the reference; without its packages the script stops at once; the paper size's
+programs compile for an H100 with JAX's CUDA plugin (from `make aot-gpu`'s venv where it is built)."""
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from searchrl.benchmarks.gpu_check import roofline, spread, timed_rounds
+from searchrl.benchmarks.hardware import GPU_TARGETS
+from searchrl.benchmarks.jaxpr_cost import MatmulCost
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "launch" / "gpu_check.sh"
+GPU_PYTHON = ROOT / ".venv-gpu" / "bin" / "python"
+
+
+def test_roofline_takes_the_slower_bound():
+    """1 TFLOP and 6.7 GB on an H100 (989 TFLOP/s, 3.35 TB/s): 2 ms of memory, against 1 ms of compute."""
+    chip = GPU_TARGETS["h100"].chip
+    found = roofline(MatmulCost(flops=0.989e12, bytes=6.7e9), seconds=4e-3, chip=chip)
+    assert found["bound"] == "memory"
+    assert found["predicted_ms"] == pytest.approx(2.0)
+    assert found["fraction_of_peak"] == pytest.approx(0.5)
+    assert roofline(MatmulCost(1.0, 1.0), 1.0, None)["fraction_of_peak"] is None
+
+
+def test_timed_rounds_stop_at_the_budget():
+    calls = []
+    times = timed_rounds(lambda: calls.append(1), rounds=1000, budget_s=0.0)
+    assert len(times) == 1 and len(calls) == 2  # one untimed call, then one round however short the budget
+    assert spread([0.002, 0.004, 0.003], per=2)["ms"] == pytest.approx(1.5)
+
+
+def test_the_tiny_check_runs_on_cpu(tmp_path):
+    env = {**os.environ, "GPU_CHECK_SIZE": "tiny", "GPU_CHECK_PYTHON": sys.executable, "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(["bash", str(SCRIPT), str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "gpu_check.json").read_text())
+    found = result["checks"]
+    assert [r["check"] for r in found] == ["decode", "decode", "micro_batch", "flash", "paged"]
+    assert [r["live"] for r in found[:2]] == [64, 256]
+    for r in found:
+        figures = [r[k] for k in ("ms", "ms_min", "ms_max", "model_tflop", "model_gb")]
+        assert all(math.isfinite(x) and x > 0 for x in figures), r
+        assert r["ms_min"] <= r["ms"] <= r["ms_max"]
+        assert r["fraction_of_peak"] is None  # no peak figures for a CPU
+    assert found[0]["paged"] == "pallas_gpu" and found[2]["attention"] == "pallas_mha"
+    assert found[2]["tokens"] > 0 and found[2]["remat"]
+    for r in found[3:]:
+        assert r["agrees"] and 0 <= r["max_error"] <= r["tolerance"], r
+    table = (tmp_path / "gpu_check.md").read_text()
+    assert all(f"| {name} |" in table for name in ("decode", "micro_batch", "flash", "paged"))
+    assert "failed" not in table
+
+
+def test_the_script_stops_at_once_without_its_packages(tmp_path):
+    """No package index: one line saying which package could not be installed, and no check runs."""
+    env = {**os.environ, "GPU_CHECK_VENV": str(tmp_path / "venv"), "PIP_NO_INDEX": "1"}
+    done = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 1
+    assert done.stderr.startswith("gpu_check: a package of requirements.txt") and "jax" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(not GPU_PYTHON.exists(), reason="needs JAX's CUDA plugin: make aot-gpu")
+def test_the_paper_check_compiles_for_an_h100(tmp_path):
+    """--dry_run h100:1 in `make aot-gpu`'s venv (JAX_PLATFORMS=cpu: no driver needed): every program of the
+    paper size compiles for one H100 and fits JAX's default 0.75 of its memory."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    command = [str(GPU_PYTHON), "-m", "searchrl.benchmarks.gpu_check", "--size", "paper", "--dry_run", "h100:1",
+               "--out", str(tmp_path)]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    dry = json.loads((tmp_path / "gpu_check.json").read_text())["dry_run"]
+    assert dry["device_kind"] == GPU_TARGETS["h100"].description
+    names = [p["program"] for p in dry["programs"]]
+    assert names == ["decode search_r1:paper", "decode search_r1:paper_7b", "micro_batch", "flash",
+                     "flash reference", "paged", "paged reference"]
+    for program in dry["programs"]:
+        assert program["fits"] and program["total_gib"] <= 0.75 * program["hbm_gib"], program
