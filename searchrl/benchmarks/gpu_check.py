@@ -243,14 +243,15 @@ def paged_trips(run: RunConfig, live: int) -> dict[str, float]:
     return {"paged_attention.reference": -(-live // (page_size * per_step))}
 
 
-def roofline(cost: MatmulCost, seconds: float, chip: Chip | None) -> dict[str, Any]:
+def roofline(cost: MatmulCost, seconds: float, chip: Chip | None, memory: bool = True) -> dict[str, Any]:
     """The cost model beside a measurement: TFLOP and GB, the time they take at the chip's peak FLOP/s and
     HBM bandwidth (the slower of the two), which one bounds it, and the achieved fraction of that bound
-    (`seconds` against it); no times or fractions without a chip."""
-    out: dict[str, Any] = {"model_tflop": cost.flops / 1e12, "model_gb": cost.bytes / 1e9}
+    (`seconds` against it); no times or fractions without a chip. Without `memory` the FLOPs alone: the
+    bytes of a program whose attention runs in a kernel are not known (the reference's are its scores)."""
+    out: dict[str, Any] = {"model_tflop": cost.flops / 1e12, "model_gb": cost.bytes / 1e9 if memory else None}
     if chip is None:
         return out | {"predicted_ms": None, "bound": None, "fraction_of_peak": None}
-    compute_s, memory_s = cost.flops / chip.peak_flops, cost.bytes / chip.hbm_bandwidth
+    compute_s, memory_s = cost.flops / chip.peak_flops, cost.bytes / chip.hbm_bandwidth if memory else 0.0
     bound_s = max(compute_s, memory_s)
     return out | {"predicted_ms": 1e3 * bound_s, "bound": "compute" if compute_s >= memory_s else "memory",
                   "fraction_of_peak": bound_s / seconds}
@@ -324,11 +325,11 @@ def check_micro_batch(run: RunConfig, name: str, size: Size, chip: Chip | None) 
     return {"check": "micro_batch", "run": name, "model": run.model.preset, "packed_width": sources.shape[-1],
             "sequences": int(np.sum(trained.any(axis=1))), "tokens": int(np.sum(sources < args[2].size)),
             "attention": attention.impl,
-            "remat": run.rl.remat, **times, **roofline(executed, seconds, chip),
+            "remat": run.rl.remat, **times, **roofline(executed, seconds, chip, memory=False),
             "mfu": None if chip is None else model.flops / seconds / chip.peak_flops}
 
 
-def check_kernel(kind: str, program: Program, reference: Program, cost: MatmulCost, size: Size,
+def check_kernel(kind: str, program: Program, reference: Program, cost: MatmulCost, memory: bool, size: Size,
                  chip: Chip | None, **shape) -> dict:
     """A kernel's largest error against the reference (same arguments), its time and the reference's."""
     (jitted, arguments), (ref_jitted, _) = program, reference
@@ -338,23 +339,27 @@ def check_kernel(kind: str, program: Program, reference: Program, cost: MatmulCo
     ref_times = spread(timed_rounds(lambda: jax.block_until_ready(ref_jitted(*args)), size.rounds,
                                     size.budget_s / 2))
     return {"check": kind, **shape, "max_error": error, "tolerance": TOLERANCE, "agrees": error <= TOLERANCE,
-            **times, "reference_ms": ref_times["ms"], **roofline(cost, times["ms"] / 1e3, chip)}
+            **times, "reference_ms": ref_times["ms"], **roofline(cost, times["ms"] / 1e3, chip, memory)}
 
 
 def check_flash(run: RunConfig, size: Size, chip: Chip | None) -> dict:
+    """The run's flash kernel against the reference on a packed row; its FLOPs as the reference computes
+    them (every query times every key of the row)."""
     attention = check_attention(run)
-    reference = dataclasses.replace(attention, impl="reference")
-    program = flash_program(run, reference)
-    return check_kernel("flash", flash_program(run, attention), program, traced_cost(program), size, chip,
+    reference = flash_program(run, dataclasses.replace(attention, impl="reference"))
+    cost = traced_cost(reference)
+    return check_kernel("flash", flash_program(run, attention), reference, cost, False, size, chip,
                         kernel=attention.impl, model=run.model.preset, seq=run.rollout.max_len)
 
 
 def check_paged(run: RunConfig, size: Size, chip: Chip | None) -> dict:
+    """The run's paged kernel against the reference on one GPU's decode rows at the longer live length; its
+    bytes the live pages the reference reads."""
     attention, rows, live = check_attention(run), gpu_rows(run), max(size.live)
     reference = paged_program(run, rows, live, dataclasses.replace(attention, paged="reference"))
-    return check_kernel("paged", paged_program(run, rows, live, attention), reference,
-                        traced_cost(reference, paged_trips(run, live)), size, chip, kernel=attention.paged,
-                        model=run.model.preset, rows=rows, live=live)
+    cost = traced_cost(reference, paged_trips(run, live))
+    return check_kernel("paged", paged_program(run, rows, live, attention), reference, cost, True, size, chip,
+                        kernel=attention.paged, model=run.model.preset, rows=rows, live=live)
 
 
 def checks(size: Size) -> list[tuple[str, Callable[[Chip | None], dict | list[dict]]]]:
@@ -427,7 +432,7 @@ def markdown(result: dict) -> str:
         shape = ", ".join(f"{k} {number(v)}" for k, v in r.items() if k not in skip)
         other = ", ".join(f"{k} {number(r[k])}" for k in other_keys if k in r)
         lines.append(f"| {r['check']} | {shape} | {r['ms']:.3g} ({r['ms_min']:.3g}-{r['ms_max']:.3g}, "
-                     f"{r['rounds']}) | {r['model_tflop']:.3g} / {r['model_gb']:.3g} | "
+                     f"{r['rounds']}) | {r['model_tflop']:.3g} / {number(r['model_gb'])} | "
                      f"{number(r['predicted_ms'])} ({r['bound'] or '-'}) | "
                      f"{number(r['fraction_of_peak'], '.1%')} "
                      f"| {other} |")
