@@ -6,9 +6,10 @@ cost model predicts for it.
 Checks, on one device, with the attention a hardware setup runs (configs/hardware.py's h100x8: "pallas_mha"
 for rows without a cache, "pallas_gpu" over the paged KV cache; on a CPU the same kernels interpreted):
 
-  decode       ms per decode step (a `decode_chunk` of `Size.decode_steps` steps, bf16) of one GPU's share of
-               each run's rollout rows (rollout.decode_rows or the batch's rows, over the run's devices),
-               every row holding `Size.live` tokens, at two live lengths;
+  decode       ms per decode step (a `decode_chunk` of `Size.decode_steps` steps, bf16, and a `truncate` back
+               to the live length) of one GPU's share of each run's rollout rows (rollout.decode_rows or the
+               batch's rows, over the run's devices), every row holding `Size.live` tokens, at two live
+               lengths;
   micro_batch  the forward and backward pass of one GPU's packed PPO micro-batch (`ppo._actor_loss`, what
                the update accumulates, rl.micro_batch_size sequences over the run's devices, packed into
                one row of rollout.max_len as `packing.pack` lays them out from a Search-R1-like mix of
@@ -25,8 +26,10 @@ roofline time they imply at the chip's peak FLOP/s and HBM bandwidth (`hardware.
 CPU), and the achieved fraction of the bound that sets it. The cost model counts programs traced with the
 reference attention: JAX's Pallas kernels declare no cost estimate, and counted from their grid a paged
 kernel would read the whole pool per program. So a decode step's bytes are its weights and its rows' live
-pages; attention FLOPs are every query times every key of its row (as MFU counts them), and MFU counts the
-micro-batch's FLOPs without recomputation.
+pages; attention FLOPs are every query times every key of its row (as MFU counts them). Where attention runs
+in a flash kernel (the micro-batch, flash) only FLOPs are counted: the reference's bytes are mostly its
+materialised scores, which the kernel never writes. MFU counts the micro-batch's FLOPs without
+recomputation, the roofline those it executes.
 
 Results go to DIR/gpu_check.json (rewritten after each check: a run cut short keeps what it measured) and
 DIR/gpu_check.md. `--dry_run TOPOLOGY` compiles every program instead, for one GPU of a topology
@@ -93,7 +96,7 @@ def load_run(file: str, preset: str) -> RunConfig:
     return run_config.parse(importlib.import_module(f"configs.{file}").get_config(f"{preset},{SETUP}"))
 
 
-def check_attention(run: RunConfig) -> models.AttentionConfig:
+def setup_attention(run: RunConfig) -> models.AttentionConfig:
     """The run's attention, its Pallas kernels interpreted on a CPU."""
     return dataclasses.replace(run.mesh.attention, interpret=jax.default_backend() == "cpu")
 
@@ -119,7 +122,7 @@ def decode_program(run: RunConfig, rows: int, steps: int) -> tuple[Callable, Cal
     row holding `live` tokens (pending: one sampled, not yet in the cache) in pages of the rollout's slots
     per row."""
     cfg = models.config_from_source(dataclasses.replace(run.model, path=""))
-    rollout, attention = run.rollout, check_attention(run)
+    rollout, attention = run.rollout, setup_attention(run)
     slots = rollout.slots(max(rollout.obs_buckets))
     spec = generate.DecodeSpec(slots, slots - 1, rollout.sampling, steps=steps,
                                rules=models.rules_named(run.mesh.sample_rules), attention=attention)
@@ -140,17 +143,18 @@ def decode_program(run: RunConfig, rows: int, steps: int) -> tuple[Callable, Cal
     return jax.jit(chunk, donate_argnums=(1, 2)), arguments
 
 
-def _micro_batch_inputs(run: RunConfig, cfg: models.ModelConfig, block: int) -> Callable[[], dict]:
-    """The arguments of one GPU's packed micro-batch: the policy, its packed rows and per-sequence arrays."""
+def _micro_batch_inputs(run: RunConfig, cfg: models.ModelConfig, block: int) -> Callable[[], tuple]:
+    """The arguments of one GPU's packed micro-batch: the policy, its packed rows and per-sequence arrays
+    (every token trained on but a sequence's first: where its prompt ends changes no compute), and the
+    batch's tokens."""
     rl, rollout = run.rl, run.rollout
     rows, width, gpus = aot.batch_rows(run), rollout.max_len, run_devices(run)
     lengths = search_r1_lengths(rows, rollout)
     share = dataclasses.replace(rl, micro_batch_size=max(1, rl.micro_batch_size // gpus))
     plan = jax.tree.map(lambda x: x[0, 0, 0], packing_of(lengths, share, width, 1, block))
+    sequence_lengths = np.where(plan.sequences < rows, lengths[np.minimum(plan.sequences, rows - 1)], 0)
     slot = np.arange(width)
-    valid = plan.sequences < rows
-    loss_mask = ((slot >= rollout.max_prompt_tokens)
-                 & (slot < np.where(valid, lengths[np.minimum(plan.sequences, rows - 1)], 0)[:, None]))
+    loss_mask = (slot >= 1) & (slot < sequence_lengths[:, None])
 
     def arguments() -> tuple:
         keys = jax.random.split(jax.random.key(2), 4)
@@ -221,8 +225,8 @@ def paged_program(run: RunConfig, rows: int, live: int, attention: models.Attent
         q = jax.random.normal(keys[0], (rows, 1, cfg.num_heads, cfg.head_dim), DTYPE)
         k, v = (jax.random.normal(key, (cfg.num_kv_heads, pages, page_size, cfg.head_dim), DTYPE)
                 for key in keys[1:])
-        return q, k, v, jnp.asarray(table), jnp.full((rows, 1), live - 1, jnp.int32), jnp.full((rows,), live,
-                                                                                              jnp.int32)
+        query_slot, length = jnp.full((rows, 1), live - 1, jnp.int32), jnp.full((rows,), live, jnp.int32)
+        return q, k, v, jnp.asarray(table), query_slot, length
 
     def attend(q, k, v, table, query_slot, length):
         return paged_attention(q, k, v, table, query_slot, length, attention)
@@ -303,7 +307,7 @@ def check_decode(run: RunConfig, name: str, size: Size, chip: Chip | None) -> li
         times = spread(timed_rounds(step, size.rounds, size.budget_s / len(size.live)), size.decode_steps)
         cost = traced_cost((ref_fn, functools.partial(ref_arguments, live)), paged_trips(run, live))
         results.append({"check": "decode", "run": name, "model": run.model.preset, "rows": rows, "live": live,
-                        "paged": check_attention(run).paged, **times,
+                        "paged": setup_attention(run).paged, **times,
                         **roofline(cost, times["ms"] / 1e3, chip)})
         del params, carry
     return results
@@ -312,7 +316,7 @@ def check_decode(run: RunConfig, name: str, size: Size, chip: Chip | None) -> li
 def check_micro_batch(run: RunConfig, name: str, size: Size, chip: Chip | None) -> dict:
     """The forward and backward pass of one GPU's packed micro-batch, beside the cost model; MFU counts its
     FLOPs without recomputation."""
-    attention = check_attention(run)
+    attention = setup_attention(run)
     program = micro_batch_program(run, attention, run.rl.remat)
     jitted, arguments = program
     args = jax.jit(arguments)()
@@ -345,7 +349,7 @@ def check_kernel(kind: str, program: Program, reference: Program, cost: MatmulCo
 def check_flash(run: RunConfig, size: Size, chip: Chip | None) -> dict:
     """The run's flash kernel against the reference on a packed row; its FLOPs as the reference computes
     them (every query times every key of the row)."""
-    attention = check_attention(run)
+    attention = setup_attention(run)
     reference = flash_program(run, dataclasses.replace(attention, impl="reference"))
     cost = traced_cost(reference)
     return check_kernel("flash", flash_program(run, attention), reference, cost, False, size, chip,
@@ -355,7 +359,7 @@ def check_flash(run: RunConfig, size: Size, chip: Chip | None) -> dict:
 def check_paged(run: RunConfig, size: Size, chip: Chip | None) -> dict:
     """The run's paged kernel against the reference on one GPU's decode rows at the longer live length; its
     bytes the live pages the reference reads."""
-    attention, rows, live = check_attention(run), gpu_rows(run), max(size.live)
+    attention, rows, live = setup_attention(run), gpu_rows(run), max(size.live)
     reference = paged_program(run, rows, live, dataclasses.replace(attention, paged="reference"))
     cost = traced_cost(reference, paged_trips(run, live))
     return check_kernel("paged", paged_program(run, rows, live, attention), reference, cost, True, size, chip,
@@ -382,7 +386,7 @@ def programs(size: Size) -> dict[str, Program]:
         out[f"decode {file}:{preset}"] = fn, functools.partial(arguments, max(size.live))
     file, preset = size.runs[0]
     run = load_run(file, preset)
-    attention = check_attention(run)
+    attention = setup_attention(run)
     reference = dataclasses.replace(attention, impl="reference", paged="reference")
     rows, live = gpu_rows(run), max(size.live)
     return out | {"micro_batch": micro_batch_program(run, attention, run.rl.remat),
@@ -451,6 +455,7 @@ def run_checks(size_name: str, out: pathlib.Path) -> dict:
     and the others still run."""
     chip = device_chip(jax.devices()[0].device_kind)
     result = {"size": size_name, "device": device_name(), "backend": jax.default_backend(),
+              "jax": jax.__version__,
               "chip": None if chip is None else dataclasses.asdict(chip), "checks": []}
     for name, check in checks(SIZES[size_name]):
         start = time.perf_counter()

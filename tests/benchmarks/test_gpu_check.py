@@ -73,6 +73,7 @@ def test_the_script_stops_at_once_without_its_packages(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not GPU_PYTHON.exists(), reason="needs JAX's CUDA plugin: make aot-gpu")
 def test_the_paper_check_compiles_for_an_h100(tmp_path):
     """--dry_run h100:1 in `make aot-gpu`'s venv (JAX_PLATFORMS=cpu: no driver needed): every program of the
