@@ -367,14 +367,16 @@ def check_paged(run: RunConfig, size: Size, chip: Chip | None) -> dict:
 
 
 def checks(size: Size) -> list[tuple[str, Callable[[Chip | None], dict | list[dict]]]]:
-    """Every check of `size`, named, in the order they run."""
+    """Every check of `size`, named, in the order they run: the kernels (quick to compile), then the first
+    run's decode and micro-batch, then the other runs' decode (a run stopped at its time limit has the
+    first run's figures)."""
     runs = {f"{file}:{preset}": load_run(file, preset) for file, preset in size.runs}
     first_name, first = next(iter(runs.items()))
-    out = [(f"decode {name}", lambda chip, run=run, name=name: check_decode(run, name, size, chip))
-           for name, run in runs.items()]
-    return out + [("micro_batch", lambda chip: check_micro_batch(first, first_name, size, chip)),
-                  ("flash", lambda chip: check_flash(first, size, chip)),
-                  ("paged", lambda chip: check_paged(first, size, chip))]
+    decode = [(f"decode {name}", lambda chip, run=run, name=name: check_decode(run, name, size, chip))
+              for name, run in runs.items()]
+    return [("flash", lambda chip: check_flash(first, size, chip)),
+            ("paged", lambda chip: check_paged(first, size, chip)), decode[0],
+            ("micro_batch", lambda chip: check_micro_batch(first, first_name, size, chip)), *decode[1:]]
 
 
 def programs(size: Size) -> dict[str, Program]:
@@ -416,6 +418,11 @@ def markdown(result: dict) -> str:
         return "-" if x is None else (f"{x:{fmt}}" if isinstance(x, float) else str(x))
 
     lines = [f"# GPU check ({result['size']}), {result['device']}", ""]
+    if result.get("chip"):
+        chip = result["chip"]
+        lines += [f"Peaks: {chip['peak_flops'] / 1e12:.0f} TFLOP/s bf16, {chip['hbm_bandwidth'] / 1e12:.2f} "
+                  "TB/s HBM. The cost model's TFLOP and GB (counted with the reference attention) at those "
+                  "peaks give the predicted time; the fraction of peak is it over the measured time.", ""]
     if "dry_run" in result:
         dry = result["dry_run"]
         lines += [f"Dry run: compiled for one {dry['device_kind']} ({dry['topology']}), not run.", "",

@@ -1,6 +1,7 @@
 """launch/gpu_check.sh at tiny size on CPU (the kernels interpreted): every check is there with finite figures
 and the kernels agree with the reference; without its packages the script stops at once; the paper size's
 programs compile for an H100 with JAX's CUDA plugin (from `make aot-gpu`'s venv where it is built)."""
+import dataclasses
 import json
 import math
 import os
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 
-from searchrl.benchmarks.gpu_check import roofline, spread, timed_rounds
+from searchrl.benchmarks.gpu_check import markdown, roofline, spread, timed_rounds
 from searchrl.benchmarks.hardware import GPU_TARGETS
 from searchrl.benchmarks.jaxpr_cost import MatmulCost
 
@@ -36,16 +37,29 @@ def test_timed_rounds_stop_at_the_budget():
     assert spread([0.002, 0.004, 0.003], per=2)["ms"] == pytest.approx(1.5)
 
 
+def test_the_summary_names_the_peaks_and_a_failed_check():
+    chip = GPU_TARGETS["h100"].chip
+    row = {"check": "paged", "kernel": "pallas_gpu", "rows": 64, "max_error": 0.001, "tolerance": 0.02,
+           "agrees": True, **spread([1e-3]), **roofline(MatmulCost(1e9, 1.675e9), 1e-3, chip)}
+    table = markdown({"size": "paper", "device": "NVIDIA H100 80GB HBM3", "chip": dataclasses.asdict(chip),
+                      "checks": [row, {"check": "flash", "error": "RuntimeError: a | b\nc"}]})
+    assert "Peaks: 989 TFLOP/s bf16, 3.35 TB/s HBM" in table
+    assert "| paged | kernel pallas_gpu, rows 64 | 1 (1-1, 1) | 0.001 / 1.68 | 0.5 (memory) | 50.0% |" in table
+    assert "| flash | failed: RuntimeError: a / b c |" in table
+
+
 def test_the_tiny_check_runs_on_cpu(tmp_path):
     env = {**os.environ, "GPU_CHECK_SIZE": "tiny", "GPU_CHECK_PYTHON": sys.executable, "JAX_PLATFORMS": "cpu"}
     done = subprocess.run(["bash", str(SCRIPT), str(tmp_path)], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "gpu_check.json").read_text())
-    found = result["checks"]
-    assert [r["check"] for r in found] == ["decode", "decode", "micro_batch", "flash", "paged"]
-    assert [r["live"] for r in found[:2]] == [64, 256]
-    for r in found:
+    found = {}
+    for r in result["checks"]:
+        found.setdefault(r["check"], []).append(r)
+    assert sorted(found) == ["decode", "flash", "micro_batch", "paged"]
+    assert [r["live"] for r in found["decode"]] == [64, 256]
+    for r in result["checks"]:
         figures = [r[k] for k in ("ms", "ms_min", "ms_max", "model_tflop")]
         assert all(math.isfinite(x) and x > 0 for x in figures), r
         assert r["ms_min"] <= r["ms"] <= r["ms_max"]
@@ -53,9 +67,10 @@ def test_the_tiny_check_runs_on_cpu(tmp_path):
         # bytes where the cost model knows them: decode steps and the paged kernel, not flash attention's
         assert (r["model_gb"] is not None) == (r["check"] in ("decode", "paged"))
         assert r["model_gb"] is None or (math.isfinite(r["model_gb"]) and r["model_gb"] > 0)
-    assert found[0]["paged"] == "pallas_gpu" and found[2]["attention"] == "pallas_mha"
-    assert found[2]["tokens"] > 0 and found[2]["remat"]
-    for r in found[3:]:
+    (micro_batch,) = found["micro_batch"]
+    assert found["decode"][0]["paged"] == "pallas_gpu" and micro_batch["attention"] == "pallas_mha"
+    assert micro_batch["tokens"] > 0 and micro_batch["remat"]
+    for r in found["flash"] + found["paged"]:
         assert r["agrees"] and 0 <= r["max_error"] <= r["tolerance"], r
     table = (tmp_path / "gpu_check.md").read_text()
     assert all(f"| {name} |" in table for name in ("decode", "micro_batch", "flash", "paged"))
