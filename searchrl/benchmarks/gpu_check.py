@@ -32,9 +32,10 @@ materialised scores, which the kernel never writes. MFU counts the micro-batch's
 recomputation, the roofline those it executes.
 
 Results go to DIR/gpu_check.json (rewritten after each check: a run cut short keeps what it measured) and
-DIR/gpu_check.md. `--dry_run TOPOLOGY` compiles every program instead, for one GPU of a topology
-(`aot.topology_devices`; GPUs need JAX's CUDA plugin, no GPU: JAX_PLATFORMS=cpu), and reports each one's
-memory (`aot.analyse`).
+DIR/gpu_check.md; a check that fails (its error recorded) or a kernel out of tolerance ends the run with
+exit status 1, after the others ran. `--dry_run TOPOLOGY` compiles every program instead, for one GPU of a
+topology (`aot.topology_devices`; GPUs need JAX's CUDA plugin, no GPU: JAX_PLATFORMS=cpu), and reports each
+one's memory (`aot.analyse`; exit status 1 if one does not fit).
 """
 from __future__ import annotations
 
@@ -434,7 +435,7 @@ def markdown(result: dict) -> str:
               "fraction of peak | other |", "|---|---|---|---|---|---|---|"]
     other_keys = ("max_error", "tolerance", "agrees", "reference_ms", "mfu")
     skip = {"check", "ms", "ms_min", "ms_max", "rounds", "model_tflop", "model_gb", "predicted_ms", "bound",
-            "fraction_of_peak", "wall_s", *other_keys}
+            "fraction_of_peak", "check_s", *other_keys}
     for r in result["checks"]:
         if "error" in r:
             error = " ".join(r["error"][:300].replace("|", "/").split())
@@ -448,6 +449,14 @@ def markdown(result: dict) -> str:
                      f"{number(r['fraction_of_peak'], '.1%')} "
                      f"| {other} |")
     return "\n".join(lines) + "\n"
+
+
+def failures(result: dict) -> list[str]:
+    """The checks that failed, or whose kernel disagrees with the reference; in a dry run, the programs that
+    do not fit."""
+    if "dry_run" in result:
+        return [p["program"] for p in result["dry_run"]["programs"] if not p["fits"]]
+    return [r["check"] for r in result["checks"] if "error" in r or r.get("agrees") is False]
 
 
 def write(result: dict, out: pathlib.Path) -> None:
@@ -471,7 +480,7 @@ def run_checks(size_name: str, out: pathlib.Path) -> dict:
         except Exception as e:  # noqa: BLE001 (a kernel that fails on this device leaves the others measured)
             found = {"check": name, "error": f"{type(e).__name__}: {e}"[:2000]}
         rows = found if isinstance(found, list) else [found]
-        result["checks"] += [r | {"wall_s": time.perf_counter() - start} for r in rows]
+        result["checks"] += [r | {"check_s": time.perf_counter() - start} for r in rows]
         write(result, out)
         print(f"{name}: {time.perf_counter() - start:.1f} s", flush=True)
     return result
@@ -493,6 +502,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         result = run_checks(size.value, pathlib.Path(out.value))
     print(markdown(result))
+    if failures(result):
+        cli.fail(f"failed, out of tolerance or too big: {', '.join(failures(result))} ({out.value})")
 
 
 if __name__ == "__main__":

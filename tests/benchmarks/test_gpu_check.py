@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from searchrl.benchmarks.gpu_check import markdown, roofline, spread, timed_rounds
+from searchrl.benchmarks.gpu_check import failures, markdown, roofline, spread, timed_rounds
 from searchrl.benchmarks.hardware import GPU_TARGETS
 from searchrl.benchmarks.jaxpr_cost import MatmulCost
 
@@ -44,8 +44,11 @@ def test_the_summary_names_the_peaks_and_a_failed_check():
     table = markdown({"size": "paper", "device": "NVIDIA H100 80GB HBM3", "chip": dataclasses.asdict(chip),
                       "checks": [row, {"check": "flash", "error": "RuntimeError: a | b\nc"}]})
     assert "Peaks: 989 TFLOP/s bf16, 3.35 TB/s HBM" in table
-    assert "| paged | kernel pallas_gpu, rows 64 | 1 (1-1, 1) | 0.001 / 1.68 | 0.5 (memory) | 50.0% |" in table
+    assert ("| paged | kernel pallas_gpu, rows 64 | 1 (1-1, 1) | 0.001 / 1.68 | 0.5 (memory) | 50.0% |"
+            in table)
     assert "| flash | failed: RuntimeError: a / b c |" in table
+    assert failures({"checks": [row, {"check": "flash", "error": "..."}, row | {"agrees": False}]}) == [
+        "flash", "paged"]
 
 
 def test_the_tiny_check_runs_on_cpu(tmp_path):
