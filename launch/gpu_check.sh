@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:-runs/gpu_check}
 VENV=${GPU_CHECK_VENV:-.venv-gpu-check}
-REQS=(requirements.txt requirements-gpu.txt pyproject.toml)
+REQS=(requirements.txt requirements-gpu.txt)
 fail() { echo "gpu_check: $*" >&2; exit 1; }
 
 # whether the venv was built after every requirement file last changed
@@ -27,10 +27,10 @@ PY=${GPU_CHECK_PYTHON:-$VENV/bin/python}
 if [[ -z ${GPU_CHECK_PYTHON:-} ]] && ! built; then
   [[ -x $PY ]] || python3 -m venv "$VENV" >/dev/null || fail "python3 -m venv $VENV failed"
   LOG=$VENV/install.log
-  # pip's own retries would spend minutes on a host that cannot reach its index
+  # pip's own retries would spend minutes on a host that cannot reach its index; searchrl itself runs from
+  # the checkout (python -m from the repository root)
   "$PY" -m pip install --quiet --retries 1 --timeout 15 -r requirements.txt \
       "$(grep '^jax\[cuda12\]' requirements-gpu.txt)" >"$LOG" 2>&1 \
-    && "$PY" -m pip install --quiet --no-deps -e . >>"$LOG" 2>&1 \
     || fail "a package of requirements.txt or requirements-gpu.txt could not be installed:" \
             "$(grep -m1 ERROR "$LOG" || tail -n1 "$LOG")"
   touch "$VENV/.installed"

@@ -500,6 +500,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                   "dry_run": dry_run(SIZES[size.value], dry.value)}
         write(result, pathlib.Path(out.value))
     else:
+        if size.value == "paper" and jax.default_backend() == "cpu":
+            cli.fail(f"--size paper needs a GPU; JAX sees only the CPU (JAX {jax.__version__}: is its CUDA "
+                     "plugin installed? pip install -r requirements-gpu.txt)")
         result = run_checks(size.value, pathlib.Path(out.value))
     print(markdown(result))
     if failures(result):

@@ -91,6 +91,15 @@ def test_the_script_stops_at_once_without_its_packages(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_the_paper_size_refuses_a_cpu(tmp_path):
+    """Without a GPU (JAX's CUDA plugin missing) the paper size stops at once instead of running for hours."""
+    command = [sys.executable, "-m", "searchrl.benchmarks.gpu_check", "--size=paper", f"--out={tmp_path}"]
+    done = subprocess.run(command, cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1 and "--size paper needs a GPU" in done.stderr
+    assert not (tmp_path / "gpu_check.json").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not GPU_PYTHON.exists(), reason="needs JAX's CUDA plugin: make aot-gpu")
 def test_the_paper_check_compiles_for_an_h100(tmp_path):
