@@ -10,7 +10,7 @@ for rows without a cache, "pallas_gpu" over the paged KV cache; on a CPU the sam
                to the live length) of one GPU's share of each run's rollout rows (rollout.decode_rows or the
                batch's rows, over the run's devices), every row holding `Size.live` tokens, at two live
                lengths;
-  micro_batch  the forward and backward pass of one GPU's packed PPO micro-batch (`ppo._actor_loss`, what
+  micro_batch  the forward and backward pass of one GPU's packed PPO micro-batch (`ppo.actor_loss`, what
                the update accumulates, rl.micro_batch_size sequences over the run's devices, packed into
                one row of rollout.max_len as `packing.pack` lays them out from a Search-R1-like mix of
                lengths), with the run's remat, logits chunks and bf16 compute;
@@ -175,11 +175,9 @@ def micro_batch_program(run: RunConfig, attention: models.AttentionConfig, remat
     cfg = models.config_from_source(dataclasses.replace(run.model, path=""))
     rl = dataclasses.replace(run.rl, remat=remat)
     config = ppo.PPOConfig.create(rl, cfg, models.rules_named(run.mesh.train_rules), attention)
-    share = ppo._Share(jnp.float32(1.0), jnp.float32(1.0))  # the whole minibatch: no rescaling
 
     def gradients(policy, x, tokens):
-        loss = lambda p: ppo._actor_loss(config, p, x, 1.0, share, tokens)[0]  # noqa: E731
-        return jax.grad(loss)(policy)
+        return jax.grad(lambda p: ppo.actor_loss(config, p, x, 1.0, tokens))(policy)
 
     return jax.jit(gradients), _micro_batch_inputs(run, cfg, models.pair_block(attention))
 
