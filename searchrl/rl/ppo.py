@@ -236,6 +236,13 @@ def _actor_loss(config: PPOConfig, policy: dict, x: dict, temperature, share: _S
     return actor_loss * share.loss, metrics
 
 
+def actor_loss(config: PPOConfig, policy: dict, x: dict, temperature, tokens: jax.Array | None = None
+               ) -> jax.Array:
+    """The actor's loss of one micro-batch `x` (as `_actor_loss`) taken as its whole minibatch: what one
+    device computes and differentiates a micro-batch (the GPU check times it)."""
+    return _actor_loss(config, policy, x, temperature, _Share(jnp.float32(1.0), jnp.float32(1.0)), tokens)[0]
+
+
 def _critic_loss(config: PPOConfig, critic: dict, x: dict, share: _Share, tokens: jax.Array | None = None):
     """(the critic's loss of one micro-batch scaled to its minibatch share, metric contributions); `x` and
     `tokens` as in `_actor_loss`."""

@@ -302,9 +302,9 @@ class RolloutEngine:
             active, now = jax.device_get(self._call(generate.progress, aside))
             self._count_steps(decoded, now)
             decoded = now
-        tokens, turn_start, length = jax.device_get((aside.tokens, aside.turn_start, aside.length))
-        for r, fork in rows.items():
-            self._end_branch(run, fork, tokens[r], int(turn_start[r]), int(length[r]))
+        tokens, _, _, turn_start, length = self._read_rows(aside, list(rows))
+        for k, fork in enumerate(rows.values()):
+            self._end_branch(run, fork, tokens[k], int(turn_start[k]), int(length[k]))
 
     def _end_branch(self, run: Run, fork: Row, tokens: np.ndarray, turn_start: int, length: int) -> None:
         """Ends a side branch: its text (cut after the first stop string) into its episode's turn, its pages
@@ -402,7 +402,7 @@ class RolloutEngine:
         if (run.futures or run.parked_in("observed") or run.rows_in("observed")) and not (
                 run.lockstep and (moving or run.rows_in("stopped"))):
             state = self._take_observations(params, state, run)
-        if run.branches:  # before new episodes: they hold their pages already
+        if run.branches:  # those forked this round too; before new episodes: they hold their pages already
             state = self._start_forks(params, state, run)
         free = [r for r, row in enumerate(run.rows) if row is None]
         if run.waiting and free and not (run.lockstep and len(free) < len(run.rows)):
@@ -640,8 +640,6 @@ class RolloutEngine:
         if copies:  # before the episodes write into the pages their side branches copy
             run.pool = self._dispatch(generate.copy_pages, run.pool, *self._copies(copies, len(run.rows)),
                                       len(run.rows), self.rules)
-        if run.branches:
-            state = self._start_forks(params, state, run)
         for r in chunks:
             run.rows[r].phase = "decode"
         return self._append(params, state, run, chunks, set(chunks), self.config.sampling)
