@@ -39,6 +39,7 @@ from absl import flags
 
 from searchrl import cli, models, run_config
 from searchrl.benchmarks import aot, aot_setups
+from searchrl.benchmarks.gpu_check import paged_trips
 from searchrl.benchmarks.hardware import GPU_TARGETS, Chip, chip_of
 from searchrl.benchmarks.jaxpr_cost import MatmulCost, input_shards, matmul_cost
 from searchrl.benchmarks.lengths import search_r1_episodes
@@ -53,7 +54,6 @@ RETRIEVAL = pathlib.Path("docs/results/retrieval_cpu.json")
 DOCS = pathlib.Path("docs/benchmarks.md")
 BLOCK = "projection"
 PHASES = ("prefill", "decode", "observations", "retrieval", "scoring", "update")
-PAGED_LOOP = "paged_attention.reference"  # the paged attention loop (`jaxpr_cost.Loop.name`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,13 +172,6 @@ def costing(config: RunConfig, work: Workload) -> RunConfig:
                                rl=dataclasses.replace(rl, offload_reference=True), rollout=rollout)
 
 
-def paged_trips(config: RunConfig, live: int) -> float:
-    """Trips of the paged reference loop at `live` tokens a row: its blocks of whole pages."""
-    page = config.rollout.page_size
-    per_step = max(1, config.mesh.attention.block_size // page)
-    return math.ceil(math.ceil(live / page) / per_step)
-
-
 def program_costs(config: RunConfig, devices: Sequence[jax.Device], live: int,
                   traced: dict[tuple, MatmulCost] | None = None) -> dict[str, tuple[MatmulCost, tuple]]:
     """Each program's FLOPs and bytes per device (a decode chunk: one decode step) with its arguments, its
@@ -188,11 +181,11 @@ def program_costs(config: RunConfig, devices: Sequence[jax.Device], live: int,
     traced = {} if traced is None else traced
     cfg = models.config_from_source(dataclasses.replace(config.model, path=""))
     mesh = models.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor, devices=devices)
-    hints = {PAGED_LOOP: paged_trips(config, live)}
+    hints = paged_trips(config, live)
     jobs = {**aot.learn_inputs(config, cfg, mesh), **aot.rollout_inputs(config, cfg, mesh)}
     out = {}
     for name, (jitted, args) in jobs.items():
-        key = (name, repr(args), hints[PAGED_LOOP])
+        key = (name, repr(args), tuple(hints.items()))
         if key not in traced:
             with jax.set_mesh(mesh):
                 jaxpr = jitted.trace(*args).jaxpr

@@ -10,6 +10,7 @@ import pytest
 
 from searchrl import models
 from searchrl.benchmarks import aot_setups, project
+from searchrl.benchmarks.gpu_check import paged_trips
 from searchrl.benchmarks.hardware import GPU_TARGETS
 from searchrl.benchmarks.jaxpr_cost import MatmulCost
 from searchrl.benchmarks.lengths import search_r1_episodes, search_r1_lengths
@@ -57,7 +58,7 @@ def test_decode_step_against_a_hand_count(tiny):
         + 3 * cfg.hidden_size * cfg.intermediate_size
     weights = (cfg.num_layers * layer + cfg.vocab_size * cfg.hidden_size) * item
     # the reference loop reads whole blocks of `block_size` slots: 300 live tokens are one block of 512
-    slots = project.paged_trips(counted, 300) * counted.mesh.attention.block_size
+    slots = paged_trips(counted, 300)["paged_attention.reference"] * counted.mesh.attention.block_size
     cache = rows * slots * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * item
     # a layer's float32 scores, written by q.k and read by p.v
     scores = cfg.num_layers * 2 * rows * cfg.num_heads * slots * 4
