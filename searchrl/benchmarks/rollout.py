@@ -47,6 +47,7 @@ import torch
 import transformers
 
 from searchrl import cli, models
+from searchrl.benchmarks import rollout_report
 from searchrl.benchmarks.hardware import device_chip, device_name
 from searchrl.benchmarks.interleave import compare, describe
 from searchrl.benchmarks.jaxpr_cost import matmul_cost
@@ -461,12 +462,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         _print_generate(r, prompt_len.value, new_tokens.value)
     if "b" in parts.value:
         _print_search_rollout(r, passages.value, turns.value)
-    if "d" in parts.value:
-        _print_long_tail(r, episodes.value, decode_rows.value, latency_ms.value)
-    if "i" in parts.value:
-        _print_intermediate_answers(r, episodes.value, decode_rows.value)
-    if "s" in parts.value:
-        _print_decode_scaling(r, scaling_preset.value)
+    for part, line in rollout_report.PARTS.items():  # as docs/benchmarks.md words them
+        if part in parts.value:
+            print(line(r))
 
 
 def _print_generate(r: dict, prompt_len: int, new_tokens: int) -> None:
@@ -488,37 +486,6 @@ def _print_search_rollout(r: dict, passages: int, turns: int) -> None:
           f"host fraction {r['host_fraction']:.1%}, sampler vs trainer log-prob gap {r['logprob_gap_max']:.2e}")
     print(f"(c) compiled programs {r['compiled_programs']}, after warm-up {r['compiles_after_warmup']}")
 
-
-
-def _print_long_tail(r: dict, episodes: int, rows: int, latency_ms: float) -> None:
-    mix = "/".join(f"{m:.0%}" for m in r["long_tail_calls_mix"])
-    print(f"(d) long tail: {episodes} episodes of 1-4 tool calls (measured mix {mix}), "
-          f"BM25 + {latency_ms:g} ms a call, {rows} decode rows")
-    for name in ("continuous", "lockstep"):
-        rate, used, idle = (r[f"long_tail_{name}_{k}"] for k in ("episodes_per_s", "utilisation", "idle_share"))
-        print(f"    {name:<12}{rate:>8.2f} episodes/s, decode slot utilisation {used:.1%}, "
-              f"device idle waiting for the host {idle:.1%} (at most)")
-    print(f"    {describe(r, 'long_tail').replace('searchrl / peer', 'continuous / lock-step')}")
-    print(f"    compiled after warm-up: {r['long_tail_compiles_after_warmup']}")
-
-
-def _print_intermediate_answers(r: dict, episodes: int, rows: int) -> None:
-    print(f"(i) long tail with intermediate answers ({r['answers_tokens']} tokens after each search, "
-          f"{r['answers_per_rollout']} a rollout), {episodes} episodes, {rows} decode rows")
-    for name in ("answers", "plain"):
-        rate, used = (r[f"answers_{name}_{k}"] for k in ("episodes_per_s", "utilisation"))
-        print(f"    {name:<12}{rate:>8.2f} episodes/s, decode slot utilisation {used:.1%}")
-    print(f"    {describe(r, 'answers').replace('searchrl / peer', 'with / without answers')}")
-
-
-def _print_decode_scaling(r: dict, preset: str) -> None:
-    few, many = r["decode_scaling_slots"]
-    ms = r["decode_scaling_ms_per_step"]
-    low, high = r["decode_scaling_cost_ratio_range"]
-    print(f"(s) decode step, {preset}, {r['decode_scaling_rows']} rows x {r['decode_scaling_live']} live tokens, "
-          f"{r['dtype']}, {r['device']}")
-    print(f"    {few} slots a row {ms[0]:.2f} ms, {many} slots {ms[1]:.2f} ms: {many} slots cost "
-          f"{r['decode_scaling_cost_ratio']:.2f}x (range {low:.2f}-{high:.2f})")
 
 
 if __name__ == "__main__":

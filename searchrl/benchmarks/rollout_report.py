@@ -39,20 +39,21 @@ def decode_scaling(r: Mapping[str, Any]) -> str:
     few, many = r["decode_scaling_slots"]
     fast, slow = r["decode_scaling_ms_per_step"]
     low, high = r["decode_scaling_cost_ratio_range"]
-    return (f"- **(s) decode cost against reserved slots**: a decode step ({r['decode_scaling_preset']} preset) of {r['decode_scaling_rows']} rows "
-            f"holding {r['decode_scaling_live']} live tokens each costs {fast:.2f} ms with {few} slots a row "
+    return (f"- **(s) decode cost against reserved slots**: a decode step ({r['decode_scaling_preset']} preset) "
+            f"of {r['decode_scaling_rows']} rows holding {r['decode_scaling_live']} live tokens each costs {fast:.2f} ms with {few} slots a row "
             f"and {slow:.2f} ms with {many}: {r['decode_scaling_cost_ratio']:.2f}x (range {low:.2f}-{high:.2f}).")
 
 
 def long_tail(r: Mapping[str, Any]) -> str:
     mix = "/".join(f"{m:.0%}" for m in r["long_tail_calls_mix"])
-    rates = {name: (r[f"long_tail_{name}_episodes_per_s"], r[f"long_tail_{name}_utilisation"])
-             for name in ("continuous", "lockstep")}
+    rates = {name: (r[f"long_tail_{name}_episodes_per_s"], r[f"long_tail_{name}_utilisation"],
+                    r[f"long_tail_{name}_idle_share"]) for name in ("continuous", "lockstep")}
     return (f"- **(d) long tail** (episodes of 1-4 tool calls, measured mix {mix}): continuous batching "
             f"{rates['continuous'][0]:.2f} episodes/s at {rates['continuous'][1]:.1%} decode slot "
-            f"utilisation, lock step {rates['lockstep'][0]:.2f} at {rates['lockstep'][1]:.1%}; continuous "
-            f"over lock step {_ratio(r, 'long_tail')}, {r['long_tail_compiles_after_warmup']} compiles after "
-            f"warm-up.")
+            f"utilisation (device idle waiting for the host at most {rates['continuous'][2]:.1%}), lock step "
+            f"{rates['lockstep'][0]:.2f} at {rates['lockstep'][1]:.1%} (idle {rates['lockstep'][2]:.1%}); "
+            f"continuous over lock step {_ratio(r, 'long_tail')}, {r['long_tail_compiles_after_warmup']} "
+            f"compiles after warm-up.")
 
 
 def intermediate_answers(r: Mapping[str, Any]) -> str:
