@@ -10,9 +10,14 @@ import pytest
 from searchrl import models, run_config
 from searchrl.benchmarks import aot, aot_setups
 from searchrl.benchmarks.hardware import MEGACORE
+from searchrl.rollout.engine import RolloutEngine
+from searchrl.tasks.autosearch.env import AutoSearchEnv
+from searchrl.tasks.search_r1.env import SearchEnv
+from searchrl.text.tokenizer import train_bpe_tokenizer
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
 import autosearch  # noqa: E402
+import search_r1  # noqa: E402
 
 CONFIG = "configs/autosearch.py:tiny"
 
@@ -96,6 +101,29 @@ def test_a_chunked_prefill_has_no_program_of_its_own():
     assert list(aot.rollout_inputs(run, cfg, mesh)) == ["prefill", "extend", "decode"]
     config.rollout.chunked_prefill = True
     assert list(aot.rollout_inputs(run_config.parse(config), cfg, mesh)) == ["extend", "decode"]
+
+
+@pytest.mark.parametrize("module,parked", [(autosearch, 0), (autosearch, 3), (search_r1, 0)],
+                         ids=["autosearch", "autosearch-parked", "search_r1"])
+def test_the_rollout_programs_hold_the_engines_pool_and_rows(module, parked):
+    """AOT's page pool and row slots are the trainer's engine's: AutoSearch's with its side branch (the
+    intermediate answers: a branch's pages beside each episode's, a wider append for its prompt), Search-R1's
+    without one."""
+    config = module.get_config("tiny")
+    config.model.path, config.rollout.parked_rows = "", parked
+    run = run_config.parse(config)
+    cfg, mesh = models.config_from_source(run.model), models.make_mesh(1, 8, 1)
+    env = (AutoSearchEnv if module is autosearch else SearchEnv)(None, run.env)  # no retriever: not searched
+    tokenizer = train_bpe_tokenizer(["search for the answer"] * 20, vocab_size=300)
+    engine = RolloutEngine(cfg, tokenizer, env, run.rollout, mesh=mesh, dtype=run.rl.compute_dtype,
+                           rules=models.rules_named(run.mesh.sample_rules), attention=run.mesh.attention)
+    assert (aot.side_branch(run) is not None) == (env.side_branch is not None) == (module is autosearch)
+    inputs = aot.rollout_inputs(run, cfg, mesh)
+    _, _, pool, state, *_ = inputs["decode"][1]
+    rows = aot.batch_rows(run)
+    assert pool.k[0].shape[1] == engine.pool_pages(rows) * engine.shards(rows)
+    assert state.tokens.shape == (rows, engine.slots) and state.pages.shape == (rows, engine.table_width)
+    assert inputs["extend"][1][5].shape[1] == engine.chunk_widths[-1]  # the widest append
 
 
 @pytest.mark.parametrize("topology,xla", [("h100:8", "1x1x8"), ("a100:2x8", "1x2x8"), ("h200:1", "1x1x1")])
