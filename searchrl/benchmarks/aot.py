@@ -39,7 +39,9 @@ FLOP/s and HBM bandwidth (a roofline lower bound: the slower of the two).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import math
 import os
 import pathlib
 import re
@@ -157,6 +159,26 @@ def learn_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> dict
     return ppo.learn_programs(batch, ppo_config, mesh)
 
 
+# What no program of `report` reads: the RunConfig groups besides the env's side branch (`side_branch`), and
+# the fields of `train` that only schedule the host loop (a model's architecture is its preset's: `report`
+# reads no checkpoint, so `model.path` is left out too).
+UNCOMPILED = ("task", "env", "seed", "workdir", "resume", "tokenizer", "data", "retrieval", "sft", "demo")
+UNCOMPILED_TRAIN = ("steps", "log_every", "eval_every", "eval_batches", "checkpoint_every",
+                    "keep_checkpoints", "async_checkpoints", "max_nonfinite_steps")
+
+
+def program_signature(config: RunConfig) -> str:
+    """A digest of what decides the programs `report` compiles for `config`: the config without the fields
+    none of them reads (`UNCOMPILED`, `UNCOMPILED_TRAIN`, `model.path`) and with the env's side branch. Every
+    other field counts, even one that only changes a constant: two configs of one signature compile the same
+    programs."""
+    kept = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in UNCOMPILED}
+    kept["model"] = dataclasses.replace(config.model, path="")
+    kept["train"] = {k: v for k, v in dataclasses.asdict(config.train).items() if k not in UNCOMPILED_TRAIN}
+    kept["side_branch"] = side_branch(config)
+    return hashlib.sha256(repr(kept).encode()).hexdigest()[:16]
+
+
 def side_branch(config: RunConfig) -> SideBranch | None:
     """The side branch the trainer's rollout runs: the one its env declares under `config.env`
     (`Task.side_branch`)."""
@@ -266,7 +288,18 @@ def report(config: RunConfig, topology: str, devices: Sequence[jax.Device],
             for name, (fn, args) in jobs.items() if not programs or name in programs]
     return {"topology": topology, "devices": len(devices), "device_kind": devices[0].device_kind,
             "mesh": dict(mesh.shape), "model": config.model.preset,
-            "memory_fraction": config.distributed.memory_fraction, "programs": rows}
+            "memory_fraction": config.distributed.memory_fraction, "rollout": rollout_layout(config, jobs),
+            "programs": rows}
+
+
+def rollout_layout(config: RunConfig, jobs: dict[str, tuple[Any, tuple]]) -> dict[str, Any]:
+    """What the rollout programs (`rollout_inputs`) hold: the episodes of a step, the rows decoded at once,
+    whether a side branch runs, and the KV page pool's pages and GiB on each device."""
+    _, _, pool, state, *_ = jobs["decode"][1]
+    per_device = sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in pool.k + pool.v)
+    return {"episodes": batch_rows(config), "decode_rows": state.tokens.shape[0],
+            "side_branch": side_branch(config) is not None,
+            "pool_pages": pool.k[0].sharding.shard_shape(pool.k[0].shape)[1], "pool_gib": per_device / GiB}
 
 
 def format_report(result: dict) -> str:
