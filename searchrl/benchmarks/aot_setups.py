@@ -224,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         results |= {"runs": assemble(planned, compiled), "date": datetime.date.today().isoformat(),
                     "commit": _commit(), "jax": jax.__version__}
         _save(results, results_path)
+        write_docs(results)  # the docs quote the results file, however far the matrix got
     results["runs"] = assemble(planned, compiled)
     write_docs(results)
     print(render(results))
