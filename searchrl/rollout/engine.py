@@ -139,7 +139,6 @@ class RolloutEngine:
     def pool_pages(self, batch: int) -> int:
         """Pages per device of a rollout on `batch` decode rows (`rollout.pool_pages`; 0: every decode and
         parked row at its largest)."""
-        # either schedule: the same programs
         return pool_pages(self.config, batch, self.shards(batch), self.table_width, self.branch is not None)
 
     def _new_pool(self, params, batch: int) -> models.KVPool:

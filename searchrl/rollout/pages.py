@@ -36,8 +36,9 @@ def reserve_pages(table_width: int, branches: bool) -> int:
 
 def pool_pages(config: RolloutConfig, rows: int, shards: int, table_width: int, branches: bool) -> int:
     """Pages per device of a rollout on `rows` decode rows split into `shards` blocks: `config.pool_pages`,
-    else enough for every decode and parked row of a block at its largest (`reserve_pages`), so that no row
-    ever waits for pages. The engine sizes its pool so, and `searchrl.benchmarks.aot` compiles it."""
+    else enough for every decode and parked row of a block at its largest (`reserve_pages`; parked rows under
+    either schedule: the same programs), so that no row ever waits for pages. The engine sizes its pool so,
+    and `searchrl.benchmarks.aot` compiles it."""
     if config.pool_pages:
         return config.pool_pages
     return -(-(rows + config.parked_rows) // shards) * reserve_pages(table_width, branches)
