@@ -58,9 +58,9 @@ from searchrl import cli, models, run_config, task
 from searchrl.benchmarks.hardware import GPU_TARGETS, MEGACORE, GiB, Chip, GpuTarget, chip_of
 from searchrl.benchmarks.jaxpr_cost import MatmulCost, input_shards, matmul_cost
 from searchrl.benchmarks.lengths import packing_of, search_r1_lengths
+from searchrl.episode import SideBranch
 from searchrl.rl import advantages, ppo
 from searchrl.rl.config import batch_rows as rl_batch_rows
-from searchrl.episode import SideBranch
 from searchrl.rollout import generate
 from searchrl.rollout.config import chunk_widths
 from searchrl.rollout.pages import pool_pages
