@@ -66,6 +66,12 @@ def paper(config):
     # generate_sequences (:234), so vLLM sampled with the rollout's settings: temperature=1 ([AS]:50),
     # top_p=1.0 ([AS]:51), top_k=-1 ([AY]:70).
     config.env.intermediate_answer_sampling.update(dict(temperature=1.0, top_p=0.9, top_k=50))
+    # searchrl's own memory setting: a page pool sized from the 60 GiB budget, not from every row at its
+    # largest with an intermediate answer's pages beside it (64 rows a GPU x 1,327 pages: 46.7 GiB, over the
+    # budget beside the train state, 9.4 GiB, and the sampling weights, 5.7). 65,536 pages of 16 slots, at
+    # 0.5625 MiB a page (Qwen2.5-3B: 36 layers x 2 key heads x 128 x 2 (keys, values) x 2 bytes x 16), take
+    # 36 GiB; a row finding none free waits for an episode to end. paper_grpo's 320 rows a GPU share them.
+    config.rollout.pool_pages = 65536
     return config
 
 

@@ -57,6 +57,8 @@ def paper_stepsearch(config):
     # StepSearch reads no intermediate answer: none is sampled (an evaluation that wants AutoSearch's depth
     # analysis sets --config.env.intermediate_answers=true).
     config.env.intermediate_answers = False
+    # Without them every row fits at its largest (64 a GPU x 663 pages: 23 GiB): no pool of AutoSearch's size.
+    config.rollout.pool_pages = 0
     return config
 
 

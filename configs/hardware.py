@@ -27,6 +27,7 @@ class Setup(NamedTuple):
     """How a setup lays out a run (`apply`)."""
 
     devices: int
+    topology: str  # its chips as `searchrl.benchmarks.aot --topology` compiles for them
     attention: str  # the attention implementation (names in searchrl.models.attention.ATTENTION)
     paged: str  # the paged KV cache's (names in searchrl.models.paged_attention.PAGED_ATTENTION)
     # whether the reference model waits in host memory between scoring passes (`rl.offload_reference`: on 2
@@ -37,13 +38,13 @@ class Setup(NamedTuple):
 
 
 SETUPS = {
-    "a100x2": Setup(2, "pallas_mha", "pallas_gpu", offload_reference=True),
+    "a100x2": Setup(2, "a100:2", "pallas_mha", "pallas_gpu", offload_reference=True),
     # Coder-7B's policy and critic: their float32 masters and Adam moments took 62.7 GiB, over JAX's default
     # 0.75 of 80; with bfloat16 first moments the PPO step takes 55.4
-    "a100x4": Setup(4, "pallas_mha", "pallas_gpu", offload_reference=True, mu_dtype="bfloat16"),
-    "a100x8": Setup(8, "pallas_mha", "pallas_gpu"),
-    "h100x8": Setup(8, "pallas_mha", "pallas_gpu"),
-    "v5p8": Setup(8, "pallas_tpu", "pallas_tpu"),
+    "a100x4": Setup(4, "a100:4", "pallas_mha", "pallas_gpu", offload_reference=True, mu_dtype="bfloat16"),
+    "a100x8": Setup(8, "a100:8", "pallas_mha", "pallas_gpu"),
+    "h100x8": Setup(8, "h100:8", "pallas_mha", "pallas_gpu"),
+    "v5p8": Setup(8, "v5p:2x2x2", "pallas_tpu", "pallas_tpu"),
 }
 
 

@@ -44,9 +44,12 @@ def _paper(config, preset: str, path: str):
     # Program mutation as the paper: its verified variants alone are distilled (searchrl's default also keeps
     # the programs no edit improves). at_step=200 comes with the ",pm" variant [the RPL paper].
     config.env.mutation.keep_unimproved = False
-    # searchrl's own memory setting: Qwen3's 8 key heads make a row's KV cache 4x Qwen2.5-3B's, so 128 rows
-    # decode at once (continuous batching refills them; the episodes are the same).
-    config.rollout.decode_rows = 128
+    # searchrl's own memory setting: every episode of the step decodes at once, its KV in a page pool sized
+    # from the 60 GiB budget of an 80 GiB GPU: Qwen3's 8 key heads make a page 2.25 MiB (36 layers x 8 x 128 x
+    # 2 (keys, values) x 2 bytes x 16 slots), so every row at its largest would take 72 GiB a GPU. Beside
+    # Qwen3-4B's train state (12.2 GiB a GPU) and sampling weights (7.5), 12,288 pages take 27 GiB and hold
+    # 3,072 slots a row on average; a row finding none free waits for an episode to end.
+    config.rollout.pool_pages = 12288
     return config
 
 
@@ -56,7 +59,9 @@ def paper_qwen3_4b(config):
 
 def paper_qwen3_8b(config):
     config = _paper(config, "qwen3_8b", "/data/models/Qwen3-8B")
-    config.rollout.decode_rows = 64  # searchrl's own memory setting: beside the 8B's train state (see _paper)
+    # searchrl's own memory setting (see _paper): beside Qwen3-8B's train state (23.9 GiB a GPU) and sampling
+    # weights (15.3), 7,168 pages take 15.75 GiB and hold 1,792 slots a row on average.
+    config.rollout.pool_pages = 7168
     return config
 
 

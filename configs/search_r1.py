@@ -80,9 +80,12 @@ def paper_7b(config):
     """[V2] with its active model line: BASE_MODEL='Qwen/Qwen2.5-7B' [V2]."""
     config = paper(config)
     config.model.update(dict(preset="qwen2p5_7b", path="/data/models/Qwen2.5-7B"))
-    # searchrl's own memory setting: the 7B's 4 key heads double a row's KV cache, so 256 rows decode at once
-    # (continuous batching refills them; the episodes are the same).
-    config.rollout.decode_rows = 256
+    # searchrl's own memory setting: every episode of the step decodes at once, its KV in a page pool sized
+    # from the 60 GiB budget of an 80 GiB GPU, not from 64 rows a GPU x 8,192 slots (28 GiB). The train state
+    # takes 22.3 GiB a GPU and the sampling weights 14.2 (docs/benchmarks.md): 20,480 pages of 16 slots, at
+    # 0.875 MiB a page (28 layers x 4 key heads x 128 x 2 (keys, values) x 2 bytes x 16), take 17.5 GiB and
+    # hold 5,120 slots a row on average; a row finding none free waits for an episode to end.
+    config.rollout.pool_pages = 20480
     return config
 
 
@@ -115,6 +118,12 @@ def paper_grpo(config):
     """[G2]: `paper` with GRPO's learner (`grpo`)."""
     config = grpo(paper(config))
     config.rollout.sampling.top_p = 0.95  # [G2] sets no rollout.top_p: rollout.top_p: 0.95 [Y]
+    # searchrl's own memory setting: the 2,560 episodes of a step (320 a GPU) decode at once, their KV in a
+    # page pool sized from the 60 GiB budget, not from every row at its largest (90 GiB). Beside the train
+    # state (5.1 GiB a GPU, no critic) and the sampling weights (5.7), 65,536 pages of 16 slots, at 0.5625 MiB
+    # a page (Qwen2.5-3B: 36 layers x 2 key heads x 128 x 2 (keys, values) x 2 bytes x 16), take 36 GiB and
+    # hold 3,277 slots a row on average; a row finding none free waits for an episode to end.
+    config.rollout.pool_pages = 65536
     return config
 
 

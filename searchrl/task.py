@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 import ml_collections
 
 from searchrl.configlib import to_config
-from searchrl.episode import Env
+from searchrl.episode import Env, SideBranch
 from searchrl.registry import Registry
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +74,9 @@ class Task:
     report: Report = Report()  # its part of an evaluation report
     train_hooks: Callable[[Env], list[Any]] | None = None  # (its env) -> `searchrl.rl.trainer.TrainHook`s
     answer_scorer: AnswerScorer | None = None  # its examples' answers scored its own way (else EM and F1)
+    # (its Config) -> the side branch its env declares under it (`Env.side_branch`), read without building the
+    # env: the rollout's shapes depend on it (`searchrl.benchmarks.aot`)
+    side_branch: Callable[[Any], SideBranch | None] = lambda config: None
 
 
 TASKS: Registry[Task] = Registry("task", "config.env.name")

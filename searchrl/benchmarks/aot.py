@@ -17,8 +17,12 @@ config's shapes and dtypes, on a (data, fsdp, tensor) mesh over the topology's d
            rows packed (`searchrl.rl.packing`) with a Search-R1-like mix of lengths (`lengths`);
   prefill  an `extend` of prompts (rollout.max_prompt_tokens) into rollout.extend_rows rows (0: all);
            none with rollout.chunked_prefill, whose prompt chunks run the extend program;
-  extend   observations appended into rollout.extend_rows rows, at the widest of rollout.obs_buckets;
-  decode   one decode chunk (`decode_chunk`, rollout.chunk_steps steps); its costs are per decode step.
+  extend   observations appended into rollout.extend_rows rows, at the widest of rollout.obs_buckets (with
+           room for a side branch's prompt where the env runs one that continues the trajectory);
+  decode   one decode chunk (`decode_chunk`, rollout.chunk_steps steps), with the side branch's turn limits
+           and stop sequences where the env runs one; its costs are per decode step.
+The page pool is the engine's (`searchrl.rollout.pages.pool_pages`): `rollout.pool_pages` pages a device, else
+every decode and parked row at its largest, with a side branch's pages beside it.
 
 The rollout programs take the policy as the trainer's engine samples with it (cast to rl.compute_dtype, so
 the KV cache is in that dtype too) laid out by the sampling rules (config.mesh.sample_rules, by default
@@ -35,7 +39,9 @@ FLOP/s and HBM bandwidth (a roofline lower bound: the slower of the two).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import math
 import os
 import pathlib
 import re
@@ -48,13 +54,16 @@ from absl import flags
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ml_collections import config_flags
 
-from searchrl import cli, models, run_config
+from searchrl import cli, models, run_config, task
 from searchrl.benchmarks.hardware import GPU_TARGETS, MEGACORE, GiB, Chip, GpuTarget, chip_of
 from searchrl.benchmarks.jaxpr_cost import MatmulCost, input_shards, matmul_cost
 from searchrl.benchmarks.lengths import packing_of, search_r1_lengths
+from searchrl.episode import SideBranch
 from searchrl.rl import advantages, ppo
 from searchrl.rl.config import batch_rows as rl_batch_rows
 from searchrl.rollout import generate
+from searchrl.rollout.config import chunk_widths
+from searchrl.rollout.pages import pool_pages
 from searchrl.run_config import RunConfig
 
 DEFAULT_LIBTPU = str(pathlib.Path(__file__).resolve().parents[2] / ".libtpu" / "libtpu" / "libtpu.so")
@@ -150,13 +159,41 @@ def learn_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> dict
     return ppo.learn_programs(batch, ppo_config, mesh)
 
 
+# What no program of `report` reads: the RunConfig groups besides the env's side branch (`side_branch`), and
+# the fields of `train` that only schedule the host loop (a model's architecture is its preset's: `report`
+# reads no checkpoint, so `model.path` is left out too).
+UNCOMPILED = ("task", "env", "seed", "workdir", "resume", "tokenizer", "data", "retrieval", "sft", "demo")
+UNCOMPILED_TRAIN = ("steps", "log_every", "eval_every", "eval_batches", "checkpoint_every",
+                    "keep_checkpoints", "async_checkpoints", "max_nonfinite_steps")
+
+
+def program_signature(config: RunConfig) -> str:
+    """A digest of what decides the programs `report` compiles for `config`: the config without the fields
+    none of them reads (`UNCOMPILED`, `UNCOMPILED_TRAIN`, `model.path`) and with the env's side branch. Every
+    other field counts, even one that only changes a constant: two configs of one signature compile the same
+    programs."""
+    kept = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in UNCOMPILED}
+    kept["model"] = dataclasses.replace(config.model, path="")
+    kept["train"] = {k: v for k, v in dataclasses.asdict(config.train).items() if k not in UNCOMPILED_TRAIN}
+    kept["side_branch"] = side_branch(config)
+    return hashlib.sha256(repr(kept).encode()).hexdigest()[:16]
+
+
+def side_branch(config: RunConfig) -> SideBranch | None:
+    """The side branch the trainer's rollout runs: the one its env declares under `config.env`
+    (`Task.side_branch`)."""
+    return task.get(config.task).side_branch(config.env)
+
+
 def rollout_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> dict[str, tuple[Any, tuple]]:
     """Each rollout program's name -> (jitted function, its arguments: abstract arrays and static
     settings), on the rollout's decode rows (`rollout.decode_rows`, else one a row of the batch), with its
-    page pool (`rollout.pool_pages` a device, else every row's slots)."""
-    rollout = config.rollout
+    page pool as the engine sizes it (`pages.pool_pages`: side branches' pages counted) and, where the env
+    runs a side branch, its rows' slots, widest append and turn limits as the engine's."""
+    rollout, branch = config.rollout, side_branch(config)
     rows, rules = rollout.decode_rows or batch_rows(config), models.rules_named(config.mesh.sample_rules)
-    slots = rollout.slots(max(rollout.obs_buckets))
+    widest = chunk_widths(rollout, branch)[-1]
+    slots = rollout.slots(widest)
     dtype = jnp.dtype(config.rl.compute_dtype)
     params = _abstract(jax.eval_shape(lambda: models.unstack_layers(models.init_params(cfg, jax.random.key(0),
                                                                                        dtype))),
@@ -168,7 +205,7 @@ def rollout_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> di
         jax.eval_shape(lambda: generate.init_state(rows, slots, rollout.page_size, jax.random.key(0))),
         is_leaf=lambda axes: type(axes) is tuple)
     shards = models.row_shards(dict(mesh.shape), rules, rows)
-    pages = (rollout.pool_pages or -(-rows // shards) * state.pages.shape[1]) * shards
+    pages = pool_pages(rollout, rows, shards, state.pages.shape[1], branch is not None) * shards
     pool_sharding = models.pool_sharding(cfg, mesh, rules, rows)
     pool = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=pool_sharding),
                         jax.eval_shape(lambda: models.KVPool.init(cfg, pages, rollout.page_size, dtype)))
@@ -180,10 +217,13 @@ def rollout_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> di
         index = None if per_call == rows else _rows_sharded((per_call,), jnp.int32, mesh, rules)
         return (index,) + tuple(_rows_sharded(shape, kind, mesh, rules) for shape, kind in shapes)
 
+    limits = None if branch is None else generate.TurnLimits(branch.max_tokens, slots - 1, branch.sampling)
     spec = generate.DecodeSpec(rollout.max_turn_tokens, rollout.max_len, rollout.sampling,
-                               steps=rollout.chunk_steps, rules=rules, attention=config.mesh.attention)
+                               steps=rollout.chunk_steps, branch=limits, rules=rules,
+                               attention=config.mesh.attention)
     replicated = NamedSharding(mesh, PartitionSpec())
-    stops = jax.ShapeDtypeStruct(STOP_TABLE, jnp.int32, sharding=replicated)
+    # the episodes' stop sequences, then the side branch's
+    stops = (jax.ShapeDtypeStruct(STOP_TABLE, jnp.int32, sharding=replicated),) * (1 if branch is None else 2)
     eos = jax.ShapeDtypeStruct(EOS_IDS, jnp.int32, sharding=replicated)
     allowed = _rows_sharded((rows,), jnp.bool_, mesh, rules)
     joins = _rows_sharded((rows,), jnp.int32, mesh, rules)  # a GRPO group's responses start on one prefill
@@ -191,9 +231,9 @@ def rollout_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> di
         "prefill": (generate.extend, (cfg, params, pool, state, *chunk(rollout.max_prompt_tokens),
                                       rollout.sampling, rules, config.mesh.attention, joins))}
     return prefill | {
-        "extend": (generate.extend, (cfg, params, pool, state, *chunk(max(rollout.obs_buckets)), rollout.sampling,
+        "extend": (generate.extend, (cfg, params, pool, state, *chunk(widest), rollout.sampling,
                                      rules, config.mesh.attention, joins)),
-        "decode": (generate.decode_chunk, (cfg, params, pool, state, allowed, (stops,), eos, spec)),
+        "decode": (generate.decode_chunk, (cfg, params, pool, state, allowed, stops, eos, spec)),
     }
 
 
@@ -248,7 +288,18 @@ def report(config: RunConfig, topology: str, devices: Sequence[jax.Device],
             for name, (fn, args) in jobs.items() if not programs or name in programs]
     return {"topology": topology, "devices": len(devices), "device_kind": devices[0].device_kind,
             "mesh": dict(mesh.shape), "model": config.model.preset,
-            "memory_fraction": config.distributed.memory_fraction, "programs": rows}
+            "memory_fraction": config.distributed.memory_fraction, "rollout": rollout_layout(config, jobs),
+            "programs": rows}
+
+
+def rollout_layout(config: RunConfig, jobs: dict[str, tuple[Any, tuple]]) -> dict[str, Any]:
+    """What the rollout programs (`rollout_inputs`) hold: the episodes of a step, the rows decoded at once,
+    whether a side branch runs, and the KV page pool's pages and GiB on each device."""
+    _, _, pool, state, *_ = jobs["decode"][1]
+    per_device = sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in pool.k + pool.v)
+    return {"episodes": batch_rows(config), "decode_rows": state.tokens.shape[0],
+            "side_branch": side_branch(config) is not None,
+            "pool_pages": pool.k[0].sharding.shard_shape(pool.k[0].shape)[1], "pool_gib": per_device / GiB}
 
 
 def format_report(result: dict) -> str:

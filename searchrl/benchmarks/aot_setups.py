@@ -4,10 +4,13 @@ fit its devices at the paper's own batch, micro-batch and lengths?
     python -m searchrl.benchmarks.aot_setups [--only SUBSTRING] [--force] [--results PATH]
 
 Each run of `RUNS` is a config with its hardware setup (configs/hardware.py) and the topology it compiles for
-(`searchrl.benchmarks.aot`, one process per run: a compile of a 7B PPO step takes GiBs of host memory). A run
-already in the results file is kept unless `--force` (a matrix takes an hour on 2 cores; an interrupted one
-resumes). The results file (JSON: the reports, with the date, commit and JAX version) is the source of the
-table in docs/benchmarks.md, which this command rewrites between its markers (`render`).
+(`searchrl.benchmarks.aot`, one process per run: a compile of a 7B PPO step takes GiBs of host memory). RUNS
+is every paper preset of every config file on the setups the docs recommend for it (`paper_runs`); runs whose
+programs are the same (`aot.program_signature`) compile once, the first of them, and the others show its
+figures. A run already in the results file for its current signature is kept unless `--force` (a matrix
+takes hours on 2 cores; an interrupted one resumes). The results file (JSON: the reports, with the date,
+commit and JAX version) is the source of the table in docs/benchmarks.md, which this command rewrites between
+its markers (`render`).
 GPU topologies need JAX's CUDA plugin (`make aot-gpu`, then run with .venv-gpu/bin/python), TPU ones libtpu
 (`make libtpu`).
 """
@@ -20,11 +23,15 @@ import pathlib
 import subprocess
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 import jax
 from absl import flags
 
-from searchrl import cli
+from searchrl import cli, run_config
+from searchrl.benchmarks import aot
+from searchrl.configlib import sibling
+from searchrl.run_config import RunConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results" / "aot_setups.json"
@@ -33,23 +40,64 @@ BEGIN, END = "<!-- aot_setups: begin (generated) -->", "<!-- aot_setups: end -->
 # The budget a program must fit: on GPUs what JAX preallocates (`distributed.memory_fraction` of the memory,
 # by default 0.75); on TPUs 80% of HBM.
 JAX_GPU_FRACTION, TPU_SHARE = 0.75, 0.8
-# (config and preset with its setup, topology): the machines each paper trained on.
-RUNS = (
-    ("search_r1.py:paper,a100x8", "a100:8"),  # Search-R1 and AutoSearch: 8 A100s or H100s
-    ("search_r1.py:paper,h100x8", "h100:8"),
-    ("search_r1.py:paper_7b,h100x8", "h100:8"),
-    ("autosearch.py:paper,a100x8", "a100:8"),
-    ("autosearch.py:paper,h100x8", "h100:8"),
-    ("deepretrieval.py:literature,a100x2", "a100:2"),  # DeepRetrieval: 3B on 2 A100s, Coder-7B on 4
-    ("deepretrieval.py:evidence,a100x2", "a100:2"),
-    ("deepretrieval.py:classic,a100x2", "a100:2"),
-    ("deepretrieval.py:sql,a100x2", "a100:2"),
-    ("deepretrieval.py:sql_coder7b,a100x4", "a100:4"),
-    ("rpl.py:paper_qwen3_4b,h100x8", "h100:8"),  # RPL: Qwen3-4B and 8B on 8 H100s
-    ("rpl.py:paper_qwen3_8b,h100x8", "h100:8"),
-    ("search_r1.py:paper,v5p8", "v5p:2x2x2"),  # the search presets on 8 TPU v5p chips
-    ("search_r1.py:paper_7b,v5p8", "v5p:2x2x2"),
-)
+CONFIGS = ROOT / "configs"
+# The setups the docs recommend for each config file's paper presets (README.md, configs/hardware.py), by the
+# preset's model: Search-R1 and AutoSearch (and its RL baselines) on 8 A100s or H100s, their 7B on 8 H100s,
+# all of them on 8 TPU v5p chips; DeepRetrieval's 3B on 2 A100s, its Coder-7B on 4; RPL on 8 H100s. In this
+# order: the matrix compiles the runs of one file after another, TPU runs last.
+PAPER_SETUPS = {
+    "search_r1.py": {"qwen2p5_3b": ("a100x8", "h100x8", "v5p8"), "qwen2p5_7b": ("h100x8", "v5p8")},
+    "autosearch.py": {"qwen2p5_3b": ("a100x8", "h100x8", "v5p8")},
+    "rpl.py": {"qwen3_4b": ("h100x8",), "qwen3_8b": ("h100x8",)},
+    "deepretrieval.py": {"qwen2p5_3b": ("a100x2",), "qwen2p5_7b": ("a100x4",)},
+    "autosearch_baselines.py": {"qwen2p5_3b": ("a100x8", "h100x8", "v5p8")},
+}
+TPU_SETUPS = ("v5p8",)
+
+
+def config_module(file: str) -> ModuleType:
+    """The config file `file` of configs/, loaded from its path."""
+    return sibling(str(CONFIGS / file), file.removesuffix(".py"))
+
+
+def paper_presets(file: str) -> list[str]:
+    """The paper presets of a config file: every entry of its PRESETS but the CPU-sized ones (tiny*)."""
+    return [name for name in config_module(file).PRESETS if not name.startswith("tiny")]
+
+
+def paper_runs() -> tuple[tuple[str, str], ...]:
+    """(config "FILE:PRESET,SETUP", topology) of every paper preset on each setup the docs recommend for
+    it (`PAPER_SETUPS`), file by file, TPU runs last."""
+    runs = []
+    for file, setups in PAPER_SETUPS.items():
+        module = config_module(file)
+        for name in paper_presets(file):
+            for setup in setups[module.get_config(name).model.preset]:
+                runs.append((setup in TPU_SETUPS, f"{file}:{name},{setup}",
+                             module.hardware.SETUPS[setup].topology))
+    return tuple((config, topology) for _, config, topology in sorted(runs, key=lambda r: r[0]))
+
+
+RUNS = paper_runs()
+
+
+def load(config: str) -> RunConfig:
+    """The parsed config of a run's "FILE:PRESET,SETUP"."""
+    file, _, preset = config.partition(":")
+    return run_config.parse(config_module(file).get_config(preset))
+
+
+def plan(runs: Sequence[tuple[str, str]]) -> list[dict]:
+    """Each run with its programs' signature (`aot.program_signature`) and, where an earlier run compiles the
+    same programs for the same topology, that run's config (`same_as`): it is compiled once."""
+    first: dict[tuple[str, str], str] = {}
+    planned = []
+    for config, topology in runs:
+        signature = aot.program_signature(load(config))
+        shared = first.setdefault((signature, topology), config)
+        planned.append({"config": config, "topology": topology, "signature": signature}
+                       | ({} if shared == config else {"same_as": shared}))
+    return planned
 
 
 def budget_gib(report: dict) -> float:
@@ -93,22 +141,30 @@ def _memory(gib: float | None, budget: float) -> str:
 
 def render(results: dict) -> str:
     """The Markdown table of a results file: per run, each program's GiB per device (`on_device_gib`)
-    against its budget."""
+    against its budget, the rows it decodes at once against its episodes and its KV page pool; a run that
+    shares another's programs (`same_as`) shows that run's figures."""
     programs = ("learn", "prefill", "extend", "decode")
+    reports = {(r["config"], r["topology"]): r["report"] for r in results["runs"] if "report" in r}
     lines = [f"Generated by `python -m searchrl.benchmarks.aot_setups` on {results['date']} (commit "
              f"{results['commit']}, JAX {results['jax']}); GiB per device, XLA's memory analysis, the "
-             "rollout programs' with the train state beside them.", "",
+             "rollout programs' with the train state beside them. A run compiled as another compiles the "
+             "same programs (`aot.program_signature`) and shows its figures.", "",
              "| run | topology | mesh (data, fsdp, tensor) | budget GiB | PPO step | prefill | extend "
-             "| decode chunk | fits |", "|---|---|---|---|---|---|---|---|---|"]
+             "| decode chunk | decode rows / episodes | KV pool GiB | fits |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in results["runs"]:
-        report, budget = run["report"], budget_gib(run["report"])
+        report = reports[run.get("same_as", run["config"]), run["topology"]]
+        budget = budget_gib(report)
         gib = on_device_gib({row["program"]: row for row in report["programs"]})
         cells = [_memory(gib[p], budget) if p in gib else "(chunked: extend)" for p in programs]
         if "score" in gib:  # the step's scoring pass is a program of its own
             cells[0] += f"; scoring pass {_memory(gib['score'], budget)}"
+        rollout = report["rollout"]
+        cells += [f"{rollout['decode_rows']} / {rollout['episodes']}", f"{rollout['pool_gib']:.1f}"]
         fits = all(g is not None and g <= budget for g in gib.values())
         mesh = ", ".join(str(n) for n in report["mesh"].values())
-        lines.append(f"| `{run['config']}` | {run['topology']} | {mesh} | {budget:.0f} | "
+        name = f"`{run['config']}`" + (f" (compiled as `{run['same_as']}`)" if "same_as" in run else "")
+        lines.append(f"| {name} | {run['topology']} | {mesh} | {budget:.0f} | "
                      + " | ".join(cells) + f" | {'yes' if fits else 'no'} |")
     return "\n".join(lines) + "\n"
 
@@ -136,6 +192,17 @@ def _save(results: dict, path: pathlib.Path) -> None:
     tmp.replace(path)
 
 
+def assemble(planned: Sequence[dict], compiled: dict[tuple[str, str], dict]) -> list[dict]:
+    """The results' runs in `planned`'s order: each compiled run with its report, each run that shares one's
+    programs once that one is in (`compiled`: config and topology -> its entry, for the current signature)."""
+    def current(config: str, topology: str, signature: str) -> bool:
+        entry = compiled.get((config, topology))
+        return entry is not None and entry["signature"] == signature
+
+    return [compiled[run["config"], run["topology"]] if "same_as" not in run else run for run in planned
+            if current(run.get("same_as", run["config"]), run["topology"], run["signature"])]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     values = flags.FlagValues()
     only = flags.DEFINE_string("only", "", "compile only the runs whose config contains this", flag_values=values)
@@ -144,19 +211,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     cli.parse(values, argv, __doc__)
     results_path = pathlib.Path(path.value)
     results = json.loads(results_path.read_text()) if results_path.exists() else {"runs": []}
-    done = {(r["config"], r["topology"]) for r in results["runs"]}
-    for config, topology in RUNS:
-        if only.value not in config or ((config, topology) in done and not force.value):
+    compiled = {(r["config"], r["topology"]): r for r in results["runs"]
+                if "report" in r and "signature" in r}  # a run of an older results file is compiled again
+    planned = plan(RUNS)
+    for run in planned:
+        key = run["config"], run["topology"]
+        if "same_as" in run or only.value not in run["config"] or (
+                not force.value and key in compiled and compiled[key]["signature"] == run["signature"]):
             continue
-        print(f"compiling {config} for {topology}", flush=True)
-        report = compile_run(config, topology)
-        runs = [r for r in results["runs"] if (r["config"], r["topology"]) != (config, topology)]
-        order = {run: i for i, run in enumerate(RUNS)}
-        runs.append({"config": config, "topology": topology, "report": report})
-        runs.sort(key=lambda r: order.get((r["config"], r["topology"]), len(order)))
-        results |= {"runs": runs, "date": datetime.date.today().isoformat(), "commit": _commit(),
-                    "jax": jax.__version__}
+        print(f"compiling {run['config']} for {run['topology']}", flush=True)
+        compiled[key] = run | {"report": compile_run(*key)}
+        results |= {"runs": assemble(planned, compiled), "date": datetime.date.today().isoformat(),
+                    "commit": _commit(), "jax": jax.__version__}
         _save(results, results_path)
+        write_docs(results)  # the docs quote the results file, however far the matrix got
+    results["runs"] = assemble(planned, compiled)
     write_docs(results)
     print(render(results))
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from searchrl.episode import SamplingParams
+from searchrl.episode import SamplingParams, SideBranch
 
 
 SCHEDULES = ("continuous", "lockstep")
+BRANCH_PROMPT_ROOM = 64  # tokens a side branch's prompt may take, appended after an observation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,3 +69,13 @@ class RolloutConfig:
         if max(self.obs_buckets) < self.max_obs_tokens:
             raise ValueError(f"rollout.obs_buckets {self.obs_buckets} must cover "
                              f"rollout.max_obs_tokens={self.max_obs_tokens}.")
+
+
+def chunk_widths(config: RolloutConfig, branch: SideBranch | None) -> tuple[int, ...]:
+    """The widths appended chunks are padded to, narrowest first: the observation buckets, and for a side
+    branch that continues the trajectory (`branch`, the env's declared one), the widest with room for the
+    branch's prompt. The widest sets a row's slots (`RolloutConfig.slots`)."""
+    widths = tuple(sorted(config.obs_buckets))
+    if branch is None or branch.separate_prompt:
+        return widths
+    return widths + (widths[-1] + BRANCH_PROMPT_ROOM,)

@@ -41,8 +41,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from searchrl import models
 from searchrl.episode import Action, Env, Observation, SideBranch, Trajectory, Turn
 from searchrl.rollout import generate
-from searchrl.rollout.config import RolloutConfig, SamplingParams
-from searchrl.rollout.pages import PagePool
+from searchrl.rollout.config import BRANCH_PROMPT_ROOM, RolloutConfig, SamplingParams, chunk_widths
+from searchrl.rollout.pages import PagePool, pool_pages, reserve_pages
 from searchrl.rollout.rows import Episodes, IdleClock, RolloutStats, Row, Run, pad_batch
 from searchrl.text import chat
 
@@ -76,14 +76,13 @@ class RolloutEngine:
         self.eos_set = _eos_ids(tokenizer, cfg)
         self.eos_ids = self._replicated(jnp.asarray(sorted(self.eos_set), jnp.int32))
         stops = [generate.stop_table([self._encode(s) for s in env.stop_strings])]
-        self.chunk_widths = tuple(sorted(config.obs_buckets))
         declared = env.side_branch
+        self.chunk_widths = chunk_widths(config, declared)
         if declared is not None and not declared.separate_prompt:  # one more width: observation + its prompt
             self.branch_prompt = self._encode(declared.prompt)
-            if len(self.branch_prompt) > _BRANCH_PROMPT_ROOM:
+            if len(self.branch_prompt) > BRANCH_PROMPT_ROOM:
                 raise ValueError(f"Side branch {declared.name!r}: its prompt has {len(self.branch_prompt)} "
-                                 f"tokens > {_BRANCH_PROMPT_ROOM}.")
-            self.chunk_widths += (self.chunk_widths[-1] + _BRANCH_PROMPT_ROOM,)
+                                 f"tokens > {BRANCH_PROMPT_ROOM}.")
         # The shapes depend on the declared branch only, so a run without it is the same computation.
         self.slots = config.slots(self.chunk_widths[-1])
         self.table_width = -(-self.slots // config.page_size)  # page table entries of a row
@@ -135,15 +134,12 @@ class RolloutEngine:
 
     def reserve(self) -> int:
         """Pages an episode holds at its largest: its row's slots, and a side branch's beside them."""
-        return self.table_width + (0 if self.branch is None else self.table_width + 1)
+        return reserve_pages(self.table_width, self.branch is not None)
 
     def pool_pages(self, batch: int) -> int:
         """Pages per device of a rollout on `batch` decode rows (`rollout.pool_pages`; 0: every decode and
         parked row at its largest)."""
-        if self.config.pool_pages:
-            return self.config.pool_pages
-        rows = batch + self.config.parked_rows  # either schedule: the same programs
-        return -(-rows // self.shards(batch)) * self.reserve()
+        return pool_pages(self.config, batch, self.shards(batch), self.table_width, self.branch is not None)
 
     def _new_pool(self, params, batch: int) -> models.KVPool:
         """An empty page pool beside a `batch`-row state, in the params' dtype, pages with their rows."""
@@ -781,7 +777,6 @@ class _Answer(NamedTuple):
 
 
 _CLOSING_TAG = re.compile(r"</[A-Za-z_]+>\s*\Z")
-_BRANCH_PROMPT_ROOM = 64  # tokens reserved for a side branch's prompt
 
 
 def _read_bucket(rows: int, batch: int) -> int:

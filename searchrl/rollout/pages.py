@@ -25,6 +25,24 @@ from typing import Hashable, NamedTuple
 
 import numpy as np
 
+from searchrl.rollout.config import RolloutConfig
+
+
+def reserve_pages(table_width: int, branches: bool) -> int:
+    """Pages an episode holds at its largest (`PagePool`'s `reserve`): its row's `table_width` pages and, when
+    its env runs a side branch, the branch's beside them (its shared pages plus a copied partial one)."""
+    return table_width + (table_width + 1 if branches else 0)
+
+
+def pool_pages(config: RolloutConfig, rows: int, shards: int, table_width: int, branches: bool) -> int:
+    """Pages per device of a rollout on `rows` decode rows split into `shards` blocks: `config.pool_pages`,
+    else enough for every decode and parked row of a block at its largest (`reserve_pages`; parked rows under
+    either schedule: the same programs), so that no row ever waits for pages. The engine sizes its pool so,
+    and `searchrl.benchmarks.aot` compiles it."""
+    if config.pool_pages:
+        return config.pool_pages
+    return -(-(rows + config.parked_rows) // shards) * reserve_pages(table_width, branches)
+
 
 class Forked(NamedTuple):
     """A fork's page to copy on device: (source, target) local ids, or None when it shares only full pages."""

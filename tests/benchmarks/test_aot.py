@@ -10,9 +10,14 @@ import pytest
 from searchrl import models, run_config
 from searchrl.benchmarks import aot, aot_setups
 from searchrl.benchmarks.hardware import MEGACORE
+from searchrl.rollout.engine import RolloutEngine
+from searchrl.tasks.autosearch.env import AutoSearchEnv
+from searchrl.tasks.search_r1.env import SearchEnv
+from searchrl.text.tokenizer import train_bpe_tokenizer
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
 import autosearch  # noqa: E402
+import search_r1  # noqa: E402
 
 CONFIG = "configs/autosearch.py:tiny"
 
@@ -98,6 +103,29 @@ def test_a_chunked_prefill_has_no_program_of_its_own():
     assert list(aot.rollout_inputs(run_config.parse(config), cfg, mesh)) == ["extend", "decode"]
 
 
+@pytest.mark.parametrize("module,parked", [(autosearch, 0), (autosearch, 3), (search_r1, 0)],
+                         ids=["autosearch", "autosearch-parked", "search_r1"])
+def test_the_rollout_programs_hold_the_engines_pool_and_rows(module, parked):
+    """AOT's page pool and row slots are the trainer's engine's: AutoSearch's with its side branch (the
+    intermediate answers: a branch's pages beside each episode's, a wider append for its prompt), Search-R1's
+    without one."""
+    config = module.get_config("tiny")
+    config.model.path, config.rollout.parked_rows = "", parked
+    run = run_config.parse(config)
+    cfg, mesh = models.config_from_source(run.model), models.make_mesh(1, 8, 1)
+    env = (AutoSearchEnv if module is autosearch else SearchEnv)(None, run.env)  # no retriever: not searched
+    tokenizer = train_bpe_tokenizer(["search for the answer"] * 20, vocab_size=300)
+    engine = RolloutEngine(cfg, tokenizer, env, run.rollout, mesh=mesh, dtype=run.rl.compute_dtype,
+                           rules=models.rules_named(run.mesh.sample_rules), attention=run.mesh.attention)
+    assert (aot.side_branch(run) is not None) == (env.side_branch is not None) == (module is autosearch)
+    inputs = aot.rollout_inputs(run, cfg, mesh)
+    _, _, pool, state, *_ = inputs["decode"][1]
+    rows = aot.batch_rows(run)
+    assert pool.k[0].shape[1] == engine.pool_pages(rows) * engine.shards(rows)
+    assert state.tokens.shape == (rows, engine.slots) and state.pages.shape == (rows, engine.table_width)
+    assert inputs["extend"][1][5].shape[1] == engine.chunk_widths[-1]  # the widest append
+
+
 @pytest.mark.parametrize("topology,xla", [("h100:8", "1x1x8"), ("a100:2x8", "1x2x8"), ("h200:1", "1x1x1")])
 def test_gpu_topology(topology, xla):
     assert aot.gpu_topology(topology) == xla
@@ -119,7 +147,10 @@ def _setups_row(program: str, total: float | None) -> dict:
 
 
 def test_the_setups_table_marks_what_exceeds_the_budget():
+    rollout = {"episodes": 512, "decode_rows": 512, "side_branch": False, "pool_pages": 1024,
+               "pool_gib": 2.25}
     report = {"device_kind": "NVIDIA A100-SXM4-80GB", "mesh": {"data": 1, "fsdp": 8, "tensor": 1},
+              "rollout": rollout,
               "programs": [_setups_row("learn", 59.5), _setups_row("extend", 61.0), _setups_row("decode", None)]}
     results = {"date": "2026-12-03", "commit": "abc", "jax": "0", "runs": [
         {"config": "x.py:paper,a100x8", "topology": "a100:8", "report": report}]}
@@ -128,19 +159,99 @@ def test_the_setups_table_marks_what_exceeds_the_budget():
     assert aot_setups.budget_gib(report | {"device_kind": "TPU v5p"}) == 64.0
     row = aot_setups.render(results).splitlines()[-1]
     assert row == ("| `x.py:paper,a100x8` | a100:8 | 1, 8, 1 | 60 | 59.5 | (chunked: extend) | 61.0 (over) "
-                   "| does not compile (out of memory) | no |")
+                   "| does not compile (out of memory) | 512 / 512 | 2.2 | no |")
     # The train state, the PPO step's arguments, stays on the devices while the rollout programs run.
     state = {"program": "learn", "hbm_gib": 80.0, "total_gib": 30.0, "arguments_gib": 20.0}
     report["programs"] = [state, _setups_row("extend", 39.5), _setups_row("decode", 40.5)]
     row = aot_setups.render(results).splitlines()[-1]
     assert row == ("| `x.py:paper,a100x8` | a100:8 | 1, 8, 1 | 60 | 30.0 | (chunked: extend) | 59.5 "
-                   "| 60.5 (over) | no |")
+                   "| 60.5 (over) | 512 / 512 | 2.2 | no |")
     # A scoring pass of its own (the reference in host memory) holds its own arguments and is shown beside.
     report["programs"] = [state, _setups_row("score", 61.0) | {"arguments_gib": 24.0},
                           _setups_row("extend", 39.5), _setups_row("decode", 40.0)]
     row = aot_setups.render(results).splitlines()[-1]
     assert row == ("| `x.py:paper,a100x8` | a100:8 | 1, 8, 1 | 60 | 30.0; scoring pass 61.0 (over) "
-                   "| (chunked: extend) | 59.5 | 60.0 | no |")
+                   "| (chunked: extend) | 59.5 | 60.0 | 512 / 512 | 2.2 | no |")
+    # A run compiling the same programs as another shows that one's figures, and names it.
+    results["runs"].append({"config": "x.py:paper_v2,a100x8", "topology": "a100:8",
+                            "same_as": "x.py:paper,a100x8"})
+    shared = aot_setups.render(results).splitlines()[-1]
+    assert shared == row.replace("`x.py:paper,a100x8`",
+                                 "`x.py:paper_v2,a100x8` (compiled as `x.py:paper,a100x8`)")
+
+
+def _expected_paper_presets(file: str) -> list[str]:
+    """A config file's paper presets, read off its PRESETS: those named paper*, and DeepRetrieval's family and
+    dataset presets."""
+    module = aot_setups.config_module(file)
+    if file == "deepretrieval.py":
+        return [*module.FAMILIES, *module.DATASETS]
+    return [name for name in module.PRESETS if name.startswith("paper")]
+
+
+@pytest.mark.parametrize("file", sorted(p.name for p in aot_setups.CONFIGS.glob("*.py")
+                                        if hasattr(aot_setups.config_module(p.name), "PRESETS")))
+def test_every_paper_preset_of_every_config_file_is_a_run(file):
+    module = aot_setups.config_module(file)
+    runs = {config for config, _ in aot_setups.RUNS}
+    assert _expected_paper_presets(file)
+    for name in _expected_paper_presets(file):
+        setups = aot_setups.PAPER_SETUPS[file][module.get_config(name).model.preset]
+        assert {f"{file}:{name},{setup}" for setup in setups} <= runs, name
+    assert not {c for c in runs if c.startswith(f"{file}:tiny")}  # CPU-sized presets are no paper runs
+    for config, topology in aot_setups.RUNS:
+        assert module.hardware.SETUPS[config.rpartition(",")[2]].topology == topology
+
+
+def _signature(config) -> str:
+    return aot.program_signature(run_config.parse(config))
+
+
+def test_the_program_signature_counts_what_the_programs_read():
+    paper = autosearch.get_config("paper,a100x8")
+    assert _signature(autosearch.get_config("paper_no_quality,a100x8")) == _signature(paper)  # a reward field
+    for group, field, value in [("train", "steps", 7), ("data", "train", "nq"),
+                                ("model", "path", "/elsewhere"), ("retrieval", "index_dir", "/elsewhere"),
+                                ("env", "topk", 5)]:
+        changed = autosearch.get_config("paper,a100x8")
+        changed[group].update_from_flattened_dict({field: value})
+        assert _signature(changed) == _signature(paper), (group, field)
+    for group, field, value in [("rollout", "max_turn_tokens", 400), ("train", "batch_size", 256),
+                                ("rl", "micro_batch_size", 32), ("rollout", "pool_pages", 4096),
+                                ("env", "intermediate_answers", False),
+                                ("env", "intermediate_answer_tokens", 64),
+                                ("mesh", "fsdp", 4), ("rl", "actor.lr", 2e-6)]:
+        changed = autosearch.get_config("paper,a100x8")
+        changed[group].update_from_flattened_dict({field: value})
+        assert _signature(changed) != _signature(paper), (group, field)
+
+
+@pytest.mark.parametrize("file,variant", [("deepretrieval.py", "no_reasoning"), ("rpl.py", "dense"),
+                                          ("rpl.py", "dual"), ("rpl.py", "pm"), ("rpl.py", "no_thinking")])
+def test_a_presets_variants_compile_its_programs(file, variant):
+    """The ",VARIANT" suffixes change prompts, action spaces and program mutation only: a variant compiles
+    the programs of its preset, so the table lists the presets alone."""
+    module = aot_setups.config_module(file)
+    for config in (c for c, _ in aot_setups.RUNS if c.startswith(f"{file}:")):
+        preset, _, setup = config.partition(":")[2].rpartition(",")
+        variant_config = module.get_config(f"{preset},{variant},{setup}")
+        assert _signature(variant_config) == _signature(module.get_config(f"{preset},{setup}")), config
+
+
+def test_runs_of_the_same_programs_compile_once():
+    planned = aot_setups.plan([("search_r1.py:paper,a100x8", "a100:8"),
+                               ("search_r1.py:paper_v03,a100x8", "a100:8"),
+                               ("search_r1.py:paper,h100x8", "h100:8"),
+                               ("search_r1.py:paper_7b,h100x8", "h100:8")])
+    assert ["same_as" in run for run in planned] == [False, True, False, False]
+    assert planned[1]["same_as"] == "search_r1.py:paper,a100x8"
+    assert planned[1]["signature"] == planned[0]["signature"]
+    report = {"report": {}}
+    compiled = {("search_r1.py:paper,a100x8", "a100:8"): planned[0] | report}
+    # a run sharing one's programs is in once that one is, for the same signature
+    assert aot_setups.assemble(planned, compiled) == [planned[0] | report, planned[1]]
+    compiled[("search_r1.py:paper,a100x8", "a100:8")] = planned[0] | report | {"signature": "older"}
+    assert aot_setups.assemble(planned, compiled) == []
 
 
 def test_the_docs_table_of_the_papers_setups_is_the_results_files():

@@ -5,7 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from searchrl.rollout.pages import PagePool
+from searchrl.rollout.config import RolloutConfig
+from searchrl.rollout.pages import PagePool, pool_pages, reserve_pages
+
+
+def test_the_pool_holds_every_row_at_its_largest_unless_sized():
+    assert reserve_pages(10, branches=False) == 10
+    assert reserve_pages(10, branches=True) == 21  # a side branch's table and its copied partial page
+    # 12 decode rows and 2 parked ones over 4 devices: 4 rows a device (rounded up)
+    assert pool_pages(RolloutConfig(parked_rows=2), 12, 4, 10, branches=True) == 4 * 21
+    assert pool_pages(RolloutConfig(), 12, 4, 10, branches=False) == 3 * 10
+    assert pool_pages(RolloutConfig(pool_pages=50), 12, 4, 10, branches=True) == 50
 
 
 def test_pages_follow_slots_and_come_back_when_released():

@@ -23,4 +23,4 @@ def build_world(config: Any) -> Any:
 
 
 TASKS.register("autosearch")(Task(env.Config, env.make, demo=run_demo, demo_config=config.DemoConfig,
-                                  world=build_world, report=analysis.REPORT))
+                                  world=build_world, report=analysis.REPORT, side_branch=env.side_branch))

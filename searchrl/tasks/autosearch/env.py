@@ -55,6 +55,17 @@ class Config(search_r1.Config):
     hiprag: baseline_rewards.HiPRAGConfig = baseline_rewards.HiPRAGConfig()  # reward="hiprag"
 
 
+def side_branch(config: Config) -> SideBranch | None:
+    """The intermediate answers `config` asks for, as a side branch after every search (None: off)."""
+    if not config.intermediate_answers:
+        return None
+    public = config.intermediate_answer_mode == PUBLIC_PROMPT
+    return SideBranch(INTERMEDIATE_ANSWER, PUBLIC_ANSWER_USER if public else config.answer_prompt,
+                      (tags.close_tag(tags.ANSWER),), config.intermediate_answer_tokens,
+                      after_kinds=(SEARCH,), sampling=config.intermediate_answer_sampling,
+                      separate_prompt=public)
+
+
 @dataclasses.dataclass
 class AutoSearchEnv(SearchEnv):
     """The search env with an intermediate answer after every search (when `config.intermediate_answers`)."""
@@ -69,13 +80,7 @@ class AutoSearchEnv(SearchEnv):
 
     @property
     def side_branch(self) -> SideBranch | None:
-        if not self.config.intermediate_answers:
-            return None
-        public = self.config.intermediate_answer_mode == PUBLIC_PROMPT
-        return SideBranch(INTERMEDIATE_ANSWER, PUBLIC_ANSWER_USER if public else self.config.answer_prompt,
-                          (tags.close_tag(tags.ANSWER),), self.config.intermediate_answer_tokens,
-                          after_kinds=(SEARCH,), sampling=self.config.intermediate_answer_sampling,
-                          separate_prompt=public)
+        return side_branch(self.config)
 
     def side_branch_prompt(self, example: Mapping[str, Any], turns: Sequence[Turn]) -> list[dict[str, str]]:
         """The public_prompt mode's prompt for the answer after the last of `turns`: the question and every
