@@ -9,8 +9,8 @@ is every paper preset of every config file on the setups the docs recommend for 
 programs are the same (`aot.program_signature`) compile once, the first of them, and the others show its
 figures. A run already in the results file for its current signature is kept unless `--force` (a matrix
 takes hours on 2 cores; an interrupted one resumes). The results file (JSON: the reports, with the date,
-commit and JAX version) is the source of the table in docs/benchmarks.md, which this command rewrites between
-its markers (`render`).
+commit and JAX version) is the source of the table in docs/benchmarks.md, which this command rewrites in its
+generated block (`render`).
 GPU topologies need JAX's CUDA plugin (`make aot-gpu`, then run with .venv-gpu/bin/python), TPU ones libtpu
 (`make libtpu`).
 """
@@ -31,12 +31,13 @@ from absl import flags
 from searchrl import cli, run_config
 from searchrl.benchmarks import aot
 from searchrl.configlib import sibling
+from searchrl.generated import checkout_commit, replace_block
 from searchrl.run_config import RunConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results" / "aot_setups.json"
 DOCS = ROOT / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- aot_setups: begin (generated) -->", "<!-- aot_setups: end -->"
+BLOCK = "aot_setups"  # the docs block the table is generated into
 # The budget a program must fit: on GPUs what JAX preallocates (`distributed.memory_fraction` of the memory,
 # by default 0.75); on TPUs 80% of HBM.
 JAX_GPU_FRACTION, TPU_SHARE = 0.75, 0.8
@@ -166,22 +167,16 @@ def render(results: dict) -> str:
         name = f"`{run['config']}`" + (f" (compiled as `{run['same_as']}`)" if "same_as" in run else "")
         lines.append(f"| {name} | {run['topology']} | {mesh} | {budget:.0f} | "
                      + " | ".join(cells) + f" | {'yes' if fits else 'no'} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
+
+
+def generated(results: dict, docs: pathlib.Path = DOCS) -> str:
+    """`docs` with its generated `BLOCK` as `render(results)` gives it (`searchrl.generated`)."""
+    return replace_block(docs.read_text(), BLOCK, render(results), docs)
 
 
 def write_docs(results: dict, docs: pathlib.Path = DOCS) -> None:
-    """Replaces the text between the markers in `docs` with `render(results)`."""
-    text = docs.read_text()
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    if not rest or END not in rest:
-        raise ValueError(f"{docs}: no {BEGIN} ... {END} block")
-    docs.write_text(f"{head}{BEGIN}\n{render(results)}{END}{tail}")
-
-
-def _commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
+    docs.write_text(generated(results, docs))
 
 
 def _save(results: dict, path: pathlib.Path) -> None:
@@ -222,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"compiling {run['config']} for {run['topology']}", flush=True)
         compiled[key] = run | {"report": compile_run(*key)}
         results |= {"runs": assemble(planned, compiled), "date": datetime.date.today().isoformat(),
-                    "commit": _commit(), "jax": jax.__version__}
+                    "commit": checkout_commit(ROOT), "jax": jax.__version__}
         _save(results, results_path)
         write_docs(results)  # the docs quote the results file, however far the matrix got
     results["runs"] = assemble(planned, compiled)

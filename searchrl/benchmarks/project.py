@@ -44,7 +44,7 @@ from searchrl.benchmarks.hardware import GPU_TARGETS, Chip, chip_of
 from searchrl.benchmarks.jaxpr_cost import MatmulCost, input_shards, matmul_cost
 from searchrl.benchmarks.lengths import search_r1_episodes
 from searchrl.configlib import sibling
-from searchrl.generated import replace_block
+from searchrl.generated import checkout_commit, replace_block
 from searchrl.run_config import RunConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -439,7 +439,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     jax.config.update("jax_num_cpu_devices", max(topology_devices(t) for _, t in runs))
     path = ROOT / RESULTS
     earlier = json.loads(path.read_text())["runs"] if path.exists() else []
-    results = {"date": datetime.date.today().isoformat(), "commit": aot_setups._commit(),
+    results = {"date": datetime.date.today().isoformat(), "commit": checkout_commit(ROOT),
                "retrieval": retrieval_rate(ROOT), "runs": merged(earlier, run_all(runs, ROOT))}
     path.write_text(json.dumps(results, indent=1) + "\n")
     (ROOT / DOCS).write_text(generated(ROOT))
