@@ -1,5 +1,5 @@
 """Ahead-of-time compilation of an experiment's jitted programs for a TPU topology or NVIDIA GPUs, on a
-machine without either: does a preset fit its chips' memory, and how fast could its steps be?
+machine without either: does a preset fit its chips' memory?
 
     python -m searchrl.benchmarks.aot --config configs/autosearch.py:paper --topology v5p:2x2x2 \
         [--mesh 1,8,1] [--json] [--config.model.preset=qwen2p5_7b ...]
@@ -20,7 +20,7 @@ config's shapes and dtypes, on a (data, fsdp, tensor) mesh over the topology's d
   extend   observations appended into rollout.extend_rows rows, at the widest of rollout.obs_buckets (with
            room for a side branch's prompt where the env runs one that continues the trajectory);
   decode   one decode chunk (`decode_chunk`, rollout.chunk_steps steps), with the side branch's turn limits
-           and stop sequences where the env runs one; its costs are per decode step.
+           and stop sequences where the env runs one.
 The page pool is the engine's (`searchrl.rollout.pages.pool_pages`): `rollout.pool_pages` pages a device, else
 every decode and parked row at its largest, with a side branch's pages beside it.
 
@@ -30,11 +30,9 @@ the KV cache is in that dtype too) laid out by the sampling rules (config.mesh.s
 whole batch at once as the trainer rolls it out (or on `rollout.decode_rows` rows, refilled as episodes end).
 
 Per program: bytes per device from XLA's memory analysis of the compiled program (arguments, outputs,
-temporaries, code; a donated argument counts once) against the device's HBM; matmul FLOPs and bytes per step
-(`jaxpr_cost`: counted on the jaxpr with every loop's trip count, since XLA's cost analysis counts a loop
-body once), the FLOPs split evenly over the devices, the bytes per device by the arguments' shardings (a
-replicated weight is read whole by every device); and the step time they imply at the chip's peak bf16
-FLOP/s and HBM bandwidth (a roofline lower bound: the slower of the two).
+temporaries, code; a donated argument counts once) against the device's HBM. How long the programs take is
+`searchrl.benchmarks.project`'s: it counts their work with the attention kernels' loops at stated lengths,
+which a compiled Pallas kernel does not declare.
 """
 from __future__ import annotations
 
@@ -56,7 +54,6 @@ from ml_collections import config_flags
 
 from searchrl import cli, models, run_config, task
 from searchrl.benchmarks.hardware import GPU_TARGETS, MEGACORE, GiB, Chip, GpuTarget, chip_of
-from searchrl.benchmarks.jaxpr_cost import MatmulCost, input_shards, matmul_cost
 from searchrl.benchmarks.lengths import packing_of, search_r1_lengths
 from searchrl.episode import SideBranch
 from searchrl.rl import advantages, ppo
@@ -244,32 +241,23 @@ def compiler_options(mesh: Mesh) -> dict[str, Any]:
 
 
 def analyse(name: str, jitted, args: tuple, mesh: Mesh, chip: Chip) -> dict[str, Any]:
-    """Compiles one program on `mesh` and returns its per-device memory, matmul cost per step (a decode
-    chunk's while loop: one decode step) and roofline time. A program XLA cannot fit into HBM does not
-    compile: its row says so (`compile_error`, XLA's message) and has no memory figures."""
-    hbm, flops_per_s, bandwidth = chip.hbm_bytes, chip.peak_flops, chip.hbm_bandwidth
+    """Compiles one program on `mesh` and returns its per-device memory against the chip's HBM. A program
+    XLA cannot fit into HBM does not compile: its row says so (`compile_error`, XLA's message) and has no
+    memory figures. (Its time: `searchrl.benchmarks.project`, which counts the attention kernels' work.)"""
+    hbm = chip.hbm_bytes
     with jax.set_mesh(mesh):
-        traced = jitted.trace(*args)
         try:
-            memory = traced.lower().compile(compiler_options(mesh)).memory_analysis()
+            memory = jitted.trace(*args).lower().compile(compiler_options(mesh)).memory_analysis()
         except jax.errors.JaxRuntimeError as e:
             if "RESOURCE_EXHAUSTED" not in str(e):
                 raise
-            memory, error = None, str(e).splitlines()[0]
-    cost: MatmulCost = matmul_cost(traced.jaxpr, while_trips=1, devices=mesh.size, in_shards=input_shards(args))
-    compute_s, memory_s = cost.flops / flops_per_s, cost.bytes / bandwidth
-    row = {"program": name, "hbm_gib": hbm / GiB, "tflop_per_step": cost.flops / 1e12,
-           "gb_per_step": cost.bytes / 1e9, "compute_ms": 1e3 * compute_s, "memory_ms": 1e3 * memory_s,
-           "step_ms": 1e3 * max(compute_s, memory_s),
-           "bound": "compute" if compute_s >= memory_s else "memory"}
-    if memory is None:
-        return row | {"fits": False, "compile_error": error}
+            return {"program": name, "hbm_gib": hbm / GiB, "fits": False, "compile_error": str(e).splitlines()[0]}
     used = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
             + memory.temp_size_in_bytes + memory.generated_code_size_in_bytes)
-    return row | {
-        "fits": used <= hbm, "total_gib": used / GiB, "arguments_gib": memory.argument_size_in_bytes / GiB,
-        "outputs_gib": memory.output_size_in_bytes / GiB, "aliased_gib": memory.alias_size_in_bytes / GiB,
-        "temporaries_gib": memory.temp_size_in_bytes / GiB,
+    return {
+        "program": name, "hbm_gib": hbm / GiB, "fits": used <= hbm, "total_gib": used / GiB,
+        "arguments_gib": memory.argument_size_in_bytes / GiB, "outputs_gib": memory.output_size_in_bytes / GiB,
+        "aliased_gib": memory.alias_size_in_bytes / GiB, "temporaries_gib": memory.temp_size_in_bytes / GiB,
         "code_gib": memory.generated_code_size_in_bytes / GiB}
 
 
@@ -306,8 +294,7 @@ def format_report(result: dict) -> str:
     """A Markdown table of `report`'s result."""
     head = (f"{result['model']} on {result['topology']} ({result['devices']} x {result['device_kind']}), "
             f"mesh {result['mesh']}\n\n"
-            "| program | args GiB | out GiB | temp GiB | total GiB / HBM | fits | TFLOP/step | GB/step "
-            "| ms (compute, memory) |\n|---|---|---|---|---|---|---|---|---|\n")
+            "| program | args GiB | out GiB | temp GiB | total GiB / HBM | fits |\n|---|---|---|---|---|---|\n")
     def memory(r: dict) -> str:
         if "compile_error" in r:  # XLA: "... the total memory required for X (N G) exceeds available HBM"
             needed = re.search(r"required for (.+?) \(([\d.]+G)\)", r["compile_error"])
@@ -316,9 +303,7 @@ def format_report(result: dict) -> str:
         return (f"{r['arguments_gib']:.2f} | {r['outputs_gib']:.2f} | {r['temporaries_gib']:.2f} "
                 f"| {r['total_gib']:.2f} / {r['hbm_gib']:.0f} | {'yes' if r['fits'] else 'no'}")
 
-    return head + "".join(
-        f"| {r['program']} | {memory(r)} | {r['tflop_per_step']:.3g} | {r['gb_per_step']:.3g} "
-        f"| {r['step_ms']:.3g} ({r['compute_ms']:.3g}, {r['memory_ms']:.3g}) |\n" for r in result["programs"])
+    return head + "".join(f"| {r['program']} | {memory(r)} |\n" for r in result["programs"])
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -54,12 +54,9 @@ def test_the_tiny_preset_compiles_for_each_tpu_generation(topology, kind, hbm, c
     assert list(rows) == ["learn", "prefill", "extend", "decode"]
     for row in rows.values():
         assert row["fits"] and 0 < row["total_gib"] < row["hbm_gib"] == hbm
-        assert row["arguments_gib"] > 0 and row["tflop_per_step"] > 0 and row["gb_per_step"] > 0
-        assert row["step_ms"] == max(row["compute_ms"], row["memory_ms"])
-    # A decode step reads every weight and the cache for one token per row: memory-bound; the PPO step's
-    # matmuls over whole sequences (the policy and critic scored and trained) dwarf it.
-    assert rows["decode"]["bound"] == "memory"
-    assert rows["learn"]["tflop_per_step"] > 100 * rows["decode"]["tflop_per_step"]
+        assert 0 < row["arguments_gib"] <= row["total_gib"] + row["aliased_gib"]
+    # the PPO step holds the optimizer state and its temporaries; a decode chunk the sampling weights and pool
+    assert rows["learn"]["total_gib"] > rows["decode"]["arguments_gib"]
 
 
 def test_a_program_that_does_not_fit_is_reported_not_raised(devices):
@@ -68,7 +65,6 @@ def test_a_program_that_does_not_fit_is_reported_not_raised(devices):
     config.rollout.pool_pages = 2 ** 24
     row = aot.report(run_config.parse(config), "v5p:2x2x1", devices, (4, 1, 1), ["prefill"])["programs"][0]
     assert not row["fits"] and "RESOURCE_EXHAUSTED" in row["compile_error"] and "total_gib" not in row
-    assert row["tflop_per_step"] > 0  # counted on the jaxpr, compiled or not
     table = aot.format_report({"model": "tiny", "topology": "v5p:2x2x1", "devices": 4, "device_kind": "TPU v5",
                                "mesh": {}, "programs": [row]})
     # what XLA found too big (its message, or what it says the total is required for) against the chip's HBM
