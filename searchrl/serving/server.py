@@ -242,7 +242,8 @@ class Batcher:
 
     def _loop(self) -> None:
         while (batch := self._gather()) is not None:
-            self._run(batch)
+            if batch:  # empty when every waiting request had failed or been cancelled
+                self._run(batch)
 
     def _gather(self) -> list[tuple[_Request, range]] | None:
         """The next search call's slices (None once closed): waits for a request, then up to `max_wait_s`
@@ -501,15 +502,18 @@ class _Encoder:
         self.size, self.done = len(b'{"result": []}'), 0
 
     def __call__(self, results: list[list[Hit]]) -> list[bytes]:
-        """Each query's result list as JSON; non-finite scores raise ValueError (they are not JSON)."""
-        parts = [json.dumps(hits, allow_nan=False).encode()
-                 for hits in format_results(results, self.return_scores)["result"]]
-        self.size += sum(len(part) + 2 for part in parts)
-        self.done += len(parts)
-        if self.size > self.max_bytes:
-            raise ResponseTooLarge(f"the response exceeds {self.max_bytes} bytes ({self.size} after "
-                                   f"{self.done} of {self.n_queries} queries): ask for fewer queries or a "
-                                   f'smaller "topk"')
+        """Each query's result list as JSON, one query at a time; non-finite scores raise ValueError (they
+        are not JSON)."""
+        parts = []
+        for hits in results:
+            parts.append(json.dumps(format_results([hits], self.return_scores)["result"][0],
+                                    allow_nan=False).encode())
+            self.size += len(parts[-1]) + 2
+            self.done += 1
+            if self.size > self.max_bytes:
+                raise ResponseTooLarge(f"the response exceeds {self.max_bytes} bytes ({self.size} after "
+                                       f"{self.done} of {self.n_queries} queries): ask for fewer queries or "
+                                       f'a smaller "topk"')
         return parts
 
     @staticmethod

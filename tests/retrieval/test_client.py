@@ -155,3 +155,56 @@ def test_refusals_are_not_retried_and_only_http_is_spoken(scripted):
     assert not isinstance(error.value, RetrievalUnavailable) and server.connections == 1
     with pytest.raises(ValueError, match="http://HOST"):
         RemoteRetriever(RetrievalConfig(url="https://example.org"))
+
+
+class HungServer:
+    """Accepts connections and never answers, as a SIGSTOPped replica (whose kernel still accepts) does;
+    counts the connections."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._hold, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _hold(self) -> None:
+        while True:
+            try:
+                self.held.append(self.sock.accept()[0])
+            except OSError:  # shut down
+                return
+
+    def close(self) -> None:
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.thread.join()
+        for conn in self.held:
+            conn.close()
+
+
+def test_a_hung_replica_costs_one_timeout_then_is_set_aside_until_probed(scripted):
+    """Issue 67 cause 8: a hung replica cost (retries + 1) x timeout on every call (~123 s with the
+    defaults). Now it costs one timeout, is set aside, and is probed once its cooldown has passed (then set
+    aside for twice as long)."""
+    hung, live = HungServer(), scripted(OK)
+    try:
+        client = RemoteRetriever(RetrievalConfig(url=f"{hung.url},{live.url}", timeout_s=0.4, retries=3),
+                                 backoff_s=0.05, cooldown_s=1.0)
+
+        def timed_search() -> float:
+            start = time.monotonic()
+            assert client.search(["q"], 1) == [[Hit("7", 3.5, "Paris", "Capital.")]]  # one shard: hung's
+            return time.monotonic() - start
+        assert 0.35 < timed_search() < 1.0 and len(hung.held) == 1  # one timeout, not 4 plus backoff
+        assert all(timed_search() < 0.3 for _ in range(3)) and len(hung.held) == 1  # set aside
+        time.sleep(max(client.replicas[0].retry_at - time.monotonic(), 0) + 0.05)
+        assert 0.35 < timed_search() < 1.0 and len(hung.held) == 2  # probed again: one timeout
+        assert client.replicas[0].retry_at - time.monotonic() > 1.5  # now set aside for 2 s
+        assert timed_search() < 0.3 and len(hung.held) == 2
+        assert live.connections == 6
+    finally:
+        hung.close()
