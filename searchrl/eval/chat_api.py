@@ -112,8 +112,8 @@ class ChatAPIConfig:
                              f"(got {self.max_retries}), requests_per_second >= 0 "
                              f"(got {self.requests_per_second})")
         for name in ("timeout", "max_backoff"):
-            if not 0 < getattr(self, name) < math.inf:
-                raise ValueError(f"api {name} must be a positive number of seconds, got {getattr(self, name)}")
+            if not 0 < (seconds := getattr(self, name)) < math.inf:
+                raise ValueError(f"api {name} must be a positive number of seconds, got {seconds}")
         if self.key_env and not os.environ.get(self.key_env):
             raise ValueError(f"the environment variable {self.key_env!r} (--api_key_env) is not set")
 

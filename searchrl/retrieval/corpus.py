@@ -17,7 +17,6 @@ as Search-R1's index builder encodes the raw `contents`).
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import mmap
 import os

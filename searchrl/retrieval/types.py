@@ -47,7 +47,7 @@ def query_problem(query: str, max_chars: int = MAX_QUERY_CHARS) -> str | None:
 
 class RetrievalError(RuntimeError):
     """A remote search that failed for good: the server refused the request (a 4xx) or answered nonsense.
-    Unless it is a `QueryRefused`, it is not the query's doing and must not be scored as retrieving nothing."""
+    Unless it is a `QueryRefused`, it is not the query's doing: never scored as retrieving nothing."""
 
 
 class RetrievalUnavailable(RetrievalError):

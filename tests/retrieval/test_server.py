@@ -241,8 +241,9 @@ def test_work_and_response_size_per_request_are_bounded(fake):
         assert fake.calls == []
         status, body = request(server, "POST", "/retrieve",
                                {"queries": ["a", "b", "c", "d"], "topk": 5, "return_scores": True})
-        assert status == 413 and re.fullmatch(r"the response exceeds 1000 bytes \(\d+ after 3 of 4 queries\): "
-                                              r'ask for fewer queries or a smaller "topk"', body["error"])
+        assert status == 413 and re.fullmatch(r"the response exceeds 1000 bytes \(\d+ after 3 of 4 "
+                                              r'queries\): ask for fewer queries or a smaller "topk"',
+                                              body["error"])
         assert request(server, "POST", "/retrieve", {"queries": ["a"], "topk": 5})[0] == 200
 
 

@@ -408,16 +408,16 @@ class SearchEngine:
     """A Retriever over a literature search API: for each query, up to k ids in the engine's rank order.
 
     `url` ("": the API's own), `rate_per_s`, `timeout_s` and `retries` are a `RetrievalConfig`'s. Every
-    request waits on one `RateLimiter` (rate_per_s; 0: the API's default) and must be over within
-    `timeout_s`. A 429, a 5xx, a timeout, a dropped connection, a body over `max_body_bytes` or a malformed
-    body is retried `retries` times, after backoff_s * 2**(attempt - 1) seconds, or after the server's
-    Retry-After (at most MAX_RETRY_AFTER_S) when it sends a valid one; any other status, or an answer that
-    refuses the query (E-utilities' ERROR) raises SearchEngineRefused at once, as does a query that is not
-    valid text (a lone surrogate); any other status raises SearchEngineError at once. A blank query gets no hits and no request. Paging stops at k ids, at the
-    last page, at a page that adds no new id or repeats a page token, or after 2 * ceil(k / page_size) + 1
-    pages. The queries of a batch run on up to `workers` threads (duplicates once), so latency overlaps
-    while the limiter keeps the rate. `cache` (a SearchCache or a path; None: none) answers repeats without a
-    request; a result shorter than its k holds all the engine has, so it answers every k.
+    request waits on one `RateLimiter` (rate_per_s; 0: the API's default) and must be over within `timeout_s`.
+    A 429, a 5xx, a timeout, a dropped connection, a body over `max_body_bytes` or a malformed body is retried
+    `retries` times, after backoff_s * 2**(attempt - 1) seconds, or after the server's Retry-After (at most
+    MAX_RETRY_AFTER_S) when it sends a valid one; any other status raises SearchEngineError at once, and an
+    answer that refuses the query (E-utilities' ERROR) SearchEngineRefused (a `QueryRefused`), as does a query
+    that is not valid text (a lone surrogate). A blank query gets no hits and no request. Paging stops at k
+    ids, at the last page, at a page that adds no new id or repeats a page token, or after 2 * ceil(k /
+    page_size) + 1 pages. The queries of a batch run on up to `workers` threads (duplicates once), so latency
+    overlaps while the limiter keeps the rate. `cache` (a SearchCache or a path; None: none) answers repeats
+    without a request; a result shorter than its k holds all the engine has, so it answers every k.
     """
 
     def __init__(self, api: LiteratureAPI, *, url: str, rate_per_s: float, timeout_s: float, retries: int,
