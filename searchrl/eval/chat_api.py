@@ -279,13 +279,16 @@ class ChatClient:
         except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
             raise ChatAPIError(f"{self.url}: a response without a text choices[0].message.content "
                                f"({type(e).__name__}: {e}): {json.dumps(response)[:300]}") from None
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp-{os.getpid()}-{threading.get_ident()}")
-            tmp.write_text(json.dumps({"request": body, "completion": dataclasses.asdict(completion)},
-                                      ensure_ascii=False))
-            os.replace(tmp, path)
-        self._log(body, response, latency, attempts)
+        try:
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".tmp-{os.getpid()}-{threading.get_ident()}")
+                tmp.write_text(json.dumps({"request": body, "completion": dataclasses.asdict(completion)},
+                                          ensure_ascii=False))
+                os.replace(tmp, path)
+            self._log(body, response, latency, attempts)
+        except OSError as e:  # a full disk, a read-only cache or log
+            raise ChatAPIError(f"cannot record the answer of {self.url} ({type(e).__name__}: {e})") from None
         return completion
 
     @staticmethod

@@ -318,6 +318,15 @@ def test_accounting_never_loses_a_paid_answer(scripted, tmp_path):
         "requests": 1, "prompt_tokens": None, "completion_tokens": None, "cost_usd": None}
 
 
+def test_an_answer_that_cannot_be_recorded_is_a_chat_api_error(scripted, tmp_path):
+    (tmp_path / "cache").write_text("")  # a file where the cache folder should be
+    server = scripted(chat_reply("x"))
+    client = chat_api.ChatClient(chat_api.ChatAPIConfig(server.url, "m1", cache_dir=str(tmp_path / "cache")))
+    with pytest.raises(chat_api.ChatAPIError, match=r"cannot record the answer of http://\S+ "
+                                                    r"\((FileExistsError|NotADirectoryError): "):
+        ask(client)
+
+
 def test_a_torn_cache_entry_names_its_file(scripted, tmp_path):
     """Issue 67 cause 9: a torn cache entry raised a JSONDecodeError naming no file."""
     server = scripted(chat_reply("kept"))
