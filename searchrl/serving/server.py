@@ -36,8 +36,8 @@ Bounds (`Limits`, defaults in brackets), so that no client can hold the server's
   - one thread searches, and shares its time fairly between requests: each request is cut into slices of at
     most `max_batch` [256] queries, `max_batch_chars` [65,536] query characters (the work of a search) and
     `max_hits` hits, and a search call takes the next slice of each waiting request in turn (gathered for
-    at most `max_wait_ms` [2 ms]) while it stays within those bounds. A one-query request thus waits for at
-    most one slice of each request ahead of it, however large they are.
+    at most `max_wait_ms` [2 ms]) while it stays within those bounds. A one-query request thus waits for the
+    call under way and at most one slice of each other waiting request, however large they are.
 """
 from __future__ import annotations
 
