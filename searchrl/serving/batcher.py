@@ -3,9 +3,9 @@ requests waiting for it.
 
 A request of any size is cut into slices of bounded work (queries, query characters, hits), and each search
 call takes the next slice of every waiting request in turn, so a small request waits for the call under way
-and at most one slice of each other waiting request, never for the whole of a large one. Batching many small requests into one call
-keeps the retriever's vectorised search busy; slicing keeps one client's large request from stalling the
-others' (round robin over requests is what a fair-queueing scheduler does over flows).
+and at most one slice of each other waiting request, never for the whole of a large one. Batching many small
+requests into one call keeps the retriever's vectorised search busy; slicing keeps one client's large request
+from stalling the others' (round robin over requests is what a fair-queueing scheduler does over flows).
 """
 from __future__ import annotations
 
