@@ -172,11 +172,6 @@ class DenseRetriever:
         encoder = DenseEncoder.from_pretrained(**settings, dtype=dtype, device=device)
         return cls(index, encoder, CorpusStore.open(index_dir / "corpus"))
 
-    @property
-    def max_document_bytes(self) -> int:
-        """Bounds a hit's document JSON (the /retrieve server sizes responses by it)."""
-        return self.store.max_document_bytes
-
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         """Top-k passages per query by inner product of embeddings (cosine when the encoder normalises)."""
         if k < 1:
