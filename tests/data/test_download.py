@@ -139,7 +139,7 @@ def test_second_download_is_served_from_the_cache(flashrag, hub, tmp_path, capsy
     before = len(hub.requests)
     capsys.readouterr()
     with monkeypatch.context() as patch:  # the layout files are not made again either
-        patch.setattr(download, "make_file", lambda *args: pytest.fail(f"made again: {args}"))
+        patch.setattr(download.layout, "make_file", lambda *args: pytest.fail(f"made again: {args}"))
         run("qa", "--names", "nq", "--out", str(out))
     # The second run asks only for the repository's info: no file is sent, no HEAD made.
     assert [path for _, path in hub.requests[before:]] == [
