@@ -47,6 +47,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import json
+import logging
 import os
 import sys
 import time
@@ -368,6 +369,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     flags.register_multi_flags_validator(["index_dir", "encoder"], lambda f: bool(f["index_dir"]) == bool(
         f["encoder"]), "--index_dir and --encoder go together", flag_values=values)
     command = cli.parse_command(values, argv, __doc__, COMMANDS)
+    if not values["verbosity"].present:  # huggingface_hub's retry warnings: the failure is one line
+        logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
     if command in ("qa", "beir", "model") and not names.value:
         cli.fail(f"{command} needs --names")
 
