@@ -108,8 +108,8 @@ def list_repo(repo_id: str, repo_type: str, revision: str) -> dict[str, HubFile]
 
 def _hub_file(repo_id: str, repo_type: str, commit: str, sibling: RepoSibling) -> HubFile:
     """A file of the repository info (a huggingface_hub RepoSibling); raises on a size that is not a count
-    of bytes, which would pass the disk check."""
-    size = sibling.lfs.size if sibling.lfs else sibling.size or 0
+    of bytes (missing, negative), which the disk check and the verification could not use."""
+    size = sibling.lfs.size if sibling.lfs else sibling.size
     if type(size) is not int or size < 0:
         raise ValueError(f"{repo_type} {repo_id}: the hub lists {sibling.rfilename} with size {size!r}, not "
                          "a count of bytes")

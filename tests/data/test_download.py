@@ -14,7 +14,7 @@ from huggingface_hub import constants
 
 from searchrl.data import beir, datasets, download
 from searchrl.retrieval.corpus import read_manifest
-from searchrl.retrieval.dense import DenseRetriever
+from searchrl.retrieval.dense import DenseRetriever, warn_if_shared
 from searchrl.retrieval import import_faiss
 from searchrl.retrieval.import_faiss import import_index
 from tests.data.fake_hub import COMMIT, FakeHub
@@ -346,10 +346,12 @@ def test_imported_index_survives_its_source_rewritten_in_place(tmp_path, wiki, c
         f.truncate(0)
         f.write(flat_ip(passages[:2]))
     assert retriever.search(queries, k=3) == hits
-    # An index dir whose file is shared with another path, as older imports linked it: loading it warns.
-    os.link(tmp_path / "index" / "faiss.index", tmp_path / "shared.index")
+    # An index file shared with another path, as older imports linked it: `DenseRetriever.load` warns.
     with caplog.at_level(logging.WARNING, logger="searchrl.retrieval.dense"):
-        DenseRetriever.load(tmp_path / "index")
+        warn_if_shared(tmp_path / "index" / "faiss.index")
+        assert caplog.text == ""
+        os.link(tmp_path / "index" / "faiss.index", tmp_path / "shared.index")
+        warn_if_shared(tmp_path / "index" / "faiss.index")
     assert "faiss.index is a link shared with another path" in caplog.text
 
 
