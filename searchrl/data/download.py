@@ -30,17 +30,17 @@ the commit its revision names when the command starts. Each file's size, the tot
 are printed before anything downloads (--dry_run stops there).
 
 What could lose disk, data or a rerun is checked (`searchrl.data.layout`): one download writes an output
-folder at a time (a lock, waited for --lock_wait_s); a download that would not fit is refused before it starts,
-counting the download in the cache and the layout made from it (decompressed and concatenated sizes, checked
-again exactly once the files are here); each file is verified against the hub's listing (its size, and its
-sha256 in LFS or git object id otherwise) and a `.gz` must decompress, so damaged bytes are deleted from the
-cache, never used, and a cached copy that fails is fetched again. The layout is then made from the cached
-files: a file used as it is becomes a hard link to the cached copy (a copy on another filesystem: edit
+folder at a time (a lock, waited for --lock_wait_s); a download that would not fit is refused before it
+starts, counting the download in the cache and the layout made from it (decompressed and concatenated sizes,
+checked again exactly once the files are here); each file is verified against the hub's listing (its size,
+and its sha256 in LFS or git object id otherwise) and a `.gz` must decompress, so damaged bytes are deleted
+from the cache, never used, and a cached copy that fails is fetched again. The layout is then made from the
+cached files: a file used as it is becomes a hard link to the cached copy (a copy on another filesystem: edit
 neither in place), `.gz` files are decompressed and split files concatenated, each written under a unique
-hidden name and renamed into place (removed on any failure, a full disk included). OUT/.searchrl_download.json
-(written atomically) records the hub files each layout file was made from, so running a command again
-rebuilds nothing; when it is unreadable the layout is made again. HF_ENDPOINT points huggingface_hub at another
-hub (a mirror). Every failure is one line on stderr, exit status 1.
+hidden name and renamed into place (removed on any failure, a full disk included).
+OUT/.searchrl_download.json (written atomically) records the hub files each layout file was made from, so
+running a command again rebuilds nothing; when it is unreadable the layout is made again. HF_ENDPOINT points
+huggingface_hub at another hub (a mirror). Every failure is one line on stderr, exit status 1.
 """
 from __future__ import annotations
 
@@ -231,9 +231,11 @@ def _download(f: HubFile, cache_dir: str | None) -> str:
     from huggingface_hub import hf_hub_download
 
     try:
-        return hf_hub_download(f.repo_id, f.path, repo_type=f.repo_type, revision=f.commit, cache_dir=cache_dir)
+        return hf_hub_download(f.repo_id, f.path, repo_type=f.repo_type, revision=f.commit,
+                               cache_dir=cache_dir)
     except (OSError, httpx2.HTTPError) as e:
-        raise DownloadError(f"downloading {f.repo_type} {f.repo_id} {f.path} failed: {_one_line(e)}") from None
+        raise DownloadError(f"downloading {f.repo_type} {f.repo_id} {f.path} failed: "
+                            f"{_one_line(e)}") from None
 
 
 def _inspect(path: str, f: HubFile) -> tuple[str | None, int]:
@@ -266,7 +268,8 @@ def _fetch_checked(f: HubFile, cache_dir: str | None, was_cached: bool) -> tuple
     path = _download(f, cache_dir)
     problem, size = _inspect(path, f)
     if problem and was_cached:
-        print(f"warning: the cached copy of {f.key} is damaged ({problem}): fetching it again", file=sys.stderr)
+        print(f"warning: the cached copy of {f.key} is damaged ({problem}): fetching it again",
+              file=sys.stderr)
         _discard(path)
         path = _download(f, cache_dir)
         problem, size = _inspect(path, f)
@@ -297,9 +300,10 @@ def _layout_bytes(target: Target, sizes: Sequence[int], linked: bool) -> int:
 def fetch(targets: Sequence[Target], out: str | os.PathLike, cache_dir: str | None = None,
           dry_run: bool = False, lock_wait_s: float = LOCK_WAIT_S) -> None:
     """Prints what `targets` need from the hub, downloads and verifies what is not cached, then makes each
-    target under `out` that is missing or was made from other files (the stamps in OUT/.searchrl_download.json),
-    holding the folder's lock. Free space is checked before the download (for it, and for the layout counting
-    each .gz at its compressed size) and again before the layout is made (at its exact size)."""
+    target under `out` that is missing or was made from other files (the stamps in
+    OUT/.searchrl_download.json), holding the folder's lock. Free space is checked before the download (for
+    it, and for the layout counting each .gz at its compressed size) and again before the layout is made (at
+    its exact size)."""
     files = list({f.key: f for t in targets for f in t.sources}.values())
     cached = {f.key for f in files if _cached(f, cache_dir)}
     listing, to_fetch = plan(files, cached)
@@ -318,8 +322,8 @@ def fetch(targets: Sequence[Target], out: str | os.PathLike, cache_dir: str | No
         fetched = {f.key: _fetch_checked(f, cache_dir, f.key in cached) for f in files
                    if f.key in used or f.key not in cached}
         paths, sizes = {k: p for k, (p, _) in fetched.items()}, {k: n for k, (_, n) in fetched.items()}
-        layout.check_free([(out, sum(_layout_bytes(t, [sizes[f.key] for f in t.sources], linked) for t in todo),
-                            "the files made from the download")])
+        exact = sum(_layout_bytes(t, [sizes[f.key] for f in t.sources], linked) for t in todo)
+        layout.check_free([(out, exact, "the files made from the download")])
         for target in todo:
             dest = out / target.dest
             layout.make_file(dest, [paths[f.key] for f in target.sources])

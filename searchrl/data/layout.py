@@ -96,8 +96,8 @@ def read_stamps(folder: Path) -> dict:
         print(f"warning: {path} is unreadable ({e}): remaking the files it records", file=sys.stderr)
         return {}
     if not isinstance(stamps, dict):
-        print(f"warning: {path} holds a {type(stamps).__name__}, not an object: remaking the files it records",
-              file=sys.stderr)
+        print(f"warning: {path} holds a {type(stamps).__name__}, not an object: remaking the files it "
+              "records", file=sys.stderr)
         return {}
     return stamps
 
@@ -136,7 +136,8 @@ def check_free(needs: Sequence[tuple[Path, int, str]]) -> None:
 def digest(path: str, algorithm: str) -> str:
     """The hex digest of a file: "sha256", or "git-sha1" (the git object id of a blob, which the hub lists
     for files not in LFS)."""
-    h = hashlib.sha1(b"blob %d\0" % os.path.getsize(path)) if algorithm == "git-sha1" else hashlib.new(algorithm)
+    git = algorithm == "git-sha1"
+    h = hashlib.sha1(b"blob %d\0" % os.path.getsize(path)) if git else hashlib.new(algorithm)
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)

@@ -114,9 +114,9 @@ def private_copy(src: Path, dest: Path) -> None:
                 log.info("cannot clone %s (%s): copying it", src, e)
             size, free = os.fstat(source.fileno()).st_size, shutil.disk_usage(dest.parent).free
             if size > free:
-                raise ValueError(f"importing {src} copies it ({size / 1e9:.3g} GB; the index must not share a "
-                                 f"file you may rewrite) but {dest.parent} has {free / 1e9:.3g} GB free: free "
-                                 "space or import to another disk")
+                raise ValueError(f"importing {src} copies it ({size / 1e9:.3g} GB; the index must not share "
+                                 f"a file you may rewrite) but {dest.parent} has {free / 1e9:.3g} GB free: "
+                                 "free space or import to another disk")
             shutil.copyfileobj(source, out, 1 << 24)
         except BaseException as e:
             dest.unlink(missing_ok=True)

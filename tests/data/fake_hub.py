@@ -108,7 +108,8 @@ class FakeHub:
                 files = self._files(repo_type, repo_id, urllib.parse.unquote(match[3]))
                 if files is None:
                     return
-                siblings = [hub.sibling(repo_type, repo_id, path, data) for path, data in sorted(files.items())]
+                siblings = [hub.sibling(repo_type, repo_id, path, data)
+                            for path, data in sorted(files.items())]
                 body = json.dumps({"id": repo_id, "sha": COMMIT, "private": False, "siblings": siblings})
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")

@@ -1,6 +1,7 @@
 """`searchrl.data.download` against a fake hub (tests/data/fake_hub.py) serving tiny files in the real
 repositories' layouts, and `searchrl.retrieval.import_faiss` on an index encoded the way Search-R1 encodes."""
 import gzip
+import errno
 import json
 import logging
 import os
@@ -359,7 +360,10 @@ def test_private_copy_that_would_not_fit_is_refused(tmp_path, monkeypatch):
     """Where the filesystem makes no reflinks the index is copied, which must fit."""
     source = tmp_path / "e5_Flat.index"
     source.write_bytes(b"x" * 5000)
-    monkeypatch.setattr(import_faiss.fcntl, "ioctl", lambda *a: (_ for _ in ()).throw(OSError(95, "no clone")))
+    def no_reflinks(*args):
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(import_faiss.fcntl, "ioctl", no_reflinks)
     monkeypatch.setattr(import_faiss.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 4000}))
     with pytest.raises(ValueError, match=r"importing .*e5_Flat.index copies it \(5e-06 GB.* 4e-06 GB free"):
         import_faiss.private_copy(source, tmp_path / "copy.index")
