@@ -100,8 +100,8 @@ class Damaged(RuntimeError):
 
     def __init__(self, what: str, path: str | os.PathLike, cause: BaseException):
         error = " ".join(str(cause).split()) or "no message"
-        super().__init__(f"{what} {path} is damaged ({type(cause).__name__}: {error}): delete that folder "
-                         "and run again, it is made anew")
+        super().__init__(f"{what} {path} is damaged ({type(cause).__name__}: {error}): delete it and run "
+                         "again, it is made anew")
 
 
 DOWNLOAD = ("python", "-m", "searchrl.data.download")

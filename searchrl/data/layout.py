@@ -103,6 +103,10 @@ def read_stamps(folder: Path) -> dict:
 
 
 def write_stamps(folder: Path, stamps: dict) -> None:
+    """Writes the stamps atomically, first removing the temporary files a killed run left (the caller holds
+    the folder's lock)."""
+    for stale in folder.glob(f".{STAMPS}.*{PARTIAL}"):
+        stale.unlink(missing_ok=True)
     write_atomic(folder / STAMPS, json.dumps(stamps, indent=1).encode())
 
 

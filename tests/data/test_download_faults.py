@@ -183,6 +183,10 @@ def test_stamps_are_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         layout.write_stamps(tmp_path, {"a": 2})
     assert layout.read_stamps(tmp_path) == {"a": 1} and hidden(tmp_path) == []
+    monkeypatch.undo()
+    (tmp_path / f".{layout.STAMPS}.1a2b.partial").write_text("{")  # left by a run killed with SIGKILL
+    layout.write_stamps(tmp_path, {"a": 3})
+    assert layout.read_stamps(tmp_path) == {"a": 3} and hidden(tmp_path) == []
 
 
 # ---------------------------------------------------------------- cause 13: two downloads, one folder

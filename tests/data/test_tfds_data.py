@@ -136,7 +136,7 @@ def test_a_damaged_prepared_copy_names_the_folder_to_delete(tmp_path, capsys):
     records = datasets.load_examples(str(tmp_path), "nq", "train", "qa", "")["nq"]
     (build,) = (tmp_path / ".tfds" / "qa" / "nq").iterdir()
     _damage(build, "overwritten_shard")
-    with pytest.raises(cli.Damaged, match=f"the prepared TFDS copy {build} is damaged .*delete that folder"):
+    with pytest.raises(cli.Damaged, match=f"TFDS copy {build} is damaged .*delete it and run again"):
         list(records)
     for how in ("torn_info", "info_list", "torn_features", "truncated_shard", "overwritten_shard", "gone"):
         shutil.rmtree(build)
