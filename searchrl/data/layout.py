@@ -12,9 +12,9 @@ import gzip
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import sys
-import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -70,9 +70,20 @@ def folder_lock(folder: Path, wait_s: float) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _new_partial(path: Path) -> tuple[int, str]:
+    """A new hidden file beside `path`, named for it and unique (`.<name>.<random>.partial`), with the
+    permissions of any new file (mkstemp's are owner-only): its descriptor, open for writing, and path."""
+    while True:
+        tmp = str(path.with_name(f".{path.name}.{secrets.token_hex(4)}{PARTIAL}"))
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Replaces `path` by `data` all at once: written to a unique file beside it, fsync'd, renamed."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=PARTIAL)
+    fd, tmp = _new_partial(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -197,7 +208,7 @@ def make_file(dest: Path, sources: Sequence[str]) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     for stale in [*dest.parent.glob(f".{dest.name}.*{PARTIAL}"), dest.with_name(f".{dest.name}{PARTIAL}")]:
         stale.unlink(missing_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=PARTIAL)
+    fd, tmp = _new_partial(dest)
     os.close(fd)
     try:
         _write(tmp, dest, sources)

@@ -5,6 +5,7 @@ import errno
 import gzip
 import hashlib
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -32,6 +33,12 @@ def fails(capsys, *argv: str) -> str:
 def hidden(folder: Path) -> list[str]:
     """Hidden files in `folder` other than the download's lock and stamps: partial files left behind."""
     return sorted(p.name for p in folder.rglob(".*") if p.name not in (layout.LOCK, layout.STAMPS))
+
+
+def umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def cache_holds(tmp_path: Path, data: bytes) -> bool:
@@ -133,6 +140,8 @@ def test_a_damaged_cached_gz_is_fetched_again(hub, tmp_path, capsys):
     run("beir", "--names", "tiny", "--out", str(out))
     assert "the cached copy of dataset:BeIR/tiny" in capsys.readouterr().err
     assert (out / "tiny" / "corpus.jsonl").read_bytes() == corpus and len(hub.downloads()) == sent + 1
+    for made in (out / "tiny" / "corpus.jsonl", out / layout.STAMPS):  # as any new file: not owner-only
+        assert made.stat().st_mode & 0o044 == 0o044 & ~umask()
 
 
 def test_a_gz_the_hub_lists_as_it_is_but_cannot_decompress_names_it(hub, tmp_path, capsys):
