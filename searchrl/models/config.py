@@ -76,7 +76,7 @@ class ModelConfig:
 
     @property
     def o_bias(self) -> bool:
-        """Whether the attention output projection has a bias: with the q/k/v ones, where the family has it."""
+        """Whether the attention output projection has a bias: with q/k/v's, where the family has one."""
         return self.attention_bias and FAMILIES.get(self.family).o_bias
 
 
@@ -203,6 +203,7 @@ def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
     max_pos = hf.get("max_position_embeddings", defaults["max_position_embeddings"])
     theta, scaling = _rope(hf, max_pos)
     eos = hf.get("eos_token_id", defaults["eos_token_id"])
+    window = hf.get("sliding_window", defaults.get("sliding_window")) if family.sliding_window else None
     return ModelConfig(
         family=name,
         vocab_size=hf["vocab_size"],
@@ -223,7 +224,7 @@ def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
         bos_token_id=hf.get("bos_token_id", defaults["bos_token_id"]),
         eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
         pad_token_id=hf.get("pad_token_id"),
-        sliding_window=hf.get("sliding_window", defaults["sliding_window"]) if family.sliding_window else None,
+        sliding_window=window,
     )
 
 

@@ -50,7 +50,7 @@ def _chat_markers(chats: frozenset[ChatMarkers]) -> tuple[tuple[str, ...], re.Pa
     """The assistant headers of `chats` (the registered families' chat templates: ChatML for Qwen, Llama 3's),
     and the pattern of a run of whitespace and their end tokens, read backwards from the end of a response:
     one possessive match at the start of the reversed text takes linear time (searching the text for a run
-    that ends at its end is quadratic). Longer tokens are tried first (one family's token may end another's)."""
+    that ends at its end is quadratic). Longer tokens are tried first (a family's token may end another's)."""
     tokens = sorted({token for chat in chats for token in chat.end_tokens}, key=lambda t: (-len(t), t))
     trailing = re.compile(r"(?:\s+|" + "|".join(re.escape(token[::-1]) for token in tokens) + ")*+")
     return tuple(sorted({chat.assistant for chat in chats})), trailing

@@ -123,8 +123,8 @@ def test_an_unknown_controller_fails_when_the_config_is_parsed():
     config = run_config.experiment_config("search_r1")
     config.rl.kl_controller = "pid"
     assert not config.rl.kl_in_reward
-    with pytest.raises(ValueError, match=r"^config\.rl: rl\.kl_controller='pid' is not a known KL controller; "
-                                         r"known: \['adaptive', 'fixed'\]$"):
+    message = r"^config\.rl: rl\.kl_controller='pid' is not a known KL controller; known: \['adaptive', 'fixed'\]$"
+    with pytest.raises(ValueError, match=message):
         run_config.parse(config)
     config.rl.kl_controller = "adaptive"
     assert run_config.parse(config).rl.kl_controller == "adaptive"
