@@ -143,10 +143,30 @@ class Trajectory:
 
 
 class Env(Protocol):
-    """A multi-turn task. `observe` is batched: it receives every row waiting on a tool call at once."""
+    """A multi-turn task. `observe` is batched: it receives every row waiting on a tool call at once.
+
+    Everything the rest of searchrl reads of an env is here. An env subclasses `Env` to inherit the defaults
+    of the optional members (`max_turns`, `with_max_turns`, `side_branch_prompt`, `reference_response`)."""
 
     stop_strings: tuple[str, ...]  # a policy turn ends at the first of these (the stop string is kept)
     side_branch: SideBranch | None  # a continuation sampled after some observations, or None
+    max_turns: int | None = None  # tool calls an episode may make (its search budget); None: no such limit
+
+    def with_max_turns(self, max_turns: int) -> Env:
+        """The same env with another `max_turns` (an evaluation's search budget). Optional."""
+        raise ValueError(f"{type(self).__name__} has no search budget (max_turns): evaluate it without budgets.")
+
+    def side_branch_prompt(self, example: Mapping[str, Any], turns: Sequence[Turn]
+                           ) -> str | Sequence[Mapping[str, str]]:
+        """The prompt of a side branch with its own prompt (`SideBranch.separate_prompt`), after `turns`.
+        Required with such a branch."""
+        raise NotImplementedError(f"{type(self).__name__} declares a side branch with a separate prompt but no "
+                                  "side_branch_prompt.")
+
+    def reference_response(self, example: Mapping[str, Any]) -> str | None:
+        """The example's reference response, what a supervised cold start trains on (`searchrl.main sft`);
+        None (the default): the example has none."""
+        return None
 
     def prompt(self, example: Mapping[str, Any]) -> str | Sequence[Mapping[str, str]]:
         """The prompt of one example: its full text, or chat messages that the engine renders with the

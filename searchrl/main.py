@@ -70,10 +70,9 @@ def sft(config: RunConfig) -> None:
 
     distributed.initialize(config.distributed)
     built = experiment.build(config)
-    reference = getattr(built.env, "reference_response", None)
     examples = [[(chat.render(built.tokenizer, built.env.prompt(example)), False), (response, True)]
                 for example in built.train_examples
-                if reference is not None and (response := reference(example)) is not None]
+                if (response := built.env.reference_response(example)) is not None]
     if not examples:
         raise app.UsageError(f"{type(built.env).__name__} has no reference responses for a cold start "
                              f"(config.env: {config.env}).")

@@ -53,7 +53,7 @@ from searchrl.benchmarks.interleave import compare, describe
 from searchrl.benchmarks.jaxpr_cost import matmul_cost
 from searchrl.benchmarks.model import torch_device
 from searchrl.benchmarks.retrieval import default_encoder, make_queries, random_encoder, synthetic_corpus
-from searchrl.episode import Action, Observation, SideBranch, Trajectory, Turn
+from searchrl.episode import Action, Env, Observation, SideBranch, Trajectory, Turn
 from searchrl.models.paged_attention import pages_a_step
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.retrieval.dense import DenseRetriever
@@ -183,7 +183,7 @@ def bench_generate(preset: str, batch: int, prompt_len: int, new_tokens: int, ro
 
 
 @dataclasses.dataclass
-class SearchEveryTurnEnv:
+class SearchEveryTurnEnv(Env):
     """The benchmark's multi-turn retrieval workload: each non-final turn's text is the query (a random policy
     writes no tags), its top `topk` passages the observation, the turn after `max_turns` the answer."""
 

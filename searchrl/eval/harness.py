@@ -115,9 +115,8 @@ def _check_inputs(env: Env, datasets: Mapping[str, Sequence[dict]], batch_size: 
         raise ValueError(f"Search budgets must be integers >= 0, got {list(budgets)}")
     if budget_questions is not None and budget_questions < 1:
         raise ValueError(f"budget_questions must be >= 1 (or None: every question), got {budget_questions}")
-    if budgets and not hasattr(env, "with_max_turns"):
-        raise ValueError(f"{type(env).__name__} has no search budget (with_max_turns): evaluate it without "
-                         "budgets.")
+    if budgets and env.max_turns is None:
+        raise ValueError(f"{type(env).__name__} has no search budget (max_turns): evaluate it without budgets.")
 
 
 def evaluate_policy(model_cfg: models.ModelConfig, params, tokenizer, env: Env,
@@ -154,7 +153,7 @@ def evaluate_policy(model_cfg: models.ModelConfig, params, tokenizer, env: Env,
         return question_rows(run_env, engine, params, questions, batch_size, desc, mesh)
 
     branch = env.side_branch if side_branch else None
-    max_turns = getattr(env, "max_turns", None)
+    max_turns = env.max_turns
     rows = run(env, side_branch, "eval" if max_turns is None else f"eval (max_turns={max_turns})", examples)
     in_budget_runs = _first_questions(datasets, budget_questions)
     budget_examples = [examples[i] for i in in_budget_runs]

@@ -14,7 +14,7 @@ import transformers
 from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
 
 from searchrl import models, run_config, task
-from searchrl.episode import Action, Observation, Trajectory
+from searchrl.episode import Action, Env, Observation, Trajectory
 from searchrl.retrieval import RetrievalConfig
 from searchrl.eval import harness, report
 from searchrl.rl.trainer import Trainer
@@ -37,7 +37,7 @@ def calculator_tokenizer() -> transformers.PreTrainedTokenizerFast:
 
 
 @dataclasses.dataclass
-class CalculatorEnv:
+class CalculatorEnv(Env):
     """The policy may ask `<calc> a + b </calc>` (the tool answers `= a+b`) before it answers `<answer> n
     </answer>`. Reward, on the last turn: 0.5 for ending with a well-formed answer, 0.25 more when the
     calculator was used before it, 1 for the right sum."""

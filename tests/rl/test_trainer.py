@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from searchrl import models, run_config
-from searchrl.episode import Action
+from searchrl.episode import Action, Env
 from searchrl.metric_writer import read_metrics
 from searchrl.rl import trainer as trainer_lib
 from searchrl.text.tokenizer import train_bpe_tokenizer
@@ -22,7 +22,7 @@ def tokenizer():
 
 
 @dataclasses.dataclass
-class LowTokensEnv:
+class LowTokensEnv(Env):
     """One turn; the reward is the share of sampled tokens whose id is in the lower half of the vocabulary."""
 
     vocab_size: int

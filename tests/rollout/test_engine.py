@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from searchrl import models
-from searchrl.episode import Action, Observation, SideBranch
+from searchrl.episode import Action, Env, Observation, SideBranch
 from searchrl.rollout import generate
 from searchrl.rollout.config import RolloutConfig, SamplingParams
 from searchrl.rollout.engine import RolloutEngine
@@ -53,7 +53,7 @@ def model(tokenizer):
 
 
 @dataclasses.dataclass
-class ScriptedEnv:
+class ScriptedEnv(Env):
     """Every turn looks something up, except that a turn ends the episode when its text has an even number of
     characters, and the turn after `max_turns` lookups always does.
 

@@ -57,7 +57,7 @@ from absl import flags
 from jax.sharding import Mesh
 
 from searchrl import cli, distributed, experiment, models, run_config, task
-from searchrl.episode import Action
+from searchrl.episode import Action, Env
 from searchrl.eval import chat_api, harness, report, selection
 from searchrl.retrieval import make_retriever
 from searchrl.retrieval.types import Hit, Retriever
@@ -96,7 +96,7 @@ class Output:
 # ---- Generation on the rollout engine ----
 
 @dataclasses.dataclass(frozen=True)
-class PromptEnv:
+class PromptEnv(Env):
     """One policy turn per example, from its ready prompt (`example["prompt"]`) until a stop string or EOS:
     the rollout engine as a text generator (every episode ends after one turn, so nothing is observed)."""
 

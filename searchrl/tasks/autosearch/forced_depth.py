@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from searchrl.episode import Action, Observation, SideBranch, Trajectory, Turn
+from searchrl.episode import Action, Env, Observation, SideBranch, Trajectory, Turn
 from searchrl.tasks.autosearch.env import AutoSearchEnv
 from searchrl.tasks.autosearch.prompts import continued
 from searchrl.tasks.search_r1 import env as search_env
@@ -39,7 +39,7 @@ def own_words(turn_text: str, action: Action) -> str:
 
 
 @dataclasses.dataclass
-class ForcedDepthEnv:
+class ForcedDepthEnv(Env):
     """`base` (a search-QA env) with exactly `depth` searches per row, an answer after each (module doc)."""
 
     base: AutoSearchEnv

@@ -25,7 +25,7 @@ import dataclasses
 import json
 from typing import Any, Mapping, Sequence
 
-from searchrl.episode import Action, Observation, Trajectory, outcome_reward
+from searchrl.episode import Action, Env, Observation, Trajectory, outcome_reward
 from searchrl.retrieval import make_retriever
 from searchrl.retrieval import metrics as ir
 from searchrl.retrieval.types import MAX_QUERY_CHARS, Hit, Retriever, search_or_explain
@@ -76,7 +76,7 @@ def plain_text(system: str, user: str, assistant: str) -> str:
     return (f"{system}\n" if system else "") + f"{user}\nAssistant: {assistant}"
 
 
-class QueryRewriteEnv:
+class QueryRewriteEnv(Env):
     """Single-turn query rewriting over one retriever (None for SQL, whose examples name their database).
 
     Examples: {"question", ...} plus "golden_answers" (evidence), "qrels" (literature, classic) or "db_path"

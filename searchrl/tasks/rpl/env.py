@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from searchrl.episode import Action, Observation, Trajectory, Turn, outcome_reward
+from searchrl.episode import Action, Env, Observation, Trajectory, Turn, outcome_reward
 from searchrl.retrieval import RetrievalConfig, is_dense, load_retriever, make_retriever
 from searchrl.retrieval.types import Hit, search_or_explain
 from searchrl.tasks.rpl.config import MutationConfig
@@ -175,7 +175,7 @@ def set_f1(predicted: Sequence[str], gold: Sequence[str]) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-class ProgramEnv:
+class ProgramEnv(Env):
     """Multi-turn RPL over a sparse and / or a dense retriever."""
 
     side_branch = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
-from searchrl.episode import Action, Observation, SideBranch, Trajectory, Turn, outcome_reward
+from searchrl.episode import Action, Env, Observation, SideBranch, Trajectory, Turn, outcome_reward
 from searchrl.registry import Registry
 from searchrl.retrieval import RetrievalConfig, make_retriever
 from searchrl.retrieval.types import Hit, Retriever, search_or_explain
@@ -77,7 +77,7 @@ def search_observation(outcome: Sequence[Hit] | str) -> Observation:
 
 
 @dataclasses.dataclass
-class SearchEnv:
+class SearchEnv(Env):
     """Multi-turn retrieval-augmented QA over one retriever. Examples are dicts with a "question" and
     "golden_answers"."""
 
