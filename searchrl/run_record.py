@@ -133,12 +133,12 @@ def changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
 
 
 def start(config: RunConfig, workdir: str | os.PathLike, argv: list[str] | None = None) -> list[str]:
-    """Writes the record of a run of `config` starting now in `workdir` (and the config loader beside it);
-    returns what changed since the folder's previous record (none for a new folder). Called once per run,
-    by the process that holds the workdir."""
+    """Writes the record of a run of `config` started by `argv` (default: the interpreter's command line, as
+    typed) in `workdir` now, and the config loader beside it; returns what changed since the folder's previous
+    record (none for a new folder). Called once per run, by the process that holds the workdir."""
     directory = Path(workdir)
     directory.mkdir(parents=True, exist_ok=True)
-    now = json.loads(json.dumps(record(config, list(sys.argv if argv is None else argv)), default=str))
+    now = json.loads(json.dumps(record(config, list(sys.orig_argv if argv is None else argv)), default=str))
     path = directory / RECORD
     changed: list[str] = []
     if path.is_file():
