@@ -13,8 +13,12 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import venv
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from searchrl.text.tokenizer import train_bpe_tokenizer
 
@@ -103,3 +107,31 @@ def test_the_wheel_installs_declares_its_requirements_and_runs_from_a_fresh_envi
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     assert record["commit"] is None and record["config"]["train"]["steps"] == 1  # a wheel: no checkout
     assert record["command"][1:4] == [searchrl, "train", "--config"] and record["versions"]["searchrl"] == "0.1.0"
+
+
+def test_the_pinned_files_are_a_lock_of_the_declared_ranges():
+    """Every pin of requirements*.txt lies in pyproject's range for it (the runtime's in the dependencies,
+    each machine's in its extra); FAISS's CPU build is in no extra that brings the GPU one."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    for requirements, declared in [("requirements.txt", project["dependencies"] + extras["cpu"]),
+                                   ("requirements-gpu.txt", extras["gpu"]), ("requirements-tpu.txt", extras["tpu"]),
+                                   ("requirements-lucene.txt", extras["lucene"]),
+                                   ("requirements-test.txt", extras["test"])]:
+        ranges = {canonicalize_name(r.name): r for r in map(Requirement, declared) if r.marker is None
+                  or r.marker.evaluate()}
+        for line in (ROOT / requirements).read_text().splitlines():
+            line = line.split("#")[0].strip()
+            if not line:
+                continue
+            pin = Requirement(line)
+            if pin.marker is not None and not pin.marker.evaluate():
+                continue
+            name = canonicalize_name(pin.name)
+            assert name in ranges or name == "jaxlib" and requirements != "requirements.txt", (requirements, line)
+            version = next(iter(pin.specifier)).version
+            if name in ranges:
+                assert ranges[name].specifier.contains(version, prereleases=True), (requirements, line, ranges[name])
+    gpu = {canonicalize_name(Requirement(r).name) for r in extras["gpu"]}
+    assert "faiss-gpu" in gpu and "faiss-cpu" not in gpu
+    assert not any(canonicalize_name(Requirement(r).name).startswith("faiss") for r in project["dependencies"])
