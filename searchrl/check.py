@@ -15,9 +15,8 @@ import dataclasses
 import json
 import math
 import os
-import sys
 import shutil
-import urllib.error
+import sys
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +32,7 @@ HEALTH_TIMEOUT_S = 3.0  # a retrieval server's /health answers at once, or is no
 OK, MISSING, SHORT, NOTHING = "ok", "missing", "no", "-"
 PROBLEMS = (MISSING, SHORT)
 GIB = 2**30
+WORLD = "build it with: searchrl world --config CONFIG (this check's CONFIG)"  # a miniature's missing input
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,11 +56,13 @@ def _bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def one_line(error: BaseException) -> str:
+    """An error's message on one line."""
+    return " ".join(str(error.args[0] if error.args else error).split())
+
+
 def _size(n: int) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB / 10 else f"{n / 2**20:.1f} MiB"
-
-
-WORLD = "build it with: searchrl world --config CONFIG (this check's CONFIG)"  # a miniature's missing input
 
 
 def model_items(config: RunConfig) -> list[Item]:
@@ -68,22 +70,21 @@ def model_items(config: RunConfig) -> list[Item]:
     from searchrl import models  # local: JAX
 
     source = config.model
-    items = []
-    if source.path:
-        there = (Path(source.path) / "config.json").is_file()
-        # what the download takes: the preset's parameters at 2 bytes (the hub's bfloat16 safetensors)
+    if not source.path:
+        items = [Item("model", NOTHING, f"preset {source.preset}, initialised at random: nothing to fetch")]
+    elif (Path(source.path) / "config.json").is_file():
+        items = [Item("model", OK, source.path, _size(_bytes(Path(source.path))))]
+    else:  # the download: the preset's parameters at 2 bytes (the hub's bfloat16 safetensors)
         table = models.param_table(models.config_from_source(dataclasses.replace(source, path="")))
         count = sum(math.prod(spec.shape) for spec in table.values())
         hub = cli.hub_name(source.path)
-        size = (_size(_bytes(Path(source.path))) if there
-                else f"~{2 * count / GIB:.1f} GiB ({count / 1e9:.2f}B parameters{f', {hub}' if hub else ''})")
-        items.append(Item("model", OK if there else MISSING, source.path, size,
-                          "" if there else cli.fetch_model(source.path), source.path, 0 if there else 2 * count))
-    else:
-        items.append(Item("model", NOTHING, f"preset {source.preset}, initialised at random: nothing to fetch"))
+        size = f"~{2 * count / GIB:.1f} GiB ({count / 1e9:.2f}B parameters{f', {hub}' if hub else ''})"
+        items = [Item("model", MISSING, source.path, size, cli.fetch_model(source.path), source.path,
+                      2 * count)]
     tokenizer = config.tokenizer or source.path
     if not tokenizer:
-        return [*items, Item("tokenizer", MISSING, "none", remedy="set config.tokenizer to a tokenizer folder")]
+        return [*items, Item("tokenizer", MISSING, "none",
+                             remedy="set config.tokenizer to a tokenizer folder")]
     from searchrl.text.tokenizer import TOKENIZER_FILES  # local: transformers
 
     there = any((Path(tokenizer) / name).is_file() for name in TOKENIZER_FILES)
@@ -99,7 +100,8 @@ def data_items(config: RunConfig) -> list[Item]:
     from searchrl.data import datasets
 
     data = config.data
-    splits = [(name.strip(), split) for names, split in ((data.train, data.train_split), (data.eval, data.eval_split))
+    splits = [(name.strip(), split)
+              for names, split in ((data.train, data.train_split), (data.eval, data.eval_split))
               for name in names.split(",") if name.strip()]
     items = []
     for name, split in dict.fromkeys(splits):
@@ -117,6 +119,9 @@ def data_items(config: RunConfig) -> list[Item]:
         except cli.MissingInput as e:
             remedy = WORLD if experiment.miniature(config) else e.remedy
             items.append(Item(what, MISSING, e.path, remedy=remedy, path=data.dir))
+        except FileNotFoundError as e:  # a reader that names what it misses, not how to make it
+            remedy = WORLD if experiment.miniature(config) else one_line(e)
+            items.append(Item(what, MISSING, str(folder), remedy=remedy, path=data.dir))
     return items
 
 
@@ -129,8 +134,8 @@ def retrieval_items(config: RunConfig) -> list[Item]:
         return [_server(url.strip()) for url in retrieval.url.split(",")]
     if retrieval.kind != "local":
         return [Item("retriever", NOTHING, f"the task's own {retrieval.kind!r} (config.retrieval.kind)")]
-    server = Item("retrieval server", NOTHING, "none: the index is searched in-process (config.retrieval.kind="
-                  "local; launch/gpu_host.sh serves it instead)")
+    server = Item("retrieval server", NOTHING, "none: the index is searched in-process "
+                  "(config.retrieval.kind=local; launch/gpu_host.sh serves it instead)")
     if not retrieval.index_dir:
         return [Item("index", MISSING, "none", remedy="set config.retrieval.index_dir"), server]
     path = Path(retrieval.index_dir)
@@ -150,7 +155,8 @@ def _server(url: str) -> Item:
         reason = getattr(e, "reason", e)
         return Item("retrieval server", MISSING, f"{url}: no answer ({reason})",
                     remedy="start it with: bash launch/retrieval_server.sh INDEX_DIR PORT")
-    return Item("retrieval server", OK, f"{url}: serves {answer.get('kind', '?')} index {answer.get('index', '?')}")
+    return Item("retrieval server", OK,
+                f"{url}: serves {answer.get('kind', '?')} index {answer.get('index', '?')}")
 
 
 def device_items(config: RunConfig, label: str, hosts: int = 1) -> list[Item]:
@@ -162,11 +168,12 @@ def device_items(config: RunConfig, label: str, hosts: int = 1) -> list[Item]:
 
     devices = jax.devices()
     count = hosts * len(devices)
-    here = (f"{hosts} hosts x " if hosts > 1 else "") + f"{len(devices)} {jax.default_backend()} device(s) " \
-           f"({devices[0].device_kind})"
+    here = ((f"{hosts} hosts x " if hosts > 1 else "")
+            + f"{len(devices)} {jax.default_backend()} device(s) ({devices[0].device_kind})")
     mesh = config.mesh
     try:
-        sizes = dict(zip(("data", "fsdp", "tensor"), models.mesh_sizes(mesh.data, mesh.fsdp, mesh.tensor, count)))
+        sizes = models.mesh_sizes(mesh.data, mesh.fsdp, mesh.tensor, count)
+        sizes = dict(zip(("data", "fsdp", "tensor"), sizes))
         item = Item("devices vs mesh", OK, f"{here}: mesh {sizes}")
     except ValueError as e:
         item = Item("devices vs mesh", SHORT, f"{here}: {e}",
@@ -174,13 +181,13 @@ def device_items(config: RunConfig, label: str, hosts: int = 1) -> list[Item]:
     return [item, memory_item(config, label, devices[0].device_kind, count)]
 
 
-def aot_runs(label: str) -> list[tuple[str, dict]]:
-    """(config, report) of each run of the AOT results that `label` ("FILE.py:PRESET[,SETUP]") names: that
-    run, or the preset on each setup it was compiled for."""
+def aot_runs(label: str) -> list[tuple[str, str, dict]]:
+    """(config, programs' signature, report) of each run of the AOT results that `label`
+    ("FILE.py:PRESET[,SETUP]") names: that run, or the preset on each setup it was compiled for."""
     runs = json.loads(AOT_RESULTS.read_text())["runs"]
     reports = {run["config"]: run.get("report") for run in runs}
-    named = [run for run in runs if run["config"] == label or run["config"].startswith(label + ",")]
-    return [(run["config"], reports[run.get("same_as", run["config"])]) for run in named]
+    return [(run["config"], run["signature"], reports[run.get("same_as", run["config"])]) for run in runs
+            if run["config"] == label or run["config"].startswith(label + ",")]
 
 
 def memory_item(config: RunConfig, label: str, device_kind: str, count: int) -> Item:
@@ -189,12 +196,12 @@ def memory_item(config: RunConfig, label: str, device_kind: str, count: int) -> 
         return Item("memory per device", NOTHING, f"no AOT figures here ({AOT_RESULTS} is in the repository)")
     runs = aot_runs(label)
     if not runs:
-        return Item("memory per device", NOTHING, f"no AOT figures for {label} (python -m searchrl.benchmarks.aot "
-                    f"--config configs/{label},SETUP compiles them)")
+        return Item("memory per device", NOTHING, f"no AOT figures for {label} (python -m "
+                    f"searchrl.benchmarks.aot --config configs/{label},SETUP compiles them)")
     from searchrl.benchmarks.aot_setups import budget_gib
 
     parts, state = [], NOTHING
-    for name, report in runs:
+    for name, _, report in runs:
         programs = report["programs"]
         peak = max(programs, key=lambda p: p["total_gib"])
         budget = budget_gib(report)
@@ -203,12 +210,10 @@ def memory_item(config: RunConfig, label: str, device_kind: str, count: int) -> 
                      f"{peak['total_gib']:.1f} GiB ({peak['program']}) of {budget:.1f}")
         if (report["device_kind"], report["devices"]) == (device_kind, count):
             state = OK if fits else SHORT  # this machine is the one compiled for
-    if "," in label:
+    if [name for name, _, _ in runs] == [label]:  # one setup: are they the figures of this config's programs?
         from searchrl.benchmarks import aot
 
-        signature = next(run["signature"] for run in json.loads(AOT_RESULTS.read_text())["runs"]
-                         if run["config"] == label)
-        if aot.program_signature(config) != signature:
+        if aot.program_signature(config) != runs[0][1]:
             parts.append("figures of the preset as published: this config's overrides change its programs")
     return Item("memory per device", state, "; ".join(parts))
 
@@ -217,8 +222,8 @@ def disk_item(items: Sequence[Item], workdir: str) -> Item:
     """The free space of each filesystem the missing inputs (and the run's workdir) go to, against what they
     will take where that is known."""
     places: dict[int, tuple[Path, int]] = {}
-    for path, need in [*((item.path, item.need_bytes) for item in items if item.state == MISSING and item.path),
-                       (workdir, 0)]:
+    going = [(item.path, item.need_bytes) for item in items if item.state == MISSING and item.path]
+    for path, need in [*going, (workdir, 0)]:
         existing = Path(os.path.abspath(path))
         while not existing.exists():
             existing = existing.parent
@@ -228,7 +233,8 @@ def disk_item(items: Sequence[Item], workdir: str) -> Item:
     parts, state = [], OK
     for mount, need in places.values():
         free = shutil.disk_usage(mount).free
-        parts.append(f"{_size(free)} free at {mount}" + (f", {_size(need)} needed (known sizes)" if need else ""))
+        parts.append(f"{_size(free)} free at {mount}"
+                     + (f", {_size(need)} needed (known sizes)" if need else ""))
         state = SHORT if free < need else state
     return Item("disk", state, "; ".join(parts))
 
@@ -255,24 +261,24 @@ def render(items: Sequence[Item]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     values = flags.FlagValues()
-    config_flag = config_flags.DEFINE_config_file("config", None, "configs/FILE.py:PRESET[,SETUP] (or the first "
-                                                  "argument)", flag_values=values)
+    config_flag = config_flags.DEFINE_config_file(
+        "config", None, "configs/FILE.py:PRESET[,SETUP] (or the first argument)", flag_values=values)
     hosts = flags.DEFINE_integer("hosts", 1, "the hosts the run spans, each with this machine's devices (the "
                                  "cluster launchers' node count)", lower_bound=1, flag_values=values)
     words = list(sys.argv[1:] if argv is None else argv)
     if words and not words[0].startswith("-"):
         words = [f"--config={words[0]}", *words[1:]]  # CONFIG as the first argument
-    try:
+    try:  # config_flags loads the file and applies the overrides as it parses
         cli.parse(values, words, __doc__)
-    except (AttributeError, KeyError, ValueError, TypeError) as e:  # an override config_flags refuses
-        cli.fail("a --config override: " + " ".join(str(e.args[0] if e.args else e).split()))
+    except (AttributeError, KeyError, ValueError, TypeError, OSError) as e:
+        cli.fail(f"--config: {one_line(e)}")
     if config_flag.value is None:
         cli.fail("no config: searchrl check configs/FILE.py:PRESET[,SETUP]")
     filename = config_flags.get_config_filename(values["config"])
     try:
         config = run_config.parse(config_flag.value)
     except (ValueError, OSError) as e:
-        cli.fail(f"{filename}: {e}")
+        cli.fail(f"{filename}: {one_line(e)}")
     task.load_all()  # the data formats the tasks register
     label = f"{os.path.basename(filename.partition(':')[0])}:{filename.partition(':')[2]}"
     items = check(config, label, hosts.value)
@@ -280,8 +286,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(render(items))
     problems = [item.what for item in items if item.state in PROBLEMS]
     if problems:
-        cli.fail(f"{len(problems)} of {len(items)} not ready ({', '.join(problems)}): fetch or build each with "
-                 "the command under it (a hub download's sizes: the same command with --dry_run)")
+        cli.fail(f"{len(problems)} of {len(items)} not ready ({', '.join(problems)}): fetch or build each "
+                 "with the command under it (a hub download's sizes: the same command with --dry_run)")
     print(f"all {len(items)} ready")
 
 

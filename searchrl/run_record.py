@@ -31,8 +31,8 @@ RECORD, LOADER, HISTORY = "run.json", "config.py", "run_history.jsonl"
 GIT_TIMEOUT_S = 10.0
 COMPARED = ("commit", "dirty", "versions", "devices")  # besides the config, what a resume names if it changed
 
-_LOADER_TEXT = '''"""The resolved config of the run in this folder, as it last started (run.json beside this file, written
-by searchrl.run_record). Run it again with
+_LOADER_TEXT = '''"""The resolved config of the run in this folder, as it last started (run.json beside this
+file, written by searchrl.run_record). Run it again with
     searchrl train --config {path} [--config.workdir=NEW_DIR] [--config.x.y=...]
 (without --config.workdir it resumes this folder)."""
 import pathlib
@@ -99,8 +99,9 @@ def devices() -> dict[str, Any]:
     """JAX's backend, device count and kind, and the processes of the run."""
     import jax  # local: the record's other parts need none of JAX
 
-    return {"backend": jax.default_backend(), "count": jax.device_count(), "kind": jax.devices()[0].device_kind,
-            "processes": jax.process_count(), "host": socket.gethostname()}
+    return {"backend": jax.default_backend(), "count": jax.device_count(),
+            "kind": jax.devices()[0].device_kind, "processes": jax.process_count(),
+            "host": socket.gethostname()}
 
 
 def record(config: RunConfig, argv: list[str]) -> dict[str, Any]:

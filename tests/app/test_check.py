@@ -1,5 +1,5 @@
-"""`searchrl check CONFIG`: every input a preset needs on this machine, listed at once with its state, size and
-the command that fetches or builds it; exit 1 (one line, no traceback) when one is missing or not enough."""
+"""`searchrl check CONFIG`: every input a preset needs on this machine, listed at once with its state, size
+and the command that fetches or builds it; exit 1 (one line, no traceback) when one is missing or short."""
 from __future__ import annotations
 
 import json
@@ -53,8 +53,8 @@ def test_the_paper_preset_on_this_machine_lists_every_missing_input_with_its_com
         [sys.executable, "-m", "searchrl", "check", str(ROOT / "configs" / "search_r1.py:paper"),
          f"--config.model.path={models / 'Qwen2.5-3B'}", f"--config.data.dir={data}",
          f"--config.retrieval.index_dir={index}", "--config.data.eval=nq,triviaqa"],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}, capture_output=True,
-        text=True, timeout=120)
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"},
+        capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: 6 of 11 not ready (model, ")
     found = entries(done.stdout.splitlines())
@@ -84,7 +84,8 @@ def test_a_mesh_the_devices_do_not_divide_is_one_line(monkeypatch, capsys):
     config = str(ROOT / "configs" / "search_r1.py:paper,a100x8")
     assert run_check(monkeypatch, config, "--config.data.eval=nq") == 1
     found = entries(lines_of(capsys)[0])
-    assert found["devices vs mesh"][:2] == ("ok", "8 cpu device(s) (cpu): mesh {'data': 1, 'fsdp': 8, 'tensor': 1}")
+    assert found["devices vs mesh"][:2] == (
+        "ok", "8 cpu device(s) (cpu): mesh {'data': 1, 'fsdp': 8, 'tensor': 1}")
     assert run_check(monkeypatch, config, "--config.data.eval=nq", "--config.mesh.tensor=3") == 1
     lines, err = lines_of(capsys)
     assert entries(lines)["devices vs mesh"][:2] == (

@@ -35,11 +35,12 @@ def test_dashed_flag_names_are_spelled_with_underscores():
     assert cli.underscored("a-b", names) == "a-b" and cli.underscored("--out=x-y", names) == "--out=x-y"
 
 
-@pytest.mark.parametrize("command, own_flag", [("train", "--config"), ("export", "--out"), ("check", "--hosts")])
+@pytest.mark.parametrize("command, own_flag",
+                         [("train", "--config"), ("export", "--out"), ("check", "--hosts")])
 def test_searchrl_commands_run_each_tools_own_entry_point(command, own_flag):
     """`python -m searchrl COMMAND --help` (the `searchrl` console script's main) is the tool's own help."""
-    done = subprocess.run([sys.executable, "-m", "searchrl", command, "--help"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "searchrl", command, "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert own_flag in done.stdout and "commands:" not in done.stdout
 

@@ -1,6 +1,6 @@
-"""The run folder explains its run (searchrl.run_record): the resolved config, loadable again, the command line,
-the commit, package versions and devices, written at the start; a resume names what changed. (A real resume
-through `searchrl.main train`: tests/rl/test_multihost.py.)"""
+"""The run folder explains its run (searchrl.run_record): the resolved config, loadable again, the command
+line, the commit, package versions and devices, written at the start; a resume names what changed. (A real
+resume through `searchrl.main train`: tests/rl/test_multihost.py; from a wheel: tests/app/test_package.py.)"""
 from __future__ import annotations
 
 import importlib.util
@@ -60,9 +60,10 @@ def test_a_resume_names_what_changed_and_keeps_the_earlier_record(tmp_path):
 
 def test_the_written_loader_is_a_config_file_the_entry_point_takes(tmp_path):
     run_record.start(run_config.parse(search_r1.get_config("tiny")), tmp_path / "run", ["x"])
-    done = subprocess.run([sys.executable, "-m", "searchrl.main", f"--config={tmp_path / 'run' / 'config.py'}",
+    loader = tmp_path / "run" / "config.py"
+    done = subprocess.run([sys.executable, "-m", "searchrl.main", f"--config={loader}",
                            "--config.rl.actor.lr=0.0003", "info"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "lr: 0.0003" in done.stdout and f"workdir: {run_config.parse(search_r1.get_config('tiny')).workdir}" \
-        in done.stdout
+    workdir = run_config.parse(search_r1.get_config("tiny")).workdir
+    assert "lr: 0.0003" in done.stdout and f"workdir: {workdir}" in done.stdout
