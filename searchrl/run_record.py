@@ -124,13 +124,18 @@ def _flat(values: Mapping[str, Any], prefix: str) -> dict[str, Any]:
 
 def changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     """What differs between two records, one "name: old -> new" each: config values (config.x.y), the
-    commit, the checkout's state, package versions (versions.NAME) and devices (devices.x)."""
+    commit, the checkout's state, devices (devices.x) and the versions of packages both runs imported
+    (versions.NAME)."""
     old = _flat({"config": before.get("config", {}), **{k: before.get(k) for k in COMPARED}}, "")
     new = _flat({"config": after["config"], **{k: after[k] for k in COMPARED}}, "")
-    missing = object()
-    return [f"{name}: {old.get(name, '(none)')!r} -> {new.get(name, '(none)')!r}"
-            for name in sorted(old.keys() | new.keys())
-            if old.get(name, missing) != new.get(name, missing)]
+    names = sorted(name for name in old.keys() | new.keys()
+                   if not name.startswith("versions.") or name in old.keys() & new.keys())
+
+    def shown(values: Mapping[str, Any], name: str) -> str:
+        return repr(values[name]) if name in values else "(none)"
+
+    return [f"{name}: {shown(old, name)} -> {shown(new, name)}" for name in names
+            if (name in old, old.get(name)) != (name in new, new.get(name))]
 
 
 def start(config: RunConfig, workdir: str | os.PathLike, argv: list[str] | None = None) -> list[str]:

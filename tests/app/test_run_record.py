@@ -51,8 +51,8 @@ def test_a_resume_names_what_changed_and_keeps_the_earlier_record(tmp_path):
     history = [json.loads(line) for line in (tmp_path / "run_history.jsonl").read_text().splitlines()]
     assert [h["command"] for h in history] == [["first"]]
     before = json.loads((tmp_path / "run.json").read_text())
-    after = {**before, "commit": "0" * 40, "versions": {**before["versions"], "jax": "0.0.1"},
-             "devices": {**before["devices"], "count": 1024}}
+    after = {**before, "commit": "0" * 40, "devices": {**before["devices"], "count": 1024},
+             "versions": {**before["versions"], "jax": "0.0.1", "a-package-only-this-run-imported": "1.0"}}
     assert run_record.changes(before, after) == [
         f"commit: {before['commit']!r} -> {'0' * 40!r}", f"devices.count: {jax.device_count()} -> 1024",
         f"versions.jax: {jax.__version__!r} -> '0.0.1'"]
