@@ -30,6 +30,9 @@ QUESTIONS = [("who wrote the velo saga", "ana"), ("where is the river orin", "no
 
 def run(command: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: int = 240
         ) -> subprocess.CompletedProcess:
+    """`command`'s result, asserting it succeeded; without PYTHONPATH unless `env` says otherwise (pip and
+    the new environment must not see the checkout's package)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} if env is None else env
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{command}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done
