@@ -1,10 +1,15 @@
-# searchrl: `make test` and (later) `make demo` work on a fresh machine: they build .venv from the
-# requirements files first, and rebuild it whenever one of them changes.
+# searchrl: `make test` and `make demo` work on a fresh machine: they build .venv from the requirements
+# files first, and rebuild it whenever one of them changes. `make demo` installs the runtime alone
+# (requirements.txt and searchrl); `make install` adds the tests' packages.
 PYTHON ?= python3
-VENV   := .venv
-PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
-REQS   := requirements.txt requirements-test.txt requirements-lucene.txt pyproject.toml
+VENV    := .venv
+PY      := $(VENV)/bin/python
+RUNTIME := $(VENV)/.runtime
+STAMP   := $(VENV)/.installed
+# PyTorch's CPU builds: requirements-test.txt pins torch's `+cpu` wheel, which lives there (or in a folder
+# pip's find-links names); asked for torch alone, without retries, so that a host that cannot reach it
+# loses no time.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 # JAX on CPU; the tests add 8 fake devices (tests/conftest.py), so sharded code paths are really exercised.
 export JAX_PLATFORMS ?= cpu
@@ -19,7 +24,7 @@ LIBTPU := .libtpu/libtpu/libtpu.so
 install: $(STAMP)
 
 # The optional Lucene backend alone (Java 17+ on PATH), for a venv that `make install` built without Java.
-lucene: $(STAMP)
+lucene: $(RUNTIME)
 	@command -v java >/dev/null || { echo "the Lucene backend needs Java 17+ on PATH (or JAVA_HOME)"; exit 1; }
 	$(PY) -m pip install --quiet -r requirements-lucene.txt
 	$(PY) -m pip install --quiet --no-deps pyserini==0.22.1
@@ -42,9 +47,16 @@ aot-gpu: .venv-gpu/.installed
 	.venv-gpu/bin/python -m pip install --quiet --no-deps -e .
 	touch $@
 
-$(STAMP): $(REQS)
+$(RUNTIME): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $(RUNTIME)
+
+$(STAMP): $(RUNTIME) requirements-test.txt requirements-lucene.txt
+	grep '^torch' requirements-test.txt \
+	  | $(PY) -m pip install --quiet --no-deps --retries 0 --extra-index-url $(TORCH_INDEX) -r /dev/stdin
 	$(PY) -m pip install --quiet -r requirements.txt -r requirements-test.txt
 	@# Lucene (pyserini) is optional and needs Java 17+: installed when `java` is on PATH, else skipped
 	@# (never apt-get: that needs root).
@@ -54,7 +66,6 @@ $(STAMP): $(REQS)
 	else \
 	  echo "note: no java on PATH: skipped the optional Lucene backend (with Java 17+: make lucene)"; \
 	fi
-	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
 test: install libtpu
@@ -63,13 +74,14 @@ test: install libtpu
 test-fast: install libtpu
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
 
-# The demo trains on one CPU device (the tests' 8 fake devices would only add overhead on 2 cores).
-demo: install
+# The demo trains on one CPU device (the tests' 8 fake devices would only add overhead on 2 cores); it
+# needs the runtime only.
+demo: $(RUNTIME)
 	XLA_FLAGS= $(PY) -m searchrl.demo --config configs/autosearch.py:tiny
 
 # The three miniatures over 5 seeds and each paper's claims checked on them (runs/reproduce/claims.json);
 # `python -m searchrl.demo.publish --claims runs/reproduce/claims.json` then regenerates the figures.
-reproduce: install
+reproduce: $(RUNTIME)
 	XLA_FLAGS= $(PY) -m searchrl.demo.reproduce
 
 clean-venv:

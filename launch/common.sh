@@ -41,3 +41,12 @@ retrieval_lines() {
 served() {
   if [[ -n $SERVE ]]; then echo "$SERVE && trap $(quoted "$STOP") EXIT && $1"; else echo "$1"; fi
 }
+
+# `preflight CONFIG [check flags ...]`: `searchrl check` on this host: every input the run needs (model,
+# tokenizer, datasets, index, devices against the mesh, memory, disk), listed at once with the command that
+# fetches or builds each; the launcher stops when one is missing. DRY_RUN=1 (nothing runs) or CHECK=0 skip
+# it. The check takes no GPU memory beyond JAX's start (no preallocation).
+preflight() {
+  [[ "${DRY_RUN:-0}" == 1 || "${CHECK:-1}" == 0 ]] && return 0
+  XLA_PYTHON_CLIENT_PREALLOCATE=false python -m searchrl.check "$@"
+}

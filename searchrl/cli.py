@@ -92,6 +92,7 @@ class MissingInput(FileNotFoundError):
 
     def __init__(self, what: str, path: str | os.PathLike, remedy: str):
         super().__init__(f"{what} not found: {path} ({remedy})")
+        self.path, self.remedy = str(path), remedy
 
 
 class Damaged(RuntimeError):
@@ -107,12 +108,28 @@ class Damaged(RuntimeError):
 DOWNLOAD = ("python", "-m", "searchrl.data.download")
 
 
+# The hub organisations of the models the configs name, by how a model's name starts: the download tool
+# names a model's folder after the last part of its hub name, so a folder's name gives the organisation back.
+HUB_ORGANISATIONS = {"Qwen": "Qwen", "Llama-": "meta-llama", "Meta-Llama-": "meta-llama", "Mistral-": "mistralai",
+                     "e5-": "intfloat", "multilingual-e5-": "intfloat", "bge-": "BAAI", "contriever": "facebook",
+                     "ms-marco-": "cross-encoder", "all-MiniLM-": "sentence-transformers"}
+
+
+def hub_name(path: str | os.PathLike) -> str | None:
+    """The hub name ("Qwen/Qwen2.5-3B") of the model whose folder is `path`, None when its name starts like
+    no model of HUB_ORGANISATIONS."""
+    name = os.path.basename(os.path.normpath(path))
+    return next((f"{org}/{name}" for start, org in HUB_ORGANISATIONS.items() if name.startswith(start)), None)
+
+
 def fetch_model(path: str | os.PathLike) -> str:
     """How to put a hub model at `path`: the download tool's `model` command writes OUT/<last part of the
-    hub name>. The hub organisation is not in the path, so the command names it ORG."""
+    hub name>. A model of HUB_ORGANISATIONS is named by its hub name; any other by ORG/<folder name>."""
     path = os.path.normpath(path)
-    command = [*DOWNLOAD, "model", "--names", f"ORG/{os.path.basename(path)}", "--out", os.path.dirname(path)]
-    return f"fetch it with: {shlex.join(command)}, ORG its hub organisation (docs/data.md)"
+    known = hub_name(path)
+    command = [*DOWNLOAD, "model", "--names", known or f"ORG/{os.path.basename(path)}", "--out",
+               os.path.dirname(path)]
+    return f"fetch it with: {shlex.join(command)}" + ("" if known else ", ORG its hub organisation (docs/data.md)")
 
 
 def fetch_qa(directory: str, name: str, split: str) -> str:

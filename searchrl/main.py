@@ -37,7 +37,7 @@ def info(config: RunConfig) -> None:
 
 def train(config: RunConfig) -> None:
     """Builds the run from its config and trains until config.train.steps, with the task's train hooks."""
-    from searchrl import distributed, experiment, task
+    from searchrl import distributed, experiment, run_record, task
     from searchrl.data import datasets
     from searchrl.rl.trainer import Trainer
 
@@ -53,6 +53,11 @@ def train(config: RunConfig) -> None:
     print(f"process {jax.process_index()} of {jax.process_count()}: rows {trainer.rows.start}-"
           f"{trainer.rows.stop - 1} of each batch of {trainer.batch_rows}", flush=True)  # the tool's output
     try:
+        if jax.process_index() == 0:  # the process that holds the workdir
+            changed = run_record.start(config, trainer.workdir)
+            if changed:
+                print(f"{trainer.workdir} (at step {trainer.step_count}) changed since its last start:\n  " +
+                      "\n  ".join(changed), flush=True)
         trainer.train()
     finally:
         trainer.close()

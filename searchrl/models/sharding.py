@@ -72,17 +72,23 @@ def mesh_of(config: MeshConfig) -> Mesh:
     return make_mesh(config.data, config.fsdp, config.tensor)
 
 
-def make_mesh(data: int, fsdp: int, tensor: int, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A (data, fsdp, tensor) mesh; one size may be -1 to take the devices left over."""
-    devices = list(jax.devices() if devices is None else devices)
+def mesh_sizes(data: int, fsdp: int, tensor: int, count: int) -> tuple[int, int, int]:
+    """The (data, fsdp, tensor) sizes of a mesh over `count` devices, a -1 (at most one) taking the devices
+    left over; a ValueError when the sizes do not divide them."""
     sizes = [data, fsdp, tensor]
     if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
         raise ValueError(f"mesh sizes {dict(zip(MESH_AXES, sizes))}: each must be >= 1, at most one -1")
     fixed = math.prod(s for s in sizes if s != -1)
-    if len(devices) % fixed:
-        raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} does not divide the {len(devices)} devices")
-    sizes = [len(devices) // fixed if s == -1 else s for s in sizes]
-    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
+    if count % fixed:
+        raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} does not divide the {count} devices")
+    return tuple(count // fixed if s == -1 else s for s in sizes)
+
+
+def make_mesh(data: int, fsdp: int, tensor: int, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh; one size may be -1 to take the devices left over."""
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = mesh_sizes(data, fsdp, tensor, len(devices))
+    return jax.make_mesh(sizes, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
                          devices=devices[:math.prod(sizes)])
 
 

@@ -12,9 +12,13 @@ import os
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-import faiss
 import numpy as np
 from tqdm import tqdm
+
+try:
+    import faiss
+except ImportError as e:  # FAISS is no base requirement: each machine's extra brings its own build
+    raise ImportError("dense retrieval needs FAISS: pip install 'searchrl[cpu]' (or [gpu], [tpu])") from e
 
 from searchrl.retrieval.corpus import CorpusStore, building, read_manifest, write_manifest
 from searchrl.retrieval.encoder import DenseEncoder, check_texts

@@ -33,3 +33,25 @@ def test_dashed_flag_names_are_spelled_with_underscores():
     assert cli.underscored("--no-normalize", names) == "--no_normalize"
     assert cli.underscored("--query-prefix=a-b", names) == "--query-prefix=a-b"  # not a flag of the tool
     assert cli.underscored("a-b", names) == "a-b" and cli.underscored("--out=x-y", names) == "--out=x-y"
+
+
+@pytest.mark.parametrize("command, own_flag", [("train", "--config"), ("export", "--out")])
+def test_searchrl_commands_run_each_tools_own_entry_point(command, own_flag):
+    """`python -m searchrl COMMAND --help` (the `searchrl` console script's main) is the tool's own help: an
+    entry point on absl's global flags (`searchrl.main`) and one on flags of its own (`searchrl.checkpoint`)."""
+    done = subprocess.run([sys.executable, "-m", "searchrl", command, "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert own_flag in done.stdout and "commands:" not in done.stdout
+
+
+def test_searchrl_lists_its_commands_and_refuses_an_unknown_one(capsys):
+    from searchrl.__main__ import COMMANDS, main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    usage = capsys.readouterr().out
+    assert e.value.code == 0 and all(f"\n  {name} " in usage for name in COMMANDS)
+    with pytest.raises(SystemExit) as e:
+        main(["trian"])
+    assert e.value.code == 2 and capsys.readouterr().err.startswith("searchrl: unknown command 'trian'")

@@ -235,3 +235,17 @@ def test_every_paper_preset_in_the_readme_has_a_launch_line_that_dry_runs():
         run_config.parse(module.get_config(preset))
         launched.add(Path(file).stem)
     assert launched == {"search_r1", "autosearch", "deepretrieval", "rpl"}
+
+
+def test_a_launch_stops_at_the_check_when_an_input_is_missing(tmp_path):
+    """gpu_host.sh runs `searchrl check` first (with the index it would serve): a missing model, dataset or
+    index stops it before any server or trainer starts, each missing input listed with its command."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), "RUN_DIR": str(tmp_path / "run"),
+           "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]])}  # this python
+    out = subprocess.run(["bash", "launch/gpu_host.sh", "configs/search_r1.py:paper", str(tmp_path / "idx"),
+                          f"--config.model.path={tmp_path / 'Qwen2.5-3B'}", f"--config.data.dir={tmp_path}",
+                          "--config.data.eval=nq"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 1 and out.stderr.startswith("error: 6 of 10 not ready (model, "), out.stderr
+    assert "missing  index" in out.stdout and f"--out {tmp_path / 'idx'}" in out.stdout
+    assert "--names Qwen/Qwen2.5-3B" in out.stdout and not (tmp_path / "run").exists()  # no server started

@@ -33,7 +33,8 @@ def test_a_missing_model_names_its_path_and_the_download_command(tmp_path):
     message = str(e.value)
     assert message.startswith(f"model not found: {path} (fetch it with: ") and "\n" not in message
     assert command_of(message, "fetch it with: ") == ["python", "-m", "searchrl.data.download", "model",
-                                                      "--names", "ORG/Qwen2.5-3B", "--out", str(path.parent)]
+                                                      "--names", "Qwen/Qwen2.5-3B", "--out", str(path.parent)]
+    assert "ORG" not in message  # the hub organisation comes from the model's name (cli.HUB_ORGANISATIONS)
     path.mkdir(parents=True)  # a folder without config.json: the file is named
     with pytest.raises(cli.MissingInput, match=f"model not found: {path / 'config.json'} "):
         models.load_hf(path)
@@ -94,7 +95,7 @@ def run_tool(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("argv, first_words", [
     (["searchrl.main", "--config", "configs/search_r1.py:paper", "--config.model.path=/nowhere/Qwen2.5-3B",
       "info"], "error: model not found: /nowhere/Qwen2.5-3B (fetch it with: python -m "
-               "searchrl.data.download model --names ORG/Qwen2.5-3B --out /nowhere"),
+               "searchrl.data.download model --names Qwen/Qwen2.5-3B --out /nowhere)"),
     (["searchrl.serving.serve", "--index", "/nowhere/idx", "--print_fingerprint"],
      "index dir not found: /nowhere/idx (build it with: ")])
 def test_the_command_lines_end_with_the_one_line(argv, first_words):

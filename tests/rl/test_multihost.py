@@ -9,6 +9,7 @@ on fewer decode rows than episodes, refilled as episodes end, and still give the
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -92,6 +93,17 @@ def test_two_processes_train_resume_and_evaluate_like_one(tmp_path):
     assert sorted(os.listdir(two / "checkpoints")) == ["1", "2"]
     log = (two / "log").read_text()
     assert "process 0 of 2: rows 0-3 of each batch of 8" in log and "process 1 of 2: rows 4-7" in log
+    # the run folder's record (searchrl.run_record): the resume named what changed since the first launch: of
+    # the config, train.steps and the coordinator's port (local.sh takes a free one each launch)
+    assert "(at step 1) changed since its last start:\n" in log, log[-3000:]
+    changed = log.split("changed since its last start:\n", 1)[1].splitlines()
+    changed = [line.strip() for line in itertools.takewhile(lambda line: line.startswith("  "), changed)]
+    config_changes = [line.split(":")[0] for line in changed if line.startswith("config.")]
+    assert config_changes == ["config.distributed.coordinator_address", "config.train.steps"], changed
+    assert "config.train.steps: 1 -> 2" in changed
+    record = json.loads((two / "run.json").read_text())
+    assert record["config"]["train"]["steps"] == 2 and record["devices"]["processes"] == 2
+    assert record["command"][-1] == "train" and record["versions"]["jax"] == jax.__version__
     with Checkpointer(one / "checkpoints") as a, Checkpointer(two / "checkpoints") as b:
         policies = {name: c.restore_policy(2) for name, c in (("one", a), ("two", b))}
         earlier = b.restore_policy(1)
