@@ -21,10 +21,8 @@ defaults it leaves unset, verl/trainer/config/ppo_trainer_tune.yaml, [AT] the tr
 v0.2 PPO settings, which configs/search_r1.py:paper cites (tests/app/test_presets.py checks every value
 against [AS]). [G2] Search-R1's scripts/nq_hotpotqa/v0.2/train_grpo.sh.
 """
-import os
-
 from searchrl import run_config
-from searchrl.configlib import sibling, to_config
+from searchrl.configlib import miniature_workdir, sibling, to_config
 from searchrl.tasks.autosearch import rewards
 from searchrl.tasks.autosearch.config import DemoConfig
 
@@ -115,7 +113,7 @@ def paper_grpo(config):
 def tiny(config):
     """The demo: every size here is chosen so that install + world + SFT + PPO + evaluation fit ~20 minutes on
     2 CPU cores."""
-    config.workdir = "runs/demo"
+    miniature_workdir(config, "runs/demo")
     config.demo = to_config(DemoConfig())
     # The scripted SFT data over-searches on 60% of questions: the greedy cold start still searches once more
     # than needed on 1-hop questions (1.97-2.01 searches), but 40% of its trajectories stop there, not 30%, so
@@ -141,11 +139,8 @@ def tiny(config):
     model.preset = "tiny"
     model.update(dict(hidden_size=128, intermediate_size=384, num_layers=3, num_heads=4, num_kv_heads=2,
                       head_dim=32, tie_word_embeddings=True))
-    config.tokenizer = os.path.join(config.workdir, "tokenizer")
-    config.data.dir = config.workdir
     config.data.train, config.data.eval = "world", "world"
     config.data.eval_split = "test"
-    config.retrieval.index_dir = os.path.join(config.workdir, "index")
     # The world's plan queries find their passage at BM25 rank 1, so one passage per search is enough.
     config.env.update(dict(prompt_template=DEMO_PROMPT, topk=1, max_turns=4, answer_prompt=DEMO_ANSWER_PROMPT,
                            intermediate_answer_tokens=12))
@@ -195,10 +190,7 @@ def tiny(config):
 
 def tiny_no_efficiency(config):
     config = _no_efficiency(tiny(config))
-    config.workdir = "runs/demo_no_efficiency"
-    config.tokenizer = os.path.join(config.workdir, "tokenizer")
-    config.data.dir = config.workdir
-    config.retrieval.index_dir = os.path.join(config.workdir, "index")
+    config.workdir = "runs/demo_no_efficiency"  # the world's paths follow it (miniature_workdir)
     return config
 
 
@@ -206,10 +198,7 @@ def tiny_arms(config):
     """The demo's claims over 5 seeds: AutoSearch, the no-efficiency ablation and a fixed cost per search,
     each trained from the same cold start of a seed (searchrl/tasks/autosearch/demo.py ARMS)."""
     config = tiny(config)
-    config.workdir = "runs/demo_arms"
-    config.tokenizer = os.path.join(config.workdir, "tokenizer")
-    config.data.dir = config.workdir
-    config.retrieval.index_dir = os.path.join(config.workdir, "index")
+    config.workdir = "runs/demo_arms"  # the world's paths follow it (miniature_workdir)
     config.demo.seeds = (0, 1, 2, 3, 4)
     config.demo.arms = ("autosearch", "no_efficiency", "step_penalty")
     # Two seeds at a time: on 2 cores a tiny model's step keeps about one busy; two cold starts side by side

@@ -32,10 +32,8 @@ Where the paper and a script disagree, the script wins (it ran the reported numb
   linearly over all of them, and saves epoch 1, the checkpoint the paper keeps, at <workdir>/sft/epoch_1:
   point config.model.path there for RL (<workdir>/sft holds the last epoch's weights).
 """
-import os
-
 from searchrl import run_config
-from searchrl.configlib import sibling, to_config
+from searchrl.configlib import miniature_workdir, sibling, to_config
 from searchrl.tasks.deepretrieval import prompts
 from searchrl.tasks.deepretrieval.config import RewriteDemoConfig
 
@@ -274,13 +272,11 @@ def tiny(config):
     cores. RL runs 400 steps: at 200, every seed's training reward was still rising when it stopped (its mean
     over the last 25 steps above the 25 before, on all five seeds of the first published record)."""
     config = _tiny(classic_msmarco(config))
-    config.workdir = "runs/deepretrieval_demo"
+    miniature_workdir(config, "runs/deepretrieval_demo")
     config.demo = to_config(RewriteDemoConfig())
     config.demo.parallel_seeds = 2  # on 2 cores a tiny model's step keeps about one busy
-    config.data.update(dict(dir=config.workdir, train="rewrite_world", eval="rewrite_world",
-                            eval_split="test"))
-    config.retrieval.update(dict(kind="local", index_dir=os.path.join(config.workdir, "index")))
-    config.tokenizer = os.path.join(config.workdir, "tokenizer")
+    config.data.update(dict(train="rewrite_world", eval="rewrite_world", eval_split="test"))
+    config.retrieval.kind = "local"
     config.model.update(dict(hidden_size=128, intermediate_size=384, num_layers=3, num_heads=4,
                              num_kv_heads=2, head_dim=32, tie_word_embeddings=True))
     # The user's words are the whole prompt; the answer opens as in the paper's no-reasoning BEIR prompt.

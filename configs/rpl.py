@@ -12,10 +12,8 @@ no_thinking: Qwen3's chat template with enable_thinking=False.
 The RPL paper gives no training hyper-parameters: the paper presets use the Search-R1 PPO defaults the other
 paper presets use ([R1] Search-R1's train_ppo.sh, as in configs/search_r1.py:paper), each cited below.
 """
-import os
-
 from searchrl import run_config, task
-from searchrl.configlib import sibling, to_config
+from searchrl.configlib import miniature_workdir, sibling, to_config
 from searchrl.tasks.rpl.config import RPLDemoConfig
 from searchrl.tasks.rpl.env import ACTION_SPACES
 
@@ -68,11 +66,10 @@ def paper_qwen3_8b(config):
 def tiny(config):
     """The CPU miniature (`python -m searchrl.demo --config configs/rpl.py:tiny`, `searchrl.tasks.rpl.demo`): two
     RL seeds took 11 minutes on 2 shared cores; measured results in docs/rpl.md."""
-    config.workdir = "runs/rpl_demo"
+    miniature_workdir(config, "runs/rpl_demo")
     config.demo = to_config(RPLDemoConfig())
-    config.data.update(dict(dir=config.workdir, train="globalqa", eval="globalqa", eval_split="test"))
-    config.retrieval.update(dict(kind="local", index_dir=os.path.join(config.workdir, "index")))
-    config.tokenizer = os.path.join(config.workdir, "tokenizer")
+    config.data.update(dict(train="globalqa", eval="globalqa", eval_split="test"))
+    config.retrieval.kind = "local"
     config.model.preset = "tiny"
     config.model.update(dict(hidden_size=128, intermediate_size=384, num_layers=3, num_heads=4,
                              num_kv_heads=2, head_dim=32, tie_word_embeddings=True))
