@@ -6,6 +6,7 @@ Usage: python -m searchrl.main --config configs/autosearch.py:PRESET[,SETUP] tra
 Presets:
   tiny                 the CPU demo: a synthetic world, BM25, a tiny model, SFT cold start then PPO.
   tiny_no_efficiency   the demo's ablation: the efficiency reward off (AutoSearch's ablation in miniature).
+  smoke                tiny at its smallest, end to end in about a minute (`make smoke`).
   tiny_arms            the demo over 5 seeds with three RL arms from each seed's cold start: AutoSearch, the
                        no-efficiency ablation and a fixed cost per search (results.json's claims).
   paper                AutoSearch's public PPO run on Qwen2.5-3B base, with the reward as the paper means it
@@ -218,7 +219,23 @@ def tiny_arms(config):
     return config
 
 
-PRESETS = {"tiny": tiny, "tiny_no_efficiency": tiny_no_efficiency, "tiny_arms": tiny_arms, "paper": paper,
+def smoke(config):
+    """`tiny` at its smallest (`make smoke`, `python -m searchrl.demo --size smoke`): every stage end to end
+    in about a minute on 2 cores. It checks that the miniature runs, not what it learns."""
+    config = tiny(config)
+    config.workdir = "runs/smoke/autosearch"
+    config.demo.update(dict(entities=200, questions_per_entity=1.0, eval_questions=16, budgets=(0, 1),
+                            budget_questions=8))
+    for stage in (config.demo.prefix_sft, config.sft):
+        stage.update(dict(steps=3, batch_size=8))
+        stage.optim.update(dict(warmup_steps=1, decay_steps=3))
+    config.train.update(dict(steps=2, batch_size=8, checkpoint_every=2))
+    config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
+    return config
+
+
+PRESETS = {"tiny": tiny, "tiny_no_efficiency": tiny_no_efficiency, "tiny_arms": tiny_arms, "smoke": smoke,
+           "paper": paper,
            "paper_public_reward": paper_public_reward, "paper_no_efficiency": paper_no_efficiency,
            "paper_no_quality": paper_no_quality, "paper_no_base": paper_no_base, "paper_grpo": paper_grpo}
 

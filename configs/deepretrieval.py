@@ -18,6 +18,7 @@ prompt; set reasoning through this variant, not --config.env.reasoning, so that 
   sql_bird          BIRD (its 0.3 bonus for SQL that executes but returns other rows).
   tiny_<family>     each family at CPU size for tests (point data, index and tokenizer at local files).
   tiny              the CPU miniature: a synthetic world where users and documents use different words.
+  smoke             tiny at its smallest, end to end in about a minute (`make smoke`).
 Paths under /data are placeholders for local directories you provide (`docs/deepretrieval.md` builds them).
 Sources cited below: [P] the DeepRetrieval paper's Appendix B.2 and Eq. 3; [DR x] the file x of
 pat-jj/DeepRetrieval under code/ (train scripts under scripts/train/, verl's defaults in
@@ -294,6 +295,19 @@ def tiny(config):
     return config
 
 
+def smoke(config):
+    """`tiny` at its smallest (`make smoke`, `python -m searchrl.demo --size smoke`): one seed end to end in
+    about a minute on 2 cores. It checks that the miniature runs, not what it learns."""
+    config = tiny(config)
+    config.workdir = "runs/smoke/deepretrieval"
+    config.demo.update(dict(concepts_per_kind=8, sft_samples=1, seeds=(0,), parallel_seeds=1))
+    config.sft.update(dict(steps=3, batch_size=8))
+    config.sft.optim.update(dict(warmup_steps=1, decay_steps=3))
+    config.train.update(dict(steps=2, batch_size=8))
+    config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
+    return config
+
+
 FAMILIES = {"literature": literature, "literature_ctgov": literature_ctgov, "evidence": evidence_nq,
             "classic": classic_msmarco, "classic_dense": lambda c: classic_msmarco(c, dense=True), "sql": sql,
             "sql_coder7b": sql_coder7b, "sql_bird": sql_bird}
@@ -302,7 +316,8 @@ DATASETS = {"evidence_nq": evidence_nq, "evidence_triviaqa": evidence_triviaqa,
             **{f"classic_{name}": f for name, f in CLASSIC.items()},
             **{f"classic_{name}_dense": (lambda c, f=f: f(c, dense=True)) for name, f in CLASSIC.items()}}
 PRESETS = {**FAMILIES, **DATASETS,
-           **{f"tiny_{name}": (lambda c, f=f: _tiny(f(c))) for name, f in FAMILIES.items()}, "tiny": tiny}
+           **{f"tiny_{name}": (lambda c, f=f: _tiny(f(c))) for name, f in FAMILIES.items()}, "tiny": tiny,
+           "smoke": smoke}
 
 
 def get_config(arg: str = "tiny"):

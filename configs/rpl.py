@@ -4,6 +4,7 @@ Usage: python -m searchrl.main --config configs/rpl.py:PRESET[,SPACE][,no_thinki
            [--config.x.y=...]
 Presets:
   tiny            the CPU miniature of both claims (python -m searchrl.demo --config configs/rpl.py:tiny).
+  smoke           tiny at its smallest: one seed end to end in a few minutes (`make smoke`).
   paper_qwen3_4b  Qwen3-4B, open-domain QA (NQ + HotpotQA) and GlobalQA, BM25 + e5 dense, the full SDK.
   paper_qwen3_8b  the same with Qwen3-8B.
 SPACE, the action space (the paper's Table 4 rows): dense | dual | sdk (default) | pm (sdk plus program
@@ -128,7 +129,24 @@ def tiny(config):
     return config
 
 
-PRESETS = {"tiny": tiny, "paper_qwen3_4b": paper_qwen3_4b, "paper_qwen3_8b": paper_qwen3_8b}
+def smoke(config):
+    """`tiny` at its smallest (`make smoke`, `python -m searchrl.demo --size smoke`): one seed's cold start and
+    its three RL arms (mutation after the first step) end to end in a few minutes on 2 cores. It checks that
+    the miniature runs, not what it learns."""
+    config = tiny(config)
+    config.workdir = "runs/smoke/rpl"
+    config.demo.update(dict(entities=300, eval_questions=8, seeds=(0,), parallel_seeds=1))
+    for stage in (config.demo.prefix_sft, config.sft):
+        stage.update(dict(steps=3, batch_size=8))
+        stage.optim.update(dict(warmup_steps=1, decay_steps=3))
+    config.train.update(dict(steps=2, batch_size=8, checkpoint_every=1, eval_every=1))
+    config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
+    config.env.mutation.update(dict(episodes=8, max_variants=4, rounds=1, answer_samples=1))
+    config.env.mutation.sft.update(dict(epochs=1.0, batch_size=8))
+    return config
+
+
+PRESETS = {"tiny": tiny, "smoke": smoke, "paper_qwen3_4b": paper_qwen3_4b, "paper_qwen3_8b": paper_qwen3_8b}
 
 
 def get_config(arg: str = "tiny"):
