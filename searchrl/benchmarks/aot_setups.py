@@ -62,8 +62,8 @@ def config_module(file: str) -> ModuleType:
 
 
 def paper_presets(file: str) -> list[str]:
-    """The paper presets of a config file: every entry of its PRESETS but the CPU-sized ones (tiny*)."""
-    return [name for name in config_module(file).PRESETS if not name.startswith("tiny")]
+    """The paper presets of a config file: every entry of its PRESETS but the CPU-sized ones (tiny*, smoke)."""
+    return [name for name in config_module(file).PRESETS if not name.startswith(("tiny", "smoke"))]
 
 
 def paper_runs() -> tuple[tuple[str, str], ...]:

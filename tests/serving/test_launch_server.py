@@ -1,6 +1,7 @@
 """launch/retrieval_server.sh for real, on tiny indexes: it waits for its own server and passes the serve
-flags through (depth 3000), refuses a port already in use (naming the index served there) unless it serves the same index, stops what it
-started, and writes only under RUN_DIR; the cluster launchers stop their servers at exit."""
+flags through (depth 3000), refuses a port already in use (naming the index served there) unless it serves
+the same index, stops what it started, and writes only under RUN_DIR; the cluster launchers stop their
+servers at exit."""
 import json
 import os
 import shlex
