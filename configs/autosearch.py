@@ -224,11 +224,11 @@ def smoke(config):
     in about a minute on 2 cores. It checks that the miniature runs, not what it learns."""
     config = tiny(config)
     config.workdir = "runs/smoke/autosearch"
-    config.demo.update(dict(entities=200, questions_per_entity=1.0, eval_questions=16, budgets=(0, 1),
+    config.demo.update(dict(entities=200, questions_per_entity=1.0, eval_questions=16, budgets=(1,),
                             budget_questions=8))
-    for stage in (config.demo.prefix_sft, config.sft):
-        stage.update(dict(steps=3, batch_size=8))
-        stage.optim.update(dict(warmup_steps=1, decay_steps=3))
+    for stage in (config.demo.prefix_sft, config.sft):  # one step each: one compile each
+        stage.update(dict(steps=1, batch_size=8))
+        stage.optim.update(dict(warmup_steps=0, decay="constant"))
     config.train.update(dict(steps=2, batch_size=8, checkpoint_every=2))
     config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
     return config

@@ -301,8 +301,8 @@ def smoke(config):
     config = tiny(config)
     config.workdir = "runs/smoke/deepretrieval"
     config.demo.update(dict(concepts_per_kind=8, sft_samples=1, seeds=(0,), parallel_seeds=1))
-    config.sft.update(dict(steps=3, batch_size=8))
-    config.sft.optim.update(dict(warmup_steps=1, decay_steps=3))
+    config.sft.update(dict(steps=1, batch_size=8))  # one step: one compile
+    config.sft.optim.update(dict(warmup_steps=0, decay="constant"))
     config.train.update(dict(steps=2, batch_size=8))
     config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
     return config

@@ -136,9 +136,9 @@ def smoke(config):
     config = tiny(config)
     config.workdir = "runs/smoke/rpl"
     config.demo.update(dict(entities=300, eval_questions=8, seeds=(0,), parallel_seeds=1))
-    for stage in (config.demo.prefix_sft, config.sft):
-        stage.update(dict(steps=3, batch_size=8))
-        stage.optim.update(dict(warmup_steps=1, decay_steps=3))
+    for stage in (config.demo.prefix_sft, config.sft):  # one step each: one compile each
+        stage.update(dict(steps=1, batch_size=8))
+        stage.optim.update(dict(warmup_steps=0, decay="constant"))
     config.train.update(dict(steps=2, batch_size=8, checkpoint_every=1, eval_every=1))
     config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
     config.env.mutation.update(dict(episodes=8, max_variants=4, rounds=1, answer_samples=1))
