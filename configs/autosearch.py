@@ -229,6 +229,7 @@ def smoke(config):
     for stage in (config.demo.prefix_sft, config.sft):  # one step each: one compile each
         stage.update(dict(steps=1, batch_size=8))
         stage.optim.update(dict(warmup_steps=0, decay="constant"))
+    config.rollout.obs_buckets = (64,)  # one observation width: fewer rollout programs to compile
     config.train.update(dict(steps=2, batch_size=8, checkpoint_every=2))
     config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
     return config

@@ -88,3 +88,21 @@ def test_wandb_offline_run_holds_the_metrics(tmp_path, monkeypatch):
     runs = list((tmp_path / "run" / "wandb").glob("offline-run-*/*.wandb"))
     assert len(runs) == 1 and b"reward/mean" in runs[0].read_bytes()  # for `wandb sync`
     assert (tmp_path / "run" / "tensorboard").is_dir()
+
+
+def test_curves_plots_the_named_metrics_of_a_run(tmp_path):
+    from searchrl import curves
+
+    writer = MetricWriter(str(tmp_path), enabled=True, loggers=())
+    for step in (1, 2):
+        writer.write(step, {"reward/mean": step / 2, "perf/step_seconds": float("nan") if step == 2 else 3.0})
+    writer.write(2, {"eval/em": 0.5, "eval/f1": 0.6})
+    writer.close()
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert curves.series(rows, ["reward/mean", "eval/*", "perf/step_seconds", "absent"]) == {
+        "reward/mean": ([1, 2], [0.5, 1.0]), "eval/em": ([2], [0.5]), "eval/f1": ([2], [0.6]),
+        "perf/step_seconds": ([1], [3.0])}  # NaN left out
+    curves.main([str(tmp_path), "--out", str(tmp_path / "c.png")])
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit):
+        curves.main([str(tmp_path / "none"), "--out", str(tmp_path / "d.png")])
