@@ -32,7 +32,7 @@ class _TensorBoard:
 class _WandB:
     """A W&B run named after the workdir; WANDB_MODE=offline keeps it on disk (`wandb sync` uploads it)."""
 
-    def __init__(self, workdir: str, project: str, config: Mapping[str, Any] | None):
+    def __init__(self, workdir: str, project: str | None, config: Mapping[str, Any] | None):
         try:
             import wandb
         except ImportError:
@@ -52,12 +52,12 @@ class MetricWriter:
     """Writes scalars from process 0 only; other processes get a no-op writer."""
 
     def __init__(self, workdir: str, enabled: bool | None = None, resume_step: int | None = None,
-                 loggers: Sequence[str] = ("tensorboard",), project: str = "searchrl",
+                 loggers: Sequence[str] = ("tensorboard",), project: str | None = None,
                  config: Mapping[str, Any] | None = None):
         """`resume_step`: the step a resumed run restarts from; the rows logged after it, which the run is
         about to log again, are dropped from the JSONL file and hidden in TensorBoard. `loggers`: some of
-        "tensorboard" and "wandb" (others, e.g. "console", are not this writer's); `project` and `config`
-        (the run's, as a dict) go to W&B."""
+        "tensorboard" and "wandb" (others, e.g. "console", are not this writer's); `project` (None: W&B's
+        default) and `config` (the run's, as a dict) go to W&B."""
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self.path = os.path.join(workdir, "metrics.jsonl")
         self._sinks: list[_TensorBoard | _WandB] = []

@@ -187,7 +187,8 @@ class Trainer:
                                              max_to_keep=self.train_config.keep_checkpoints,
                                              async_save=self.train_config.async_checkpoints)
             self.state, self.data_position = self._restore_or_init(policy)
-            run = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else None
+            wandb = "wandb" in self.train_config.loggers and dataclasses.is_dataclass(config)
+            run = dataclasses.asdict(config) if wandb else None  # the run's config, for W&B
             self.writer = MetricWriter(self.workdir, resume_step=self.step_count,
                                        loggers=self.train_config.loggers, project=self.train_config.project,
                                        config=run)
