@@ -67,7 +67,7 @@ test-fast: install libtpu
 demo: install
 	XLA_FLAGS= $(PY) -m searchrl.demo --config configs/autosearch.py:tiny
 
-# Each paper's miniature end to end at its smallest (configs/*.py:smoke), in a few minutes: runs/smoke/<paper>.
+# Each paper's miniature end to end at its smallest (configs/*.py:smoke): runs/smoke/<paper>.
 smoke: install
 	XLA_FLAGS= $(PY) -m searchrl.demo --size smoke
 

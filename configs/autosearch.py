@@ -6,7 +6,7 @@ Usage: python -m searchrl.main --config configs/autosearch.py:PRESET[,SETUP] tra
 Presets:
   tiny                 the CPU demo: a synthetic world, BM25, a tiny model, SFT cold start then PPO.
   tiny_no_efficiency   the demo's ablation: the efficiency reward off (AutoSearch's ablation in miniature).
-  smoke                tiny at its smallest, end to end in about a minute (`make smoke`).
+  smoke                tiny at its smallest, every stage end to end (`make smoke`).
   tiny_arms            the demo over 5 seeds with three RL arms from each seed's cold start: AutoSearch, the
                        no-efficiency ablation and a fixed cost per search (results.json's claims).
   paper                AutoSearch's public PPO run on Qwen2.5-3B base, with the reward as the paper means it
@@ -220,8 +220,8 @@ def tiny_arms(config):
 
 
 def smoke(config):
-    """`tiny` at its smallest (`make smoke`, `python -m searchrl.demo --size smoke`): every stage end to end
-    in about a minute on 2 cores. It checks that the miniature runs, not what it learns."""
+    """`tiny` at its smallest (`make smoke`, `python -m searchrl.demo --size smoke`): every stage end to end,
+    compiling most of the time. It checks that the miniature runs, not what it learns."""
     config = tiny(config)
     config.workdir = "runs/smoke/autosearch"
     config.demo.update(dict(entities=200, questions_per_entity=1.0, eval_questions=16, budgets=(1,),

@@ -18,7 +18,7 @@ prompt; set reasoning through this variant, not --config.env.reasoning, so that 
   sql_bird          BIRD (its 0.3 bonus for SQL that executes but returns other rows).
   tiny_<family>     each family at CPU size for tests (point data, index and tokenizer at local files).
   tiny              the CPU miniature: a synthetic world where users and documents use different words.
-  smoke             tiny at its smallest, end to end in about a minute (`make smoke`).
+  smoke             tiny at its smallest, every stage end to end (`make smoke`).
 Paths under /data are placeholders for local directories you provide (`docs/deepretrieval.md` builds them).
 Sources cited below: [P] the DeepRetrieval paper's Appendix B.2 and Eq. 3; [DR x] the file x of
 pat-jj/DeepRetrieval under code/ (train scripts under scripts/train/, verl's defaults in
@@ -296,8 +296,8 @@ def tiny(config):
 
 
 def smoke(config):
-    """`tiny` at its smallest (`make smoke`, `python -m searchrl.demo --size smoke`): one seed end to end in
-    about a minute on 2 cores. It checks that the miniature runs, not what it learns."""
+    """`tiny` at its smallest (`make smoke`, `python -m searchrl.demo --size smoke`): one seed end to end,
+    compiling most of the time. It checks that the miniature runs, not what it learns."""
     config = tiny(config)
     config.workdir = "runs/smoke/deepretrieval"
     config.demo.update(dict(concepts_per_kind=8, sft_samples=1, seeds=(0,), parallel_seeds=1))

@@ -4,7 +4,7 @@ Usage: python -m searchrl.main --config configs/rpl.py:PRESET[,SPACE][,no_thinki
            [--config.x.y=...]
 Presets:
   tiny            the CPU miniature of both claims (python -m searchrl.demo --config configs/rpl.py:tiny).
-  smoke           tiny at its smallest: one seed end to end in a few minutes (`make smoke`).
+  smoke           tiny at its smallest: one seed end to end (`make smoke`).
   paper_qwen3_4b  Qwen3-4B, open-domain QA (NQ + HotpotQA) and GlobalQA, BM25 + e5 dense, the full SDK.
   paper_qwen3_8b  the same with Qwen3-8B.
 SPACE, the action space (the paper's Table 4 rows): dense | dual | sdk (default) | pm (sdk plus program
@@ -131,8 +131,8 @@ def tiny(config):
 
 def smoke(config):
     """`tiny` at its smallest (`make smoke`, `python -m searchrl.demo --size smoke`): one seed's cold start and
-    its three RL arms (mutation after the first step) end to end in a few minutes on 2 cores. It checks that
-    the miniature runs, not what it learns."""
+    its three RL arms (mutation after the first step) end to end, compiling most of the
+    time. It checks that the miniature runs, not what it learns."""
     config = tiny(config)
     config.workdir = "runs/smoke/rpl"
     config.demo.update(dict(entities=300, eval_questions=8, seeds=(0,), parallel_seeds=1))

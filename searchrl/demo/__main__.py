@@ -3,7 +3,7 @@ runs the CPU miniature of the config's task (`config.env.name`): `configs/autose
 `configs/deepretrieval.py:tiny` or `configs/rpl.py:tiny`.
 
 `make smoke`: `python -m searchrl.demo --size smoke` runs each paper's `smoke` preset in turn (`SMOKE`): the
-three miniatures end to end at their smallest, in a few minutes on 2 cores, each under runs/smoke/<paper>
+three miniatures end to end at their smallest, each under runs/smoke/<paper>
 (--config and its overrides are not read then; `--config configs/rpl.py:smoke` runs one of them)."""
 import os
 import time
