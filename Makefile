@@ -19,7 +19,7 @@ export TOKENIZERS_PARALLELISM := false
 
 LIBTPU := .libtpu/libtpu/libtpu.so
 
-.PHONY: install lucene libtpu aot-gpu test test-fast demo reproduce clean-venv
+.PHONY: install lucene libtpu aot-gpu test test-fast demo smoke reproduce clean-venv
 
 install: $(STAMP)
 
@@ -78,6 +78,10 @@ test-fast: install libtpu
 # needs the runtime only.
 demo: $(RUNTIME)
 	XLA_FLAGS= $(PY) -m searchrl.demo --config configs/autosearch.py:tiny
+
+# Each paper's miniature end to end at its smallest (configs/*.py:smoke): runs/smoke/<paper>.
+smoke: install
+	XLA_FLAGS= $(PY) -m searchrl.demo --size smoke
 
 # The three miniatures over 5 seeds and each paper's claims checked on them (runs/reproduce/claims.json);
 # `python -m searchrl.demo.publish --claims runs/reproduce/claims.json` then regenerates the figures.

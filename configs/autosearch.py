@@ -6,6 +6,7 @@ Usage: python -m searchrl.main --config configs/autosearch.py:PRESET[,SETUP] tra
 Presets:
   tiny                 the CPU demo: a synthetic world, BM25, a tiny model, SFT cold start then PPO.
   tiny_no_efficiency   the demo's ablation: the efficiency reward off (AutoSearch's ablation in miniature).
+  smoke                tiny at its smallest, every stage end to end (`make smoke`).
   tiny_arms            the demo over 5 seeds with three RL arms from each seed's cold start: AutoSearch, the
                        no-efficiency ablation and a fixed cost per search (results.json's claims).
   paper                AutoSearch's public PPO run on Qwen2.5-3B base, with the reward as the paper means it
@@ -21,10 +22,8 @@ defaults it leaves unset, verl/trainer/config/ppo_trainer_tune.yaml, [AT] the tr
 v0.2 PPO settings, which configs/search_r1.py:paper cites (tests/app/test_presets.py checks every value
 against [AS]). [G2] Search-R1's scripts/nq_hotpotqa/v0.2/train_grpo.sh.
 """
-import os
-
 from searchrl import run_config
-from searchrl.configlib import sibling, to_config
+from searchrl.configlib import miniature_workdir, sibling, to_config
 from searchrl.tasks.autosearch import rewards
 from searchrl.tasks.autosearch.config import DemoConfig
 
@@ -115,7 +114,7 @@ def paper_grpo(config):
 def tiny(config):
     """The demo: every size here is chosen so that install + world + SFT + PPO + evaluation fit ~20 minutes on
     2 CPU cores."""
-    config.workdir = "runs/demo"
+    miniature_workdir(config, "runs/demo")
     config.demo = to_config(DemoConfig())
     # The scripted SFT data over-searches on 60% of questions: the greedy cold start still searches once more
     # than needed on 1-hop questions (1.97-2.01 searches), but 40% of its trajectories stop there, not 30%, so
@@ -141,11 +140,8 @@ def tiny(config):
     model.preset = "tiny"
     model.update(dict(hidden_size=128, intermediate_size=384, num_layers=3, num_heads=4, num_kv_heads=2,
                       head_dim=32, tie_word_embeddings=True))
-    config.tokenizer = os.path.join(config.workdir, "tokenizer")
-    config.data.dir = config.workdir
     config.data.train, config.data.eval = "world", "world"
     config.data.eval_split = "test"
-    config.retrieval.index_dir = os.path.join(config.workdir, "index")
     # The world's plan queries find their passage at BM25 rank 1, so one passage per search is enough.
     config.env.update(dict(prompt_template=DEMO_PROMPT, topk=1, max_turns=4, answer_prompt=DEMO_ANSWER_PROMPT,
                            intermediate_answer_tokens=12))
@@ -195,10 +191,7 @@ def tiny(config):
 
 def tiny_no_efficiency(config):
     config = _no_efficiency(tiny(config))
-    config.workdir = "runs/demo_no_efficiency"
-    config.tokenizer = os.path.join(config.workdir, "tokenizer")
-    config.data.dir = config.workdir
-    config.retrieval.index_dir = os.path.join(config.workdir, "index")
+    config.workdir = "runs/demo_no_efficiency"  # the world's paths follow it (miniature_workdir)
     return config
 
 
@@ -206,10 +199,7 @@ def tiny_arms(config):
     """The demo's claims over 5 seeds: AutoSearch, the no-efficiency ablation and a fixed cost per search,
     each trained from the same cold start of a seed (searchrl/tasks/autosearch/demo.py ARMS)."""
     config = tiny(config)
-    config.workdir = "runs/demo_arms"
-    config.tokenizer = os.path.join(config.workdir, "tokenizer")
-    config.data.dir = config.workdir
-    config.retrieval.index_dir = os.path.join(config.workdir, "index")
+    config.workdir = "runs/demo_arms"  # the world's paths follow it (miniature_workdir)
     config.demo.seeds = (0, 1, 2, 3, 4)
     config.demo.arms = ("autosearch", "no_efficiency", "step_penalty")
     # Two seeds at a time: on 2 cores a tiny model's step keeps about one busy; two cold starts side by side
@@ -229,7 +219,24 @@ def tiny_arms(config):
     return config
 
 
-PRESETS = {"tiny": tiny, "tiny_no_efficiency": tiny_no_efficiency, "tiny_arms": tiny_arms, "paper": paper,
+def smoke(config):
+    """`tiny` at its smallest (`make smoke`, `python -m searchrl.demo --size smoke`): every stage end to end,
+    compiling most of the time. It checks that the miniature runs, not what it learns."""
+    config = tiny(config)
+    config.workdir = "runs/smoke/autosearch"
+    config.demo.update(dict(entities=200, questions_per_entity=1.0, eval_questions=16, budgets=(1,),
+                            budget_questions=8))
+    for stage in (config.demo.prefix_sft, config.sft):  # one step each: one compile each
+        stage.update(dict(steps=1, batch_size=8))
+        stage.optim.update(dict(warmup_steps=0, decay="constant"))
+    config.rollout.obs_buckets = (64,)  # one observation width: fewer rollout programs to compile
+    config.train.update(dict(steps=2, batch_size=8, checkpoint_every=2))
+    config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
+    return config
+
+
+PRESETS = {"tiny": tiny, "tiny_no_efficiency": tiny_no_efficiency, "tiny_arms": tiny_arms, "smoke": smoke,
+           "paper": paper,
            "paper_public_reward": paper_public_reward, "paper_no_efficiency": paper_no_efficiency,
            "paper_no_quality": paper_no_quality, "paper_no_base": paper_no_base, "paper_grpo": paper_grpo}
 

@@ -21,8 +21,6 @@ Sources: [SS] github.com/Zillwang/StepSearch: train.sh, verl/trainer/main_ppo.py
 verl/utils/reward_score/qa_step.py; [HP] github.com/qualidea1217/HiPRAG: scripts/nq_hotpotqa/v0.3/
 train_ppo_format.sh, verl/utils/reward_score/qa_em_format.py (compute_score_em, search_r1_format).
 """
-import os
-
 from searchrl import run_config
 from searchrl.configlib import sibling
 
@@ -74,10 +72,7 @@ def paper_hiprag_grpo(config):
 def _tiny(config, name: str):
     """configs/autosearch.py:tiny in a workdir of its own (runs/demo_<name>)."""
     config = autosearch.tiny(config)
-    config.workdir = f"runs/demo_{name}"
-    config.tokenizer = os.path.join(config.workdir, "tokenizer")
-    config.data.dir = config.workdir
-    config.retrieval.index_dir = os.path.join(config.workdir, "index")
+    config.workdir = f"runs/demo_{name}"  # the world's paths follow it (configlib.miniature_workdir)
     return config
 
 

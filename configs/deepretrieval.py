@@ -18,6 +18,7 @@ prompt; set reasoning through this variant, not --config.env.reasoning, so that 
   sql_bird          BIRD (its 0.3 bonus for SQL that executes but returns other rows).
   tiny_<family>     each family at CPU size for tests (point data, index and tokenizer at local files).
   tiny              the CPU miniature: a synthetic world where users and documents use different words.
+  smoke             tiny at its smallest, every stage end to end (`make smoke`).
 Paths under /data are placeholders for local directories you provide (`docs/deepretrieval.md` builds them).
 Sources cited below: [P] the DeepRetrieval paper's Appendix B.2 and Eq. 3; [DR x] the file x of
 pat-jj/DeepRetrieval under code/ (train scripts under scripts/train/, verl's defaults in
@@ -32,10 +33,8 @@ Where the paper and a script disagree, the script wins (it ran the reported numb
   linearly over all of them, and saves epoch 1, the checkpoint the paper keeps, at <workdir>/sft/epoch_1:
   point config.model.path there for RL (<workdir>/sft holds the last epoch's weights).
 """
-import os
-
 from searchrl import run_config
-from searchrl.configlib import sibling, to_config
+from searchrl.configlib import miniature_workdir, sibling, to_config
 from searchrl.tasks.deepretrieval import prompts
 from searchrl.tasks.deepretrieval.config import RewriteDemoConfig
 
@@ -274,13 +273,11 @@ def tiny(config):
     cores. RL runs 400 steps: at 200, every seed's training reward was still rising when it stopped (its mean
     over the last 25 steps above the 25 before, on all five seeds of the first published record)."""
     config = _tiny(classic_msmarco(config))
-    config.workdir = "runs/deepretrieval_demo"
+    miniature_workdir(config, "runs/deepretrieval_demo")
     config.demo = to_config(RewriteDemoConfig())
     config.demo.parallel_seeds = 2  # on 2 cores a tiny model's step keeps about one busy
-    config.data.update(dict(dir=config.workdir, train="rewrite_world", eval="rewrite_world",
-                            eval_split="test"))
-    config.retrieval.update(dict(kind="local", index_dir=os.path.join(config.workdir, "index")))
-    config.tokenizer = os.path.join(config.workdir, "tokenizer")
+    config.data.update(dict(train="rewrite_world", eval="rewrite_world", eval_split="test"))
+    config.retrieval.kind = "local"
     config.model.update(dict(hidden_size=128, intermediate_size=384, num_layers=3, num_heads=4,
                              num_kv_heads=2, head_dim=32, tie_word_embeddings=True))
     # The user's words are the whole prompt; the answer opens as in the paper's no-reasoning BEIR prompt.
@@ -298,6 +295,19 @@ def tiny(config):
     return config
 
 
+def smoke(config):
+    """`tiny` at its smallest (`make smoke`, `python -m searchrl.demo --size smoke`): one seed end to end,
+    compiling most of the time. It checks that the miniature runs, not what it learns."""
+    config = tiny(config)
+    config.workdir = "runs/smoke/deepretrieval"
+    config.demo.update(dict(concepts_per_kind=8, sft_samples=1, seeds=(0,), parallel_seeds=1))
+    config.sft.update(dict(steps=1, batch_size=8))  # one step: one compile
+    config.sft.optim.update(dict(warmup_steps=0, decay="constant"))
+    config.train.update(dict(steps=2, batch_size=8))
+    config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
+    return config
+
+
 FAMILIES = {"literature": literature, "literature_ctgov": literature_ctgov, "evidence": evidence_nq,
             "classic": classic_msmarco, "classic_dense": lambda c: classic_msmarco(c, dense=True), "sql": sql,
             "sql_coder7b": sql_coder7b, "sql_bird": sql_bird}
@@ -306,7 +316,8 @@ DATASETS = {"evidence_nq": evidence_nq, "evidence_triviaqa": evidence_triviaqa,
             **{f"classic_{name}": f for name, f in CLASSIC.items()},
             **{f"classic_{name}_dense": (lambda c, f=f: f(c, dense=True)) for name, f in CLASSIC.items()}}
 PRESETS = {**FAMILIES, **DATASETS,
-           **{f"tiny_{name}": (lambda c, f=f: _tiny(f(c))) for name, f in FAMILIES.items()}, "tiny": tiny}
+           **{f"tiny_{name}": (lambda c, f=f: _tiny(f(c))) for name, f in FAMILIES.items()}, "tiny": tiny,
+           "smoke": smoke}
 
 
 def get_config(arg: str = "tiny"):

@@ -4,6 +4,7 @@ Usage: python -m searchrl.main --config configs/rpl.py:PRESET[,SPACE][,no_thinki
            [--config.x.y=...]
 Presets:
   tiny            the CPU miniature of both claims (python -m searchrl.demo --config configs/rpl.py:tiny).
+  smoke           tiny at its smallest: one seed end to end (`make smoke`).
   paper_qwen3_4b  Qwen3-4B, open-domain QA (NQ + HotpotQA) and GlobalQA, BM25 + e5 dense, the full SDK.
   paper_qwen3_8b  the same with Qwen3-8B.
 SPACE, the action space (the paper's Table 4 rows): dense | dual | sdk (default) | pm (sdk plus program
@@ -12,10 +13,8 @@ no_thinking: Qwen3's chat template with enable_thinking=False.
 The RPL paper gives no training hyper-parameters: the paper presets use the Search-R1 PPO defaults the other
 paper presets use ([R1] Search-R1's train_ppo.sh, as in configs/search_r1.py:paper), each cited below.
 """
-import os
-
 from searchrl import run_config, task
-from searchrl.configlib import sibling, to_config
+from searchrl.configlib import miniature_workdir, sibling, to_config
 from searchrl.tasks.rpl.config import RPLDemoConfig
 from searchrl.tasks.rpl.env import ACTION_SPACES
 
@@ -68,11 +67,10 @@ def paper_qwen3_8b(config):
 def tiny(config):
     """The CPU miniature (`python -m searchrl.demo --config configs/rpl.py:tiny`, `searchrl.tasks.rpl.demo`): two
     RL seeds took 11 minutes on 2 shared cores; measured results in docs/rpl.md."""
-    config.workdir = "runs/rpl_demo"
+    miniature_workdir(config, "runs/rpl_demo")
     config.demo = to_config(RPLDemoConfig())
-    config.data.update(dict(dir=config.workdir, train="globalqa", eval="globalqa", eval_split="test"))
-    config.retrieval.update(dict(kind="local", index_dir=os.path.join(config.workdir, "index")))
-    config.tokenizer = os.path.join(config.workdir, "tokenizer")
+    config.data.update(dict(train="globalqa", eval="globalqa", eval_split="test"))
+    config.retrieval.kind = "local"
     config.model.preset = "tiny"
     config.model.update(dict(hidden_size=128, intermediate_size=384, num_layers=3, num_heads=4,
                              num_kv_heads=2, head_dim=32, tie_word_embeddings=True))
@@ -131,7 +129,25 @@ def tiny(config):
     return config
 
 
-PRESETS = {"tiny": tiny, "paper_qwen3_4b": paper_qwen3_4b, "paper_qwen3_8b": paper_qwen3_8b}
+def smoke(config):
+    """`tiny` at its smallest (`make smoke`, `python -m searchrl.demo --size smoke`): one seed's cold start and
+    its three RL arms (mutation after the first step) end to end, compiling most of the
+    time. It checks that the miniature runs, not what it learns."""
+    config = tiny(config)
+    config.workdir = "runs/smoke/rpl"
+    config.demo.update(dict(entities=300, eval_questions=8, seeds=(0,), parallel_seeds=1))
+    for stage in (config.demo.prefix_sft, config.sft):  # one step each: one compile each
+        stage.update(dict(steps=1, batch_size=8))
+        stage.optim.update(dict(warmup_steps=0, decay="constant"))
+    config.rollout.obs_buckets = (192,)  # one observation width: fewer rollout programs to compile
+    config.train.update(dict(steps=2, batch_size=8, checkpoint_every=1, eval_every=1))
+    config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
+    config.env.mutation.update(dict(episodes=8, max_variants=4, rounds=1, answer_samples=1))
+    config.env.mutation.sft.update(dict(epochs=1.0, batch_size=8))
+    return config
+
+
+PRESETS = {"tiny": tiny, "smoke": smoke, "paper_qwen3_4b": paper_qwen3_4b, "paper_qwen3_8b": paper_qwen3_8b}
 
 
 def get_config(arg: str = "tiny"):

@@ -2,8 +2,9 @@
 # This machine, retrieval in-process from a local index: one process on all of its devices (CPU or GPUs), or
 # PROCESSES=N CPU processes with DEVICES (default 4) devices each (set in XLA_FLAGS), joined by JAX's
 # distributed runtime on 127.0.0.1 as the hosts of a cluster would be (the multi-host path, on one machine).
-# A miniature's world (configs/autosearch.py:tiny's datasets, index and tokenizer) is built first if it is not
-# there (`searchrl.main world`), so that a fresh clone trains, and everything the run needs is checked
+# A miniature's world (the datasets, index and tokenizer of configs/{autosearch,deepretrieval,rpl}.py:tiny, under
+# its workdir) is built first if it is not there (`searchrl.main world`), so that a fresh clone trains (from
+# random weights, as the run says: the cold starts are the demo's), and everything the run needs is checked
 # (`searchrl check`; CHECK=0 skips it); DRY_RUN=1 prints the hosts' commands only.
 # Usage: [PROCESSES=N] [DRY_RUN=1] bash launch/local.sh CONFIG [--config.x.y=value ...]
 set -euo pipefail

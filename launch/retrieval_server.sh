@@ -67,6 +67,13 @@ start() {
   local log=$RUN_DIR/retrieval_server.$HOST.$port.log pid_file=$RUN_DIR/retrieval_server.$HOST.$port.pid
   fingerprint=$(JAX_PLATFORMS=cpu python -m searchrl.serving.serve --index "$index_dir" --print_fingerprint)
   if there=$(probe "$port"); then
+    local running_pid running_fingerprint
+    read -r running_pid running_fingerprint _ <<<"$there"
+    if [[ $running_fingerprint == "$fingerprint" ]]; then  # the same index, by whatever path it was named
+      echo "retrieval server already up on port $port (pid $running_pid, index $index_dir, fingerprint" \
+        "$fingerprint)"
+      return 0
+    fi
     echo "port $port is in use: $(serving "$there"); not index $index_dir (fingerprint $fingerprint)." \
       "Stop it (RUN_DIR=... bash launch/retrieval_server.sh stop $port) or choose another port" >&2
     exit 1

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shlex
 import sys
 from collections.abc import Callable, Collection, Sequence
@@ -66,12 +67,45 @@ def _parse(values: flags.FlagValues, argv: Sequence[str] | None, doc: str) -> li
                                      short_name="v", flag_values=values, module_name=tool_module)
     try:
         given = sys.argv[1:] if argv is None else argv
-        words = values([sys.argv[0], *(underscored(word, values) for word in given)])[1:]
+        words = _parsing_overrides(values, [sys.argv[0], *(underscored(word, values) for word in given)])[1:]
     except flags.Error as e:
         _exit_with_error(str(e))
     if values["verbosity"].present:
         logging.set_verbosity(verbosity.value)
     return words
+
+
+_MISSING_KEY = re.compile(r"'\\?'?(\w+)\\?'")  # ml_collections' error for a missing key: 'lamda' ...
+_SUGGESTION = re.compile(r'Did you mean "(\w+)"')
+
+
+def override_error(error: Exception, words: Sequence[str]) -> str | None:
+    """The one line for an override of a field the config lacks (ml_collections' AttributeError or KeyError,
+    raised while parsing `words`): "no field rl.lamda (--config.rl.lamda=1); did you mean rl.lam?". None when
+    `error` names no field of a `--config.x.y` override in `words`."""
+    text = str(error)
+    missing = _MISSING_KEY.search(text)
+    if missing is None:
+        return None
+    key, suggestion = missing.group(1), _SUGGESTION.search(text)
+    for word in words:
+        name, _, path = word.lstrip("-").partition("=")[0].partition(".")
+        parts = path.split(".")
+        if word.startswith("--") and key in parts:
+            prefix = parts[: parts.index(key)]
+            line = f"no field {'.'.join([*prefix, key])} in --{name} ({word})"
+            return line + (f"; did you mean {'.'.join([*prefix, suggestion.group(1)])}?" if suggestion else "")
+    return None
+
+
+def _parsing_overrides(parse: Callable[[list[str]], list[str]], argv: list[str]) -> list[str]:
+    """`parse(argv)`, ending the tool with one line (`fail`) on an override of a field its config lacks."""
+    try:
+        return parse(argv)
+    except (AttributeError, KeyError) as e:
+        if (line := override_error(e, argv)) is None:
+            raise
+        fail(line)
 
 
 def _exit_with_error(message: str) -> NoReturn:
@@ -227,7 +261,7 @@ def _exits_zero(parse: Callable[[object], None]) -> Callable[[object], None]:
 def _parse_quietly(argv: list[str]) -> list[str]:
     """app.run's flag parser for the global flags: absl's own, except that an unset --verbosity means
     WARNING (absl would raise it to INFO)."""
-    words = app.parse_flags_with_usage(argv)
+    words = _parsing_overrides(app.parse_flags_with_usage, argv)
     if flags.FLAGS["verbosity"].using_default_value:
         flags.FLAGS.verbosity = QUIET
     return words

@@ -78,3 +78,19 @@ def sibling(config_file: str, name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def under_workdir(config: ml_collections.ConfigDict, *parts: str) -> config_dict.FieldReference:
+    """`<config.workdir>/<parts...>` as a reference that follows the workdir: `--config.workdir=DIR` moves the
+    path too, and setting the path itself (`--config.tokenizer=...`) leaves the workdir alone."""
+    return config.get_ref("workdir") + "".join(f"/{part}" for part in parts)
+
+
+def miniature_workdir(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
+    """`config` with workdir `workdir` and a miniature's world under it, wherever the workdir is moved: its
+    datasets (data.dir), index (workdir/index) and tokenizer (workdir/tokenizer)."""
+    config.workdir = workdir
+    config.data.dir = under_workdir(config)
+    config.retrieval.index_dir = under_workdir(config, "index")
+    config.tokenizer = under_workdir(config, "tokenizer")
+    return config

@@ -43,6 +43,10 @@ def train(config: RunConfig) -> None:
 
     distributed.initialize(config.distributed)
     built = experiment.build(config)
+    if not config.model.path and jax.process_index() == 0:
+        cold_start = " (a miniature's cold start: python -m searchrl.demo --config CONFIG)"
+        print("note: config.model.path is empty: training from random weights"
+              + (cold_start if experiment.miniature(config) else ""), flush=True)  # the tool's output
     data = config.data
     eval_sets = datasets.load_examples(data.dir, data.eval, data.eval_split, data.format, data.tfds_dir)
     eval_examples = [r for records in eval_sets.values() for r in records[: data.eval_limit or None]]

@@ -1,51 +1,92 @@
-"""Run metrics to a JSONL file (one object per step, easy to read back) and TensorBoard event files."""
+"""Run metrics to a JSONL file (one object per step, easy to read back) and, as `train.logger` asks,
+TensorBoard event files (<workdir>/tensorboard) and a Weights & Biases run (its files under <workdir>/wandb)."""
 from __future__ import annotations
 
 import json
 import logging
 import math
 import os
-from typing import Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
-from tensorboardX import SummaryWriter
 
 log = logging.getLogger(__name__)
+
+
+class _TensorBoard:
+    def __init__(self, workdir: str, resume_step: int | None):
+        from tensorboardX import SummaryWriter
+
+        purge = None if resume_step is None else resume_step + 1
+        self.writer = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=purge)
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        for name, value in metrics.items():
+            self.writer.add_scalar(name, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _WandB:
+    """A W&B run named after the workdir; WANDB_MODE=offline keeps it on disk (`wandb sync` uploads it)."""
+
+    def __init__(self, workdir: str, project: str | None, config: Mapping[str, Any] | None):
+        try:
+            import wandb
+        except ImportError:
+            raise RuntimeError("train.logger names wandb, which is not installed: pip install wandb (or the "
+                               "project's `tracking` extra)") from None
+        self.run = wandb.init(project=project, name=os.path.basename(os.path.normpath(workdir)), dir=workdir,
+                              config=dict(config or {}))
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.run.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
 
 
 class MetricWriter:
     """Writes scalars from process 0 only; other processes get a no-op writer."""
 
-    def __init__(self, workdir: str, enabled: bool | None = None, resume_step: int | None = None):
+    def __init__(self, workdir: str, enabled: bool | None = None, resume_step: int | None = None,
+                 loggers: Sequence[str] = ("tensorboard",), project: str | None = None,
+                 config: Mapping[str, Any] | None = None):
         """`resume_step`: the step a resumed run restarts from; the rows logged after it, which the run is
-        about to log again, are dropped from the JSONL file and hidden in TensorBoard."""
+        about to log again, are dropped from the JSONL file and hidden in TensorBoard. `loggers`: some of
+        "tensorboard" and "wandb" (others, e.g. "console", are not this writer's); `project` (None: W&B's
+        default) and `config` (the run's, as a dict) go to W&B."""
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self.path = os.path.join(workdir, "metrics.jsonl")
+        self._sinks: list[_TensorBoard | _WandB] = []
         if self.enabled:
             os.makedirs(workdir, exist_ok=True)
             if resume_step is not None and os.path.exists(self.path):
                 drop_rows_after(self.path, resume_step)
             self._jsonl = open(self.path, "a", encoding="utf-8")
-            purge = None if resume_step is None else resume_step + 1
-            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=purge)
+            if "tensorboard" in loggers:
+                self._sinks.append(_TensorBoard(workdir, resume_step))
+            if "wandb" in loggers:
+                self._sinks.append(_WandB(workdir, project, config))
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         """Appends one step's scalars (non-finite values are kept in JSONL as strings, never dropped)."""
         if not self.enabled:
             return
-        row = {"step": int(step)}
-        for name, value in metrics.items():
-            value = float(value)
-            row[name] = value if math.isfinite(value) else str(value)
-            self._tb.add_scalar(name, value, int(step))
+        values = {name: float(value) for name, value in metrics.items()}
+        row = {"step": int(step)} | {k: v if math.isfinite(v) else str(v) for k, v in values.items()}
         self._jsonl.write(json.dumps(row) + "\n")
         self._jsonl.flush()
-        self._tb.flush()
+        for sink in self._sinks:
+            sink.write(int(step), values)
 
     def close(self) -> None:
         if self.enabled:
             self._jsonl.close()
-            self._tb.close()
+            for sink in self._sinks:
+                sink.close()
 
 
 def read_metrics(path: str) -> list[dict]:

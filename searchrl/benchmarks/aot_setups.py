@@ -10,7 +10,7 @@ programs are the same (`aot.program_signature`) compile once, the first of them,
 figures. A run already in the results file for its current signature is kept unless `--force` (a matrix
 takes hours on 2 cores; an interrupted one resumes). The results file (JSON: the reports, with the date,
 commit and JAX version) is the source of the table in docs/benchmarks.md, which this command rewrites in its
-generated block (`render`).
+generated block (`render`), and of docs/running.md's "which preset for which hardware" table (`hardware_table`).
 GPU topologies need JAX's CUDA plugin (`make aot-gpu`, then run with .venv-gpu/bin/python), TPU ones libtpu
 (`make libtpu`).
 """
@@ -38,6 +38,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results" / "aot_setups.json"
 DOCS = ROOT / "docs" / "benchmarks.md"
 BLOCK = "aot_setups"  # the docs block the table is generated into
+HARDWARE_DOCS, HARDWARE_BLOCK = ROOT / "docs" / "running.md", "hardware"  # "which preset for which hardware"
+CPU_SIZED = ("tiny", "smoke")  # the presets' name prefixes that run on a CPU
 # The budget a program must fit: on GPUs what JAX preallocates (`distributed.memory_fraction` of the memory,
 # by default 0.75); on TPUs 80% of HBM.
 JAX_GPU_FRACTION, TPU_SHARE = 0.75, 0.8
@@ -62,8 +64,8 @@ def config_module(file: str) -> ModuleType:
 
 
 def paper_presets(file: str) -> list[str]:
-    """The paper presets of a config file: every entry of its PRESETS but the CPU-sized ones (tiny*)."""
-    return [name for name in config_module(file).PRESETS if not name.startswith("tiny")]
+    """The paper presets of a config file: every entry of its PRESETS but the CPU-sized ones (`CPU_SIZED`)."""
+    return [name for name in config_module(file).PRESETS if not name.startswith(CPU_SIZED)]
 
 
 def paper_runs() -> tuple[tuple[str, str], ...]:
@@ -170,6 +172,62 @@ def render(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _by_file(configs: Sequence[str]) -> str:
+    """"FILE:PRESET[,SETUP]" configs as "`FILE`: PRESET, PRESET; ..." (setups dropped), in order."""
+    presets: dict[str, list[str]] = {}
+    for config in configs:
+        file, _, preset = config.partition(":")
+        name = preset.rsplit(",", 1)[0] if "," in preset else preset
+        presets.setdefault(file, [])
+        if name not in presets[file]:
+            presets[file].append(name)
+    return "; ".join(f"`{file}`: {', '.join(names)}" for file, names in presets.items())
+
+
+def hardware_table(results: dict) -> str:
+    """Which preset runs on which hardware: the CPU-sized presets of every config file on a laptop or Colab
+    CPU, and per hardware setup (configs/hardware.py) the paper runs of the results file, with their meshes,
+    their largest program's GiB per device against the budget, and whether every one fits."""
+    files = sorted(p.name for p in CONFIGS.glob("*.py") if hasattr(config_module(p.name), "PRESETS"))
+    cpu = [f"{f}:{name}" for f in files for name in config_module(f).PRESETS if name.startswith(CPU_SIZED)]
+    cpu_meshes = "; ".join(sorted({", ".join("all" if n == -1 else str(n) for n in (m.data, m.fsdp, m.tensor))
+                                   for m in (load(config).mesh for config in cpu)}))
+    setups = config_module("hardware.py").SETUPS
+    reports = {(r["config"], r["topology"]): r["report"] for r in results["runs"] if "report" in r}
+    rows: dict[str, list[tuple[str, dict]]] = {}
+    for run in results["runs"]:
+        rows.setdefault(run["config"].rsplit(",", 1)[1], []).append(
+            (run["config"], reports[run.get("same_as", run["config"]), run["topology"]]))
+    gpus = min(setups[s].devices for s in rows if not setups[s].topology.startswith("v"))
+    lines = ["| hardware | setup | mesh (data, fsdp, tensor) | runs | largest program / budget, GiB per device "
+             "| all fit |", "|---|---|---|---|---|---|",
+             f"| laptop or Colab CPU | (none) | {cpu_meshes} | {_by_file(cpu)} | - | - |",
+             f"| one GPU (or Colab's) | (none) | {cpu_meshes} | the CPU presets above; no paper preset (the smallest "
+             f"paper setup takes {gpus} GPUs) | - | - |"]
+    for setup, runs in sorted(rows.items(), key=lambda item: (setups[item[0]].topology.startswith("v"),
+                                                              setups[item[0]].devices, item[0])):
+        kind = runs[0][1]["device_kind"]
+        meshes = sorted({", ".join(str(n) for n in report["mesh"].values()) for _, report in runs})
+        fits = all(g is not None and g <= budget_gib(report) for _, report in runs
+                   for g in on_device_gib({row["program"]: row for row in report["programs"]}).values())
+        lines.append(f"| {setups[setup].devices} x {kind} | `{setup}` ({setups[setup].topology}) | "
+                     f"{'; '.join(meshes)} | {_by_file([c for c, _ in runs])} | "
+                     f"{_worst(runs)} | {'yes' if fits else 'no'} |")
+    return "\n".join(lines)
+
+
+def _worst(runs: Sequence[tuple[str, dict]]) -> str:
+    """The largest share of its budget any program of `runs` takes, as "GiB / budget"."""
+    shares = []
+    for _, report in runs:
+        budget = budget_gib(report)
+        shares += [(g / budget, g, budget) for g in on_device_gib({row["program"]: row
+                                                                    for row in report["programs"]}).values()
+                   if g is not None]
+    _, gib, budget = max(shares)
+    return f"{gib:.1f} / {budget:.0f}"
+
+
 def generated(results: dict, docs: pathlib.Path = DOCS) -> str:
     """`docs` with its generated `BLOCK` as `render(results)` gives it (`searchrl.generated`)."""
     return replace_block(docs.read_text(), BLOCK, render(results), docs)
@@ -177,6 +235,8 @@ def generated(results: dict, docs: pathlib.Path = DOCS) -> str:
 
 def write_docs(results: dict, docs: pathlib.Path = DOCS) -> None:
     docs.write_text(generated(results, docs))
+    text = HARDWARE_DOCS.read_text()
+    HARDWARE_DOCS.write_text(replace_block(text, HARDWARE_BLOCK, hardware_table(results), HARDWARE_DOCS))
 
 
 def _save(results: dict, path: pathlib.Path) -> None:

@@ -350,6 +350,13 @@ def _errors() -> tuple[type[Exception], ...]:
             OfflineModeIsEnabled)
 
 
+def _unreachable() -> type[Exception]:
+    """The hub client's error for a hub it cannot connect to (no network, a wrong HF_ENDPOINT)."""
+    import httpx2  # huggingface_hub's HTTP client
+
+    return httpx2.TransportError
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     values = flags.FlagValues()
     names = flags.DEFINE_list("names", [], "qa, beir: dataset names (nq, msmarco); model: hub model names "
@@ -388,6 +395,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                          encoder.value, batch_size=BATCH_SIZE)
     except _errors() as e:
         cli.fail(_one_line(e))
+    except _unreachable() as e:  # offline, or a wrong HF_ENDPOINT
+        from huggingface_hub import constants
+
+        cli.fail(f"cannot reach the hub at {constants.ENDPOINT} ({type(e).__name__}: {_one_line(e)})")
     print(json.dumps({"command": command, "out": out.value, "files": len(targets), "dry_run": dry_run.value,
                       "seconds": round(time.perf_counter() - start, 2)}))
 

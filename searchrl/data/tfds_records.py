@@ -210,6 +210,7 @@ def prepared(build_dir: str, read: Callable[[], Sequence[dict]], record_type: ty
         with tempfile.TemporaryDirectory(dir=parent, prefix=".building-") as tmp:
             builder = _Builder(records=records, record_type=record_type, where=where, data_dir=tmp,
                                file_format="array_record")
+            tfds.disable_progress_bar()  # its generating and shuffling bars, for records stored in seconds
             builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
             try:
                 os.rename(builder.data_dir, build_dir)

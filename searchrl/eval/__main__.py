@@ -26,6 +26,7 @@ from searchrl.eval import harness, report, selection
 
 _SELECTION = selection.define(flags.FLAGS, "<run>/eval/step_N, <workdir>/eval/<model dir name> or "
                              "<workdir>/eval")
+flags.adopt_module_key_flags(selection)  # --help lists the shared flags too
 _CHECKPOINT = flags.DEFINE_string("checkpoint", "", "Trainer checkpoint dir, run workdir or Hugging Face "
                                   "model dir (default: the config's policy).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")

@@ -195,6 +195,17 @@ def _to_hf(spec: ParamSpec, ours: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(ours.transpose(_hf_order(spec)).reshape(_hf_shape(spec)))
 
 
+def _default_modes(directory: Path) -> None:
+    """The modes a plain mkdir and open would give `directory` and its files under the process's umask:
+    mkdtemp makes the directory rwx------ and safetensors its file rw-------, and an exported model is for
+    others (a serving engine, a colleague) to read."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
+    for path in directory.iterdir():
+        path.chmod(0o666 & ~umask)
+
+
 def save_hf(cfg: ModelConfig, params: dict, path: str | os.PathLike) -> None:
     """Write config.json, generation_config.json and model.safetensors at `path`, atomically.
 
@@ -229,6 +240,7 @@ def save_hf(cfg: ModelConfig, params: dict, path: str | os.PathLike) -> None:
         generation = {k: v for k, v in to_hf_config(cfg).items()
                       if k in ("bos_token_id", "eos_token_id", "pad_token_id") and v is not None}
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        _default_modes(tmp)
         old = None
         if path.exists():
             old = path.with_name(f".{path.name}.old-{os.getpid()}")

@@ -5,6 +5,7 @@ Index dir layout: `searchrl_index.json`, `corpus/` (a CorpusStore over the sourc
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
@@ -20,6 +21,8 @@ from tqdm import tqdm
 from searchrl.retrieval import BM25_B, BM25_K1
 from searchrl.retrieval.corpus import CorpusStore, building, read_manifest, write_manifest
 from searchrl.retrieval.types import Hit
+
+logging.getLogger("bm25s").setLevel(logging.WARNING)  # bm25s sets its logger to DEBUG when imported
 
 TOKEN_PATTERN = r"(?u)\b\w\w+\b"  # bm25s' default splitter
 

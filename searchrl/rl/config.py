@@ -10,6 +10,7 @@ import math
 from searchrl.rl.kl_controllers import KL_CONTROLLERS
 
 DECAYS = ("constant", "cosine", "linear")
+LOGGERS = ("console", "tensorboard", "wandb")  # where a run's metrics go besides <workdir>/metrics.jsonl
 MOMENT_DTYPES = ("", "float32", "bfloat16")
 
 
@@ -61,10 +62,26 @@ class TrainConfig:
     keep_checkpoints: int = 3
     async_checkpoints: bool = True
     max_nonfinite_steps: int = 3  # this many non-finite (skipped) updates in a row stop the run with an error
+    # Where metrics go besides metrics.jsonl, some of LOGGERS, in verl's trainer.logger spelling too:
+    # "console,wandb" or "[console,wandb]". console: the progress line; wandb: WANDB_MODE (e.g. offline) and
+    # the other WANDB_* variables apply.
+    logger: str = "console,tensorboard"
+    project: str = "searchrl"  # the W&B project (verl's trainer.project_name); the run is named after its workdir
+    progress_every_s: float = 30.0  # not on a terminal (SLURM, nohup): one progress line this often
 
     def __post_init__(self):
         if self.max_nonfinite_steps < 1:
             raise ValueError(f"train.max_nonfinite_steps must be >= 1, got {self.max_nonfinite_steps}")
+        if unknown := [name for name in self.loggers if name not in LOGGERS]:
+            raise ValueError(f"train.logger: unknown logger(s) {unknown}; known: {list(LOGGERS)}")
+        if self.progress_every_s <= 0:
+            raise ValueError(f"train.progress_every_s must be > 0, got {self.progress_every_s}")
+
+    @property
+    def loggers(self) -> tuple[str, ...]:
+        """`logger` as names: "[console, wandb]", "console,wandb" -> ("console", "wandb")."""
+        names = self.logger.strip().removeprefix("[").removesuffix("]").split(",")
+        return tuple(name.strip().strip("'\"") for name in names if name.strip())
 
 
 @dataclasses.dataclass(frozen=True)

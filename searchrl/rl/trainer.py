@@ -30,16 +30,17 @@ import functools
 import json
 import logging
 import os
+import time
 from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import jax
 import numpy as np
-from tqdm import tqdm
 
 from searchrl import distributed, models
 from searchrl.checkpoint import TOKENIZER, Checkpointer
 from searchrl.episode import Env, Trajectory, mean_metrics, numeric_metrics
 from searchrl.metric_writer import MetricWriter
+from searchrl.progress import Progress
 from searchrl.rl import advantages, packing, ppo, sft
 from searchrl.rl.config import RLConfig, SFTConfig, TrainConfig, batch_rows
 from searchrl.rl.hooks import RunHandle, TrainHook
@@ -92,6 +93,13 @@ class DataOrder:
     @functools.lru_cache(maxsize=2)
     def _permutation(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(self.size)
+
+
+def throughput(step_seconds: float, episodes: int, mean_response_tokens: float) -> dict[str, float]:
+    """A step's `perf/*` metrics: its wall time, and the episodes and generated (response) tokens of the whole
+    batch per second of it."""
+    return {"perf/step_seconds": step_seconds, "perf/episodes_per_second": episodes / step_seconds,
+            "perf/tokens_per_second": episodes * mean_response_tokens / step_seconds}
 
 
 def fingerprint(config: TrainRun, model_cfg: models.ModelConfig, train_size: int) -> dict[str, Any]:
@@ -167,7 +175,11 @@ class Trainer:
                                              max_to_keep=self.train_config.keep_checkpoints,
                                              async_save=self.train_config.async_checkpoints)
             self.state, self.data_position = self._restore_or_init(policy)
-            self.writer = MetricWriter(self.workdir, resume_step=self.step_count)
+            wandb = "wandb" in self.train_config.loggers and dataclasses.is_dataclass(config)
+            run = dataclasses.asdict(config) if wandb else None  # the run's config, for W&B
+            self.writer = MetricWriter(self.workdir, resume_step=self.step_count,
+                                       loggers=self.train_config.loggers, project=self.train_config.project,
+                                       config=run)
         except BaseException:
             if self.lock is not None:
                 self.lock.release()
@@ -284,6 +296,7 @@ class Trainer:
 
     def step(self) -> dict[str, float]:
         """One RL iteration; returns its metrics (already written to the logs)."""
+        began = time.perf_counter()
         step = self.step_count
         examples, group_ids = self._next_batch()
         self.engine.stats = RolloutStats()
@@ -316,6 +329,7 @@ class Trainer:
         metrics |= mean_metrics([row for process_rows, _, _ in processes for row in process_rows])
         metrics["rollout/host_fraction"] = float(np.mean([fraction for _, fraction, _ in processes]))
         metrics["rollout/seconds"] = max(seconds for _, _, seconds in processes)  # the slowest process's
+        metrics |= throughput(time.perf_counter() - began, self.batch_rows, metrics["rollout/response_tokens"])
         self.writer.write(step + 1, metrics)
         if self.nonfinite_in_a_row >= self.train_config.max_nonfinite_steps:
             raise NonFiniteError(
@@ -373,7 +387,9 @@ class Trainer:
         train = self.train_config
         total = train.steps if steps is None else steps
         history = []
-        with tqdm(total=total, initial=self.step_count, desc="train", disable=jax.process_index() != 0) as bar:
+        console = "console" in train.loggers and jax.process_index() == 0
+        progress = Progress(total, self.step_count, train.progress_every_s) if console else None
+        try:
             while self.step_count < total:
                 for hook in self.hooks:
                     if hooked := hook.before_step(self.handle()):
@@ -387,9 +403,11 @@ class Trainer:
                     metrics |= evaluation
                 if train.checkpoint_every and (step % train.checkpoint_every == 0 or step == total):
                     self.save()
-                bar.update(1)
-                bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}",
-                                rollout_s=f"{metrics['rollout/seconds']:.1f}")
+                if progress is not None:
+                    progress.update(step, metrics)
+        finally:
+            if progress is not None:
+                progress.close()
         self.checkpointer.wait_until_finished()
         return history
 

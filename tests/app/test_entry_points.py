@@ -1,4 +1,5 @@
 """Every command-line entry point: --help prints its usage and exits 0; flags spelled with dashes still work."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,12 +19,34 @@ def test_the_entry_points_are_found():
     assert {"searchrl.main", "searchrl.eval", "searchrl.demo", "searchrl.checkpoint"} <= set(ENTRY_POINTS)
 
 
+# Modules whose flags an entry point defines through another module's function.
+SHARED_FLAGS = {"searchrl.eval": ["searchrl/eval/selection.py"]}
+DEFINED = re.compile(r"(?:flags|config_flags)\.DEFINE_\w+\(\s*\"(\w+)\"")
+
+
+def own_flags(module: str) -> set[str]:
+    """The flag names `module`'s source (and the modules of SHARED_FLAGS) define."""
+    path = ROOT.joinpath(*module.split("."))
+    path = path / "__main__.py" if path.is_dir() else path.with_suffix(".py")
+    sources = [path, *(ROOT / shared for shared in SHARED_FLAGS.get(module, []))]
+    return {name for source in sources for name in DEFINED.findall(source.read_text())}
+
+
 @pytest.mark.parametrize("module", ENTRY_POINTS)
-def test_help_exits_zero_with_usage(module):
+def test_help_exits_zero_with_usage_and_its_own_flags(module):
     done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "--" in done.stdout and len(done.stdout.splitlines()) >= 3, done.stdout
+    shown = set(re.findall(r"--(?:\[no\])?(\w+)", done.stdout))
+    assert own_flags(module) - shown == set(), f"{module} --help hides them"
+
+
+def test_the_sql_worker_explains_itself():
+    """It is started by path by the sandbox; --help once crashed on int('--help')."""
+    done = subprocess.run([sys.executable, "-m", "searchrl.tasks.deepretrieval.sql_sandbox", "--help"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "usage: python -I sql_sandbox.py FD" in done.stdout, done.stderr
 
 
 def test_dashed_flag_names_are_spelled_with_underscores():

@@ -94,6 +94,14 @@ def test_each_format_reads_back_what_its_reader_returns(tmp_path, make):
         f"{split}-{datasets._source_key(str(tmp_path / name), fmt, split)}"]
 
 
+def test_storing_records_prints_no_progress_bars(tmp_path, capfd):
+    """TFDS's generating and shuffling bars (tqdm.auto: "IProgress not found" in a notebook) were noise."""
+    _qa(tmp_path)
+    datasets.load_examples(str(tmp_path), "nq", "train", "qa", "")
+    out, err = capfd.readouterr()
+    assert "Shuffling" not in out + err and "Generating" not in out + err and "%|" not in out + err
+
+
 def test_a_prepared_split_is_read_without_its_reader(tmp_path, monkeypatch):
     _, _, _, direct = _qa(tmp_path)
     datasets.load_examples(str(tmp_path), "nq", "train", "qa", "")

@@ -1,6 +1,8 @@
 """HF checkpoints: logit and gradient parity with transformers, round trips, sharded files, errors."""
 import dataclasses
 import json
+import os
+import stat
 
 import jax
 import jax.numpy as jnp
@@ -206,3 +208,16 @@ def test_save_hf_rejects_params_of_another_layout(tmp_path):
     with pytest.raises(ValueError, match="q_norm"):
         save_hf(cfg, params, tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
+
+
+def test_an_exported_model_has_the_umask_default_modes(tmp_path):
+    """mkdtemp and safetensors once left it rwx------ / rw------- (unreadable to a serving engine's user)."""
+    cfg = get_preset("tiny")
+    umask = os.umask(0o022)
+    try:
+        save_hf(cfg, init_params(cfg, jax.random.key(0)), tmp_path / "model")
+    finally:
+        os.umask(umask)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "model").iterdir()}
+    assert stat.S_IMODE((tmp_path / "model").stat().st_mode) == 0o755
+    assert modes == {"model.safetensors": 0o644, "config.json": 0o644, "generation_config.json": 0o644}

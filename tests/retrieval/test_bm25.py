@@ -1,5 +1,6 @@
 """BM25 on bm25s: index, save/load (memory-mapped), batched search, scores against the BM25 formula."""
 import json
+import logging
 import math
 
 import numpy as np
@@ -120,3 +121,10 @@ def test_rejects_other_kinds(tmp_path):
         BM25Retriever(tmp_path)
     with pytest.raises(ValueError, match="unknown stemmer"):
         BM25Retriever.build(tmp_path / "c.jsonl", tmp_path / "x", stemmer="klingon")
+
+
+def test_building_logs_nothing_at_info(index_dir, caplog):
+    """bm25s sets its logger to DEBUG when imported: "Building index from IDs" in every build's output."""
+    with caplog.at_level(logging.DEBUG):
+        BM25Retriever.build(index_dir.parent / "corpus.jsonl", index_dir.parent / "again", show_progress=False)
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("bm25s")] == []

@@ -1,6 +1,7 @@
 """launch/retrieval_server.sh for real, on tiny indexes: it waits for its own server and passes the serve
-flags through (depth 3000), refuses a port already in use (naming the index served there), stops what it
-started, and writes only under RUN_DIR; the cluster launchers stop their servers at exit."""
+flags through (depth 3000), refuses a port already in use (naming the index served there) unless it serves
+the same index, stops what it started, and writes only under RUN_DIR; the cluster launchers stop their
+servers at exit."""
 import json
 import os
 import shlex
@@ -63,6 +64,11 @@ def test_start_refuse_stop(deep, rivers, tmp_path):
             f"fingerprint {index_fingerprint(deep)}; not index {rivers} (fingerprint "
             f"{index_fingerprint(rivers)})") in again.stderr
     assert health(port)["pid"] == pid and pid_file.read_text() == f"{pid}\n"  # the running one is untouched
+    # The same index named by a relative path is the server already up, not another index.
+    same = script(os.path.relpath(deep, cwd), str(port), cwd=cwd, RUN_DIR=str(run_dir))
+    assert same.returncode == 0, same.stderr
+    assert f"retrieval server already up on port {port} (pid {pid}," in same.stdout
+    assert health(port)["pid"] == pid
 
     stopped = script("stop", cwd=cwd, RUN_DIR=str(run_dir))
     assert stopped.returncode == 0, stopped.stderr

@@ -16,5 +16,13 @@ def run_demo(config: Any) -> Any:
     return miniature.run(config)
 
 
+def build_world(config: Any) -> Any:
+    """The miniature's world (`demo.build_world`) for `config` and its `config.demo`, imported when run."""
+    from searchrl.tasks.deepretrieval import demo as miniature
+
+    return miniature.build_world(config, config.demo)
+
+
 TASKS.register("deepretrieval")(Task(env.Config, env.make, demo=run_demo,
-                                     demo_config=config.RewriteDemoConfig, report=analysis.REPORT))
+                                     demo_config=config.RewriteDemoConfig, world=build_world,
+                                     report=analysis.REPORT))

@@ -41,10 +41,6 @@ POLICIES = ("raw", "sft", "rl")
 
 def build_world(config: RunConfig, demo: RewriteDemoConfig) -> rewrite_world.RewriteWorld:
     """The world's BEIR files under workdir/rewrite_world, its BM25 index and its tokenizer (from scratch)."""
-    for built_before in (DATASET, "index", "tokenizer", "checkpoints", "tensorboard"):  # the demo starts over
-        shutil.rmtree(os.path.join(config.workdir, built_before), ignore_errors=True)
-    if os.path.exists(metrics := os.path.join(config.workdir, "metrics.jsonl")):
-        os.remove(metrics)
     world = rewrite_world.generate_world(config.seed, concepts_per_kind=demo.concepts_per_kind,
                                          num_candidates=demo.num_candidates)
     paths = rewrite_world.write_world(world, os.path.join(config.data.dir, DATASET))
@@ -85,6 +81,10 @@ def run_seed(config: RunConfig) -> dict[str, Any]:
     """One seed from an empty directory: world, cold start, PPO, and the held-out metrics of each policy."""
     start = time.perf_counter()
     demo = config.demo
+    for built_before in (DATASET, "index", "tokenizer", "checkpoints", "tensorboard"):  # the demo starts over
+        shutil.rmtree(os.path.join(config.workdir, built_before), ignore_errors=True)
+    if os.path.exists(metrics := os.path.join(config.workdir, "metrics.jsonl")):
+        os.remove(metrics)
     world = build_world(config, demo)
     built = experiment.build(config)
     test = datasets.load_examples(config.data.dir, DATASET, "test", config.data.format, config.data.tfds_dir)

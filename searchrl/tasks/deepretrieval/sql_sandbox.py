@@ -240,5 +240,14 @@ class WorkerPool:
 WORKER = WorkerPool(min(os.cpu_count() or 1, 8))
 atexit.register(WORKER.close)
 
+WORKER_USAGE = ("usage: python -I sql_sandbox.py FD SQLITE_HEAP_BYTES MEMORY_BYTES\n"
+                "The SQL worker a `Sandbox` starts on a socket it passes (FD); no command of its own.")
+
+
 if __name__ == "__main__":
-    _serve(*map(int, sys.argv[1:]))
+    if sys.argv[1:] in (["--help"], ["-h"]):
+        print(WORKER_USAGE)
+    elif len(sys.argv) != 4 or not all(arg.isdigit() for arg in sys.argv[1:]):
+        sys.exit(f"{WORKER_USAGE}\nerror: expected three integers, got {sys.argv[1:]}")
+    else:
+        _serve(*map(int, sys.argv[1:]))

@@ -23,6 +23,13 @@ def run_demo(config: Any) -> Any:
     return miniature.run(config)
 
 
+def build_world(config: Any) -> Any:
+    """The miniature's world (`demo.build_world`) for `config` and its `config.demo`, imported when run."""
+    from searchrl.tasks.rpl import demo as miniature
+
+    return miniature.build_world(config, config.demo)
+
+
 def train_hooks(program_env: env.ProgramEnv) -> list[Any]:
     """Program mutation (`searchrl.tasks.rpl.distill`), imported when a run trains: it needs JAX."""
     from searchrl.tasks.rpl import distill
@@ -31,5 +38,5 @@ def train_hooks(program_env: env.ProgramEnv) -> list[Any]:
 
 
 TASKS.register("rpl")(Task(env.Config, env.make, demo=run_demo, demo_config=config.RPLDemoConfig,
-                           report=analysis.REPORT, train_hooks=train_hooks,
+                           world=build_world, report=analysis.REPORT, train_hooks=train_hooks,
                            answer_scorer=AnswerScorer(env.is_globalqa, env.globalqa_scores)))

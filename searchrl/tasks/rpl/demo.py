@@ -97,9 +97,6 @@ def citations(observations: Sequence[Observation], gold: Collection[str]) -> lis
 def build_world(config: RunConfig, demo: RPLDemoConfig) -> list[dict[str, Any]]:
     """The world's corpus and its GlobalQA tasks of `demo.types` under workdir, the BM25 index and the
     tokenizer (from scratch); returns the training tasks of every type (the prefix stage's)."""
-    seeds = [f"seed{seed}" for seed in demo.seeds]
-    for built_before in (DATASET, "world", "index", "tokenizer", *ARMS, *seeds):  # the demo starts over
-        shutil.rmtree(os.path.join(config.workdir, built_before), ignore_errors=True)
     world = synthetic.generate_world(config.seed, demo.entities, questions_per_entity=0.0,
                                      pair_fraction=demo.pair_fraction, test_fraction=demo.test_fraction)
     corpus = synthetic.write_world(world, os.path.join(config.workdir, "world"))["corpus"]
@@ -231,6 +228,9 @@ class ColdStart:
 
 def cold_started(config: RunConfig, demo: RPLDemoConfig) -> ColdStart:
     """The world, the shared cold start and its held-out evaluation in each env (workdir/<arm>/eval_*)."""
+    seeds = [f"seed{seed}" for seed in demo.seeds]
+    for built_before in (DATASET, "world", "index", "tokenizer", *ARMS, *seeds):  # the demo starts over
+        shutil.rmtree(os.path.join(config.workdir, built_before), ignore_errors=True)
     prefix_tasks = build_world(config, demo)
     test = datasets.load_examples(config.data.dir, DATASET, "test", config.data.format, config.data.tfds_dir)
     test = {name: records[: demo.eval_questions] for name, records in test.items()}
