@@ -132,11 +132,18 @@ class QueryRewriteEnv:
         return response
 
     def reference_response(self, example: Mapping[str, Any]) -> str | None:
-        """An example's supervised response for a cold start: the SQL tasks write the gold SQL (after the
-        example's "reasoning", when it has one); the retrieval tasks have no reference query (None)."""
+        """An example's supervised response for a cold start: the SQL tasks write the gold SQL after the
+        example's "reasoning" (with `reasoning` off, the gold SQL alone, as the public SFT's wo_reasoning
+        keeps only the answer); the retrieval tasks have no reference query (None). A reasoning cold start
+        on an example without reasoning is an error: it would train an empty `<think>`."""
         if self.config.task != "sql":
             return None
-        return self.target_response(example["gold_sql"], example.get("reasoning", ""))
+        reasoning = example.get("reasoning", "") if self.config.reasoning else ""
+        if self.config.reasoning and not reasoning:
+            raise ValueError(f"SQL example {example.get('id')!r} ({example.get('dataset', '?')}) has no "
+                             "\"reasoning\": a cold start with reasoning would train an empty <think>; add the "
+                             "data's reasoning or use the preset's ,no_reasoning variant.")
+        return self.target_response(example["gold_sql"], reasoning)
 
     def parse_action(self, turn_text: str, turn_index: int) -> Action:
         parsed = self.parse(turn_text)
