@@ -207,7 +207,7 @@ class QueryRewriteEnv:
             return score, {"execution_accuracy": float(score == 1.0)}
         ids = [hit.id for hit in hits]
         if task == "evidence":
-            rank = dr.first_answer_rank([hit.contents for hit in hits], example["golden_answers"])
+            rank = ir.first_answer_rank([hit.contents for hit in hits], example["golden_answers"])
             return dr.answer_rank_score(rank, cfg), {f"hit@{k}": float(rank is not None and rank <= k)
                                                      for k in _HIT_KS}
         qrels = example["qrels"]
