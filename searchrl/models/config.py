@@ -18,6 +18,7 @@ FAMILIES = ("qwen2", "qwen3", "llama", "mistral")
 ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama",
                  "MistralForCausalLM": "mistral"}
 _FAMILY_ARCH = {family: arch for arch, family in ARCHITECTURES.items()}
+VALUE_SUFFIX = "ForTokenClassification"  # a value model's architecture: transformers' head with num_labels=1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,12 +165,15 @@ def _require(hf: dict[str, Any], fields: tuple[str, ...]) -> None:
 
 
 def _family(hf: dict[str, Any]) -> str:
+    """The decoder family of an HF config; a value model (`<Arch>ForTokenClassification`, see
+    `hf.save_hf(value=True)`) has its causal LM's."""
     archs = hf.get("architectures") or []
     if archs:
-        if archs[0] not in ARCHITECTURES:
+        arch = archs[0].replace(VALUE_SUFFIX, "ForCausalLM")
+        if arch not in ARCHITECTURES:
             raise ValueError(f"unsupported architecture {archs[0]!r} in field 'architectures'; "
-                             f"supported: {', '.join(ARCHITECTURES)}")
-        return ARCHITECTURES[archs[0]]
+                             f"supported: {', '.join(ARCHITECTURES)} (or their {VALUE_SUFFIX} value models)")
+        return ARCHITECTURES[arch]
     model_type = hf.get("model_type")
     if model_type not in FAMILIES:
         raise ValueError(f"unsupported architecture: no 'architectures' field and model_type {model_type!r} "
@@ -361,6 +365,9 @@ OVERRIDABLE = {
 ModelSource = dataclasses.make_dataclass("ModelSource", [
     ("preset", str, "tiny"),
     ("path", str, ""),
+    # A value model written by `checkpoint export` (<out>/critic): a run's critic starts from it (verl's
+    # critic.model.path); empty: from the policy's backbone with a new value head.
+    ("critic_path", str, ""),
     ("param_dtype", str, "float32"),  # bfloat16 on accelerators; master weights stay float32 in the optimizer
     *((name, kind | None, None) for name, kind in OVERRIDABLE.items()),
 ], frozen=True)

@@ -148,8 +148,13 @@ class Trainer:
 
     def __init__(self, config: TrainRun, model_cfg: models.ModelConfig, policy: dict, tokenizer: Any, env: Env,
                  train_examples: Sequence[dict], eval_examples: Sequence[dict] = (), workdir: str | None = None,
-                 hooks: Sequence[TrainHook] = ()):
+                 hooks: Sequence[TrainHook] = (), critic: dict | None = None):
+        """`critic`: the value model a new run's critic starts from (`experiment.load_critic`); None: the
+        policy's backbone with a new head. A resumed run takes its checkpoint's critic."""
         self.model_cfg, self.env, self.seed = model_cfg, env, config.seed
+        if critic is not None and not config.rl.use_critic:
+            raise ValueError("config.model.critic_path gives a critic, but rl.use_critic is False")
+        self.initial_critic = critic
         self.tokenizer_dir = tokenizer_dir(tokenizer)
         self.train_config, rl, mesh, rollout = config.train, config.rl, config.mesh, config.rollout
         self.train_examples, self.eval_examples = train_examples, list(eval_examples)
@@ -209,7 +214,7 @@ class Trainer:
 
     def _initial_state(self, policy: dict):
         return init_train_state(self.ppo.spec, self.mesh, policy, jax.random.fold_in(self.key, 0),
-                                kl_coef=self.ppo.rl.kl_coef)
+                                kl_coef=self.ppo.rl.kl_coef, critic=self.initial_critic)
 
     def _check_resume(self, record: Mapping[str, Any], step: int) -> None:
         """Raises ResumeMismatchError when checkpoint `step`'s record has another fingerprint than this run
@@ -341,9 +346,10 @@ class Trainer:
                                        TOKENIZER: self.tokenizer_dir})
 
     def train(self, steps: int | None = None) -> list[dict[str, float]]:
-        """Runs until `steps` (default: train.steps) PPO iterations are done in total; returns their metrics."""
+        """Runs until `steps` (default: `train.num_steps`, train.steps or train.epochs over the training set)
+        PPO iterations are done in total; returns their metrics."""
         train = self.train_config
-        total = train.steps if steps is None else steps
+        total = train.num_steps(len(self.train_examples)) if steps is None else steps
         history = []
         with tqdm(total=total, initial=self.step_count, desc="train", disable=jax.process_index() != 0) as bar:
             while self.step_count < total:
