@@ -63,15 +63,17 @@ EPOCHS = {"literature": (10, "pubmed.sh:38"), "literature_ctgov": (5, "ctgov.sh:
           "evidence_squad": (5, "squad.sh:42"),
           "classic_msmarco": (10, "msmarco_beir.sh:42"), "classic_nfcorpus": (10, "nfcorpus.sh:42"),
           "classic_fever": (10, "fever.sh:42"), "classic_hotpotqa": (10, "hotpotqa.sh:42"),
-          "classic_scifact": (100, "scifact.sh:42"), "classic_msmarco_dense": (10, "dense/msmarco_beir.sh:42"),
-          "classic_nfcorpus_dense": (30, "dense/nfcorpus.sh:42"), "classic_fever_dense": (10, "dense/fever.sh:42"),
+          "classic_scifact": (100, "scifact.sh:42"),
+          "classic_msmarco_dense": (10, "dense/msmarco_beir.sh:42"),
+          "classic_nfcorpus_dense": (30, "dense/nfcorpus.sh:42"),
+          "classic_fever_dense": (10, "dense/fever.sh:42"),
           "classic_hotpotqa_dense": (10, "dense/hotpotqa.sh:42"),
           "classic_scifact_dense": (50, "dense/scifact.sh:43"),
           **{f"classic_{name}": (5, "msmarco.sh:45") for name in SUBSETS},
           **{f"classic_{name}_dense": (5, "msmarco_dense.sh:50") for name in SUBSETS},
           "sql": (5, "spider.sh:64"), "sql_bird": (5, "bird.sh:60")}
-EPOCHS_OF = {"evidence": "evidence_nq", "classic": "classic_msmarco", "classic_dense": "classic_msmarco_dense",
-             "sql_coder7b": "sql"}  # a family's name: the run whose length it takes
+EPOCHS_OF = {"evidence": "evidence_nq", "classic": "classic_msmarco",
+             "classic_dense": "classic_msmarco_dense", "sql_coder7b": "sql"}  # a family's name: the run whose length it takes
 
 
 def _paper(config, task):

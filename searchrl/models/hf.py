@@ -25,8 +25,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from searchrl.models import bert, layout
-from searchrl.models.config import (VALUE_SUFFIX, BertConfig, ModelConfig, bert_from_hf_config, read_hf_config,
-                                    to_hf_config)
+from searchrl.models.config import (VALUE_SUFFIX, BertConfig, ModelConfig, bert_from_hf_config,
+                                    read_hf_config, to_hf_config)
 from searchrl.models.decoder import param_table
 from searchrl.models.layout import ParamSpec, Table
 
@@ -181,7 +181,8 @@ def load_hf(path: str | os.PathLike, dtype=jnp.float32, shardings: dict | None =
     params = _load(Path(path), {k: s for k, s in table.items() if s.hf is not None}, dtype)
     head = {}
     with _Checkpoint(Path(path), str) as ckpt:
-        for ours, name, shape in (("kernel", "score.weight", (1, cfg.hidden_size)), ("bias", "score.bias", (1,))):
+        for ours, name, shape in (("kernel", "score.weight", (1, cfg.hidden_size)),
+                                  ("bias", "score.bias", (1,))):
             if ckpt.shape(name) != shape:
                 raise ValueError(f"tensor {name!r} in {ckpt.file(name)} has shape {list(ckpt.shape(name))}, "
                                  f"expected {list(shape)}")
@@ -216,7 +217,8 @@ def save_hf(cfg: ModelConfig, params: dict, path: str | os.PathLike, *, value: b
 
     `value=True`: `params` is a value model (`value_params_from_policy`), written as transformers'
     `<Arch>ForTokenClassification` with num_labels=1, verl's critic (the backbone under the decoder's names;
-    our head, kernel [D] and bias [], as `score.weight` [1, D] and `score.bias` [1]), which `load_hf(value=True)` and `AutoModelForTokenClassification` read.
+    our head, kernel [D] and bias [], as `score.weight` [1, D] and `score.bias` [1]), which
+    `load_hf(value=True)` and `AutoModelForTokenClassification` read.
     Files go to a temporary sibling directory that is renamed into place, so `path` never holds a half-written
     checkpoint. In a multi-process run every process must call this; process 0 writes.
     """

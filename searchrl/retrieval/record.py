@@ -47,7 +47,8 @@ class RecordingRetriever:
     so a run that is killed keeps what it saw)."""
 
     def __init__(self, inner: Retriever, path: str | os.PathLike, engine: str, source: str = "",
-                 params: dict[str, Any] | None = None, _file: Any = None, _lock: threading.Lock | None = None):
+                 params: dict[str, Any] | None = None, _file: Any = None,
+                 _lock: threading.Lock | None = None):
         self.inner, self.engine, self.source, self.params = inner, engine, source, dict(params or {})
         if _file is None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -69,9 +70,9 @@ class RecordingRetriever:
 
     def published_between(self, mindate: str, maxdate: str) -> RecordingRetriever:
         """The inner engine's date-restricted search, recorded with the window as its params."""
+        window = {**self.params, "mindate": mindate, "maxdate": maxdate}
         return RecordingRetriever(self.inner.published_between(mindate, maxdate), "", self.engine, self.source,
-                                  {**self.params, "mindate": mindate, "maxdate": maxdate}, self._file,
-                                  self._lock)
+                                  window, self._file, self._lock)
 
     def close(self) -> None:
         self._file.close()
@@ -91,8 +92,8 @@ def read_record(path: str | os.PathLike) -> dict[Key, list[dict[str, Any]]]:
     """Every recorded outcome by (engine, params, query, k), in the order recorded; errors name the line."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"retrieval record not found: {path} (config.retrieval.replay); make one with "
-                                "config.retrieval.record")
+        raise FileNotFoundError(f"retrieval record not found: {path} (config.retrieval.replay); make one "
+                                "with config.retrieval.record")
     outcomes: dict[Key, list[dict[str, Any]]] = collections.defaultdict(list)
     with open(path, encoding="utf-8") as f:
         for number, text in enumerate(f, 1):
@@ -132,8 +133,8 @@ class ReplayRetriever:
         return [list(o["hits"]) for o in outcomes]
 
     def published_between(self, mindate: str, maxdate: str) -> ReplayRetriever:
-        return ReplayRetriever(self.path, self.engine, {**self.params, "mindate": mindate, "maxdate": maxdate},
-                               (self._outcomes, self._served, self._lock))
+        window = {**self.params, "mindate": mindate, "maxdate": maxdate}
+        return ReplayRetriever(self.path, self.engine, window, (self._outcomes, self._served, self._lock))
 
     def _peek(self, key: Key) -> dict[str, Any]:
         """The answer `key` gets next (its n-th recorded outcome on its n-th search, then the last)."""
