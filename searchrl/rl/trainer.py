@@ -30,6 +30,7 @@ import functools
 import json
 import logging
 import os
+import time
 from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import jax
@@ -260,7 +261,9 @@ class Trainer:
         return examples, group_ids
 
     def step(self) -> dict[str, float]:
-        """One RL iteration; returns its metrics (already written to the logs)."""
+        """One RL iteration; returns its metrics (already written to the logs), with its wall-clock seconds
+        (train/seconds_per_step: rollout, rewards and update, RPL's Figure 4 training time)."""
+        began = time.perf_counter()
         step = self.step_count
         examples, group_ids = self._next_batch()
         self.engine.stats = RolloutStats()
@@ -293,6 +296,7 @@ class Trainer:
         metrics |= mean_metrics([row for process_rows, _, _ in processes for row in process_rows])
         metrics["rollout/host_fraction"] = float(np.mean([fraction for _, fraction, _ in processes]))
         metrics["rollout/seconds"] = max(seconds for _, _, seconds in processes)  # the slowest process's
+        metrics["train/seconds_per_step"] = time.perf_counter() - began
         self.writer.write(step + 1, metrics)
         if self.nonfinite_in_a_row >= self.train_config.max_nonfinite_steps:
             raise NonFiniteError(

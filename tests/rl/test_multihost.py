@@ -29,7 +29,7 @@ from searchrl.tasks.autosearch.config import DemoConfig
 from tests.processes import wait
 
 REPO = Path(__file__).resolve().parents[2]
-TIMING = ("rollout/seconds", "rollout/host_fraction")  # wall-clock figures, not results
+TIMING = ("rollout/seconds", "rollout/host_fraction", "train/seconds_per_step")  # wall-clock, not results
 EVAL_QUESTIONS = 12  # two eval batches of 8 rows, the second padded: process 1 has no real row in it
 
 

@@ -130,6 +130,7 @@ def test_resume_is_exact(tmp_path, tokenizer):
 
     a = {row["step"]: row for row in read_metrics(tmp_path / "a" / "metrics.jsonl")}
     b = {row["step"]: row for row in read_metrics(tmp_path / "b" / "metrics.jsonl")}
+    assert all(row["train/seconds_per_step"] > 0 for row in a.values())  # RPL's Figure 4 training time
     for step in (3, 4):
         for name in ("reward/mean", "actor/pg_loss", "critic/vf_loss", "actor/grad_norm"):
             np.testing.assert_allclose(b[step][name], a[step][name], rtol=1e-6, err_msg=f"{name} at {step}")

@@ -1,12 +1,13 @@
-"""AutoSearch's over- and under-search rates: how often a method searches more, or fewer, times than a question's
-minimal sufficient depth, the smallest forced depth whose answer is an exact match in the forced-depth pilot
-(`pilot`), for its comparison of Search-R1, StepSearch, HiPRAG and AutoSearch.
+"""AutoSearch's over- and under-search rates: how often a method searches more, or fewer, times than a
+question's minimal sufficient depth, the smallest forced depth whose answer is an exact match in the
+forced-depth pilot (`pilot`), for its comparison of Search-R1, StepSearch, HiPRAG and AutoSearch.
 
 A question over-searches when the run's searches exceed its minimal depth d, under-searches when they fall
 short of it; questions that no forced depth answers ("never") have no d and are counted apart, not in either
 rate. Rows are matched by (dataset, id).
 
-    python -m searchrl.tasks.autosearch.search_rates --pilot runs/pilot/predictions.jsonl --pilot_model M14B \\
+    python -m searchrl.tasks.autosearch.search_rates --pilot runs/pilot/predictions.jsonl \\
+        --pilot_model M14B \\
         --runs search_r1=runs/sr1/eval/predictions.jsonl,autosearch=runs/as/eval/predictions.jsonl \\
         [--out runs/search_rates.md]
 """
@@ -60,7 +61,8 @@ def rates_markdown(methods: Mapping[str, list[dict[str, Any]]]) -> str:
     """One table: a row per (method, dataset)."""
     keys = ("n", "over_search", "under_search", "searches", "never")
     return report.markdown_table(("method", "dataset", *keys), [
-        (method, row["dataset"], *(row[k] for k in keys)) for method, lines in methods.items() for row in lines])
+        (method, row["dataset"], *(row[k] for k in keys))
+        for method, lines in methods.items() for row in lines])
 
 
 def main(argv: Sequence[str] | None = None) -> None:
