@@ -56,3 +56,10 @@ def test_end_to_end_bm25_vs_dense_rewrites_once_and_states_the_ratio(tmp_path):
     assert out["ratio_dense_vs_bm25"] == out["dense_end_to_end_s"] / out["bm25_end_to_end_s"]
     plain = retrieval.bench_end_to_end(queries, None, backends)
     assert not plain["rewriter"] and backends["bm25"].asked[-1] == queries
+    result = {"passages": 40, "queries": 6, "k": retrieval.K, "cpus": 2, "bm25_build_s": 0.1,
+              "bm25s_raw_qps": 100.0, "bm25_wrapper_qps": 90.0, "ratio_wrapper_vs_raw": 0.9,
+              "lucene_skipped": "no java", "dense": {"skipped": "no encoder"}, "server_qps": 80.0,
+              "server_p50_ms": 1.0, "server_p99_ms": 2.0, "ratio_server_vs_inprocess": 0.9, "end_to_end": out}
+    last = retrieval.table(result).splitlines()[-1]
+    assert last.startswith("end to end, bm25 (rewrite + retrieval)")
+    assert last.endswith(f"= {out['ratio_dense_vs_bm25']:.1f} x")
