@@ -9,7 +9,7 @@ once (`eval/uses_sparse_retrieval`, `eval/uses_rerank`, logged at train.eval_eve
 style per run; `--adoption env` draws the training rollouts' (`env/uses_*`, every step) for runs without
 evaluations.
 
-    python -m searchrl.tasks.rpl.figures --runs rpl=runs/rpl,search_r1=runs/search_r1 --out runs/figures \
+    python -m searchrl.tasks.rpl.figures --runs rpl=runs/rpl,search=runs/rpl_search --out runs/figures \
         [--adoption eval|env]
 
 Writes figure4.png, figure5.png and figures.json (every number drawn) to --out.
