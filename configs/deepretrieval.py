@@ -72,8 +72,9 @@ EPOCHS = {"literature": (10, "pubmed.sh:38"), "literature_ctgov": (5, "ctgov.sh:
           **{f"classic_{name}": (5, "msmarco.sh:45") for name in SUBSETS},
           **{f"classic_{name}_dense": (5, "msmarco_dense.sh:50") for name in SUBSETS},
           "sql": (5, "spider.sh:64"), "sql_bird": (5, "bird.sh:60")}
+# A family's name: the run whose length it takes.
 EPOCHS_OF = {"evidence": "evidence_nq", "classic": "classic_msmarco",
-             "classic_dense": "classic_msmarco_dense", "sql_coder7b": "sql"}  # a family's name: the run whose length it takes
+             "classic_dense": "classic_msmarco_dense", "sql_coder7b": "sql"}
 
 
 def _paper(config, task):
@@ -240,6 +241,8 @@ def sql(config):
     config.data.update(dict(format="spider", dir="/data/sql", train="spider", eval="spider",
                             eval_split="test"))
     # The optional cold start (`python -m searchrl.main ... sft`; RL: config.model.path=<workdir>/sft/epoch_1)
+    # trains each item's "reasoning" (GPT-4o-distilled in the paper [P; DR src/cold_start/sql/
+    # generate_data.py]) in <think> before its gold SQL, or with ,no_reasoning the gold SQL alone
     # [P; DR src/cold_start/sql/sft.py]: train_epoch 4, or 2 wo_reasoning; save_strategy='epoch', and the
     # paper keeps epoch 1 [P]; learning_rate=2e-5; per_device_train_batch_size=4 on CUDA_VISIBLE_DEVICES='2,3'
     # (batch 8 [P]); transformers' TrainingArguments defaults: lr_scheduler_type linear (to 0 at the last
