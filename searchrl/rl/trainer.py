@@ -49,6 +49,7 @@ from searchrl.rollout.engine import RolloutEngine
 from searchrl.rollout.rows import RolloutStats
 from searchrl.run_lock import WorkdirInUseError, WorkdirLock
 from searchrl.shapes import padded_width
+from searchrl.text.protocol import INVALID
 
 FINGERPRINT = "fingerprint"  # key of the run's fingerprint in a checkpoint's record
 
@@ -286,11 +287,16 @@ class Trainer:
         metrics = {k: float(v) for k, v in jax.device_get(learned).items()}
         self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if metrics["train/nonfinite"] else 0
         metrics["train/nonfinite_in_a_row"] = float(self.nonfinite_in_a_row)
+        # Every env's context consumption and retrieval turns (valid actions answered with an observation, not
+        # an invalid turn's feedback): RPL's Figure 4 for any agent.
         row_metrics = [
-            {"reward/mean": float(sum(rewards)), "rollout/response_tokens": float(length)}
+            {"reward/mean": float(sum(rewards)), "rollout/response_tokens": float(length),
+             "rollout/context_tokens": float(context), "rollout/retrieval_turns": float(sum(
+                 bool(t.observation) and t.action.kind != INVALID for t in turns))}
             | {f"env/{k}": v for k, v in numeric_metrics(env_metrics).items()}
-            for rewards, length, env_metrics in zip(turn_rewards, traj.response_lengths.tolist(),
-                                                    self.env.metrics(traj, examples))]
+            for rewards, length, context, turns, env_metrics in zip(
+                turn_rewards, traj.response_lengths.tolist(), traj.observation_tokens.tolist(), traj.turns,
+                self.env.metrics(traj, examples))]
         stats = self.engine.stats
         processes = distributed.all_processes([row_metrics, stats.host_fraction, stats.wall_s])
         metrics |= mean_metrics([row for process_rows, _, _ in processes for row in process_rows])

@@ -227,7 +227,10 @@ def test_figures_4_and_5_from_the_tiny_runs_metrics(trainer, tmp_path):
     from searchrl.tasks.rpl import figures
 
     trainer.train(trainer.step_count + 1)
-    rows = [r for r in read_metrics(f"{trainer.workdir}/metrics.jsonl") if "env/context_tokens" in r]
+    rows = [r for r in read_metrics(f"{trainer.workdir}/metrics.jsonl") if "train/seconds_per_step" in r]
+    # the trainer's context and retrieval-turn logs are the RPL env's own on every step
+    assert all(r["rollout/context_tokens"] == r["env/context_tokens"] for r in rows)
+    assert all(r["rollout/retrieval_turns"] == r["env/retrieval_turns"] for r in rows)
     numbers = figures.write_figures({"rpl": trainer.workdir, "again": trainer.workdir}, tmp_path, "env")
     assert (tmp_path / "figure4.png").stat().st_size > 1000 and (tmp_path / "figure5.png").stat().st_size > 1000
     assert json.loads((tmp_path / "figures.json").read_text())["figure4"] == numbers["figure4"]
@@ -242,5 +245,5 @@ def test_figures_4_and_5_from_the_tiny_runs_metrics(trainer, tmp_path):
     assert sparse == [(r["step"], 100 * r["env/uses_sparse_retrieval"]) for r in rows]
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
-    with pytest.raises(ValueError, match=r"other/metrics.jsonl \(other\) has no 'env/context_tokens'"):
+    with pytest.raises(ValueError, match=r"other/metrics.jsonl \(other\) has no 'rollout/context_tokens'"):
         figures.efficiency({"rpl": trainer.workdir, "other": str(tmp_path / "other")})

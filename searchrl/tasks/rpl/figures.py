@@ -1,9 +1,11 @@
 """RPL's Figures 4 and 5 from training runs' metrics (their workdirs' metrics.jsonl).
 
-Figure 4 (retrieval and training efficiency): per run, context consumption (`env/context_tokens`, tokens that
-enter the model context), retrieval turns (`env/retrieval_turns`) and seconds per training step
-(`train/seconds_per_step`), each run's mean over its logged steps divided by the midpoint of the first run's
-(RPL's) min-max range, as the paper normalises, the raw range written on each bar. Figure 5 (primitive
+Figure 4 (retrieval and training efficiency): per run, context consumption (`rollout/context_tokens`, the
+observation tokens that enter the model context), retrieval turns (`rollout/retrieval_turns`, valid actions
+answered with an observation) and seconds per training step (`train/seconds_per_step`), all logged by the trainer for
+any env (so a Search-R1 or AutoSearch run compares with RPL's), each run's mean over its logged steps divided
+by the midpoint of the first run's (RPL's) min-max range, as the paper normalises, the raw range written on
+each bar. Figure 5 (primitive
 adoption): the percentage of held-out rollouts whose programs call sparse retrieval or reranking at least
 once (`eval/uses_sparse_retrieval`, `eval/uses_rerank`, logged at train.eval_every) over training, a line
 style per run; `--adoption env` draws the training rollouts' (`env/uses_*`, every step) for runs without
@@ -26,8 +28,8 @@ from searchrl import cli
 from searchrl.eval import report
 from searchrl.tasks.rpl.demo import curve
 
-EFFICIENCY = (("env/context_tokens", "context consumption (tokens)"),
-              ("env/retrieval_turns", "retrieval turns"),
+EFFICIENCY = (("rollout/context_tokens", "context consumption (tokens)"),
+              ("rollout/retrieval_turns", "retrieval turns"),
               ("train/seconds_per_step", "training time (s / step)"))
 ADOPTION = (("uses_sparse_retrieval", "sparse retrieval"), ("uses_rerank", "reranking"))
 SOURCES = ("eval", "env")  # Figure 5 over held-out rollouts (the paper's) or the training rollouts
