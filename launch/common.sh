@@ -22,7 +22,7 @@ on_hosts() {
 
 # `retrieval_lines SCRIPT INDEX_DIR PORT`: sets SERVE (starts this host's retrieval server with SCRIPT, the
 # launcher's path to retrieval_server.sh, passing it the serve flags in RETRIEVAL_FLAGS, e.g.
-# RETRIEVAL_FLAGS="--max_topk=3000") and STOP (stops it; the launchers run it at exit), quoted for `bash -c`.
+# RETRIEVAL_FLAGS="--device=gpu:7") and STOP (stops it; the launchers run it at exit), quoted for `bash -c`.
 # Both find the server's log and pid under RUN_DIR, which the launchers export.
 # INDEX_DIR "-": no server (SERVE and STOP empty), the config's own retriever (a search engine's API, SQL).
 # REMOTE: the trainer's flags that point it at the server (none for "-").

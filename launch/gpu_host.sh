@@ -2,7 +2,7 @@
 # One GPU host: the retrieval server on this host (its own process, on the CPU: no GPU memory taken; see
 # retrieval_server.sh), then training on all of the host's GPUs (mesh from the config, FSDP by default in the
 # paper presets); the server is stopped when training ends. Its log and pid go under RUN_DIR (runs/retrieval);
-# RETRIEVAL_FLAGS holds flags for the server (e.g. "--max_topk=3000" for DeepRetrieval's depth 3000);
+# RETRIEVAL_FLAGS holds flags for the server (e.g. "--device=gpu:7" for a GPU query encoder);
 # INDEX_DIR "-" starts no server (the config's own retriever: a search engine's API, SQL).
 # Usage: [DRY_RUN=1] [RUN_DIR=DIR] [RETRIEVAL_FLAGS=...] \
 #          bash launch/gpu_host.sh CONFIG INDEX_DIR|- [--config.x.y=value ...]

@@ -2,8 +2,7 @@
 # The Search-R1-compatible retrieval server on this host (127.0.0.1 only), for the launchers and by hand.
 # Usage: [RUN_DIR=DIR] bash launch/retrieval_server.sh INDEX_DIR [PORT] [--serve_flag=value ...]
 #          starts it -> http://127.0.0.1:PORT/retrieve (PORT 8000 by default); the flags go to
-#          `python -m searchrl.serving.serve`: --max_topk=3000 for DeepRetrieval's depth 3000, --device=gpu:7,
-#          --faiss_gpu=replicate, ...
+#          `python -m searchrl.serving.serve`: --device=gpu:7, --faiss_gpu=replicate, --max_hits=300000, ...
 #        [RUN_DIR=DIR] bash launch/retrieval_server.sh stop [PORT]
 #          stops the servers this host started under RUN_DIR (the one on PORT, or all)
 # Its log and pid are RUN_DIR/retrieval_server.HOST.PORT.{log,pid}; RUN_DIR is runs/retrieval by default.

@@ -94,6 +94,16 @@ class MissingInput(FileNotFoundError):
         super().__init__(f"{what} not found: {path} ({remedy})")
 
 
+class Damaged(RuntimeError):
+    """Files searchrl made earlier and reads back (a cache) cannot be read. The message is one line: what,
+    the path to delete and the error; `run` and `run_app` end a tool on it with that line."""
+
+    def __init__(self, what: str, path: str | os.PathLike, cause: BaseException):
+        error = " ".join(str(cause).split()) or "no message"
+        super().__init__(f"{what} {path} is damaged ({type(cause).__name__}: {error}): delete it and run "
+                         "again, it is made anew")
+
+
 DOWNLOAD = ("python", "-m", "searchrl.data.download")
 
 
@@ -165,8 +175,8 @@ def _program_name_only(argv: list[str]) -> list[str]:
 
 def run(main: Callable[[list[str]], object]) -> None:
     """Runs a tool's `main` under `absl.app` (logging, `app.UsageError` handling) on the command line after
-    the program name, library logs at WARNING unless its --verbosity says otherwise; a `MissingInput` ends it
-    with its one line; `main`'s return value is not an exit status."""
+    the program name, library logs at WARNING unless its --verbosity says otherwise; a `MissingInput` or
+    `Damaged` ends it with its one line; `main`'s return value is not an exit status."""
     def main_of_command_line(argv: list[str]) -> None:
         logging.set_verbosity(QUIET)
         main(argv[1:])
@@ -175,12 +185,12 @@ def run(main: Callable[[list[str]], object]) -> None:
 
 
 def _failing_on_missing_input(main: Callable[[list[str]], object]) -> Callable[[list[str]], object]:
-    """`main` ending the tool with `fail` on a `MissingInput`: its one line, no traceback."""
+    """`main` ending the tool with `fail` on a `MissingInput` or `Damaged`: its one line, no traceback."""
     @functools.wraps(main)
     def failing(argv: list[str]) -> object:
         try:
             return main(argv)
-        except MissingInput as e:
+        except (MissingInput, Damaged) as e:
             fail(str(e))
     return failing
 
@@ -209,7 +219,7 @@ def _parse_quietly(argv: list[str]) -> list[str]:
 def run_app(main: Callable[[list[str]], object]) -> None:
     """`absl.app.run(main)` for an entry point on absl's global flags (`searchrl.main`, `.eval`, `.demo`):
     --help, --helpshort and --helpfull exit 0, library logs stay at WARNING unless --verbosity (-v) raises
-    them, and a `MissingInput` ends it with its one line."""
+    them, and a `MissingInput` or `Damaged` ends it with its one line."""
     app.define_help_flags()
     for name in ("help", "helpshort", "helpfull"):
         flag = flags.FLAGS[name]

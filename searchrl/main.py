@@ -77,7 +77,6 @@ def sft(config: RunConfig) -> None:
     if not examples:
         raise app.UsageError(f"{type(built.env).__name__} has no reference responses for a cold start "
                              f"(config.env: {config.env}).")
-    tokens, loss_mask = sft_lib.encode(built.tokenizer, examples, config.sft.max_len)
     mesh = models.mesh_of(config.mesh)
     # save_hf replaces a directory whole, so the epochs wait beside <workdir>/sft until it is written.
     out, staged = os.path.join(config.workdir, "sft"), os.path.join(config.workdir, "sft_epochs")
@@ -91,9 +90,9 @@ def sft(config: RunConfig) -> None:
         if epoch in config.sft.save_epochs:
             save(params, os.path.join(staged, f"epoch_{epoch}"))
 
-    params, losses = sft_lib.train(built.model_cfg, built.policy, tokens, loss_mask, config.sft, mesh,
-                                   models.rules_named(config.mesh.train_rules), config.mesh.attention,
-                                   on_epoch_end=at_epoch_end)
+    params, losses = sft_lib.fine_tune(built.model_cfg, built.policy, built.tokenizer, examples, config.sft,
+                                       mesh, models.rules_named(config.mesh.train_rules), config.mesh.attention,
+                                       on_epoch_end=at_epoch_end)
     save(params, out)
     if jax.process_index() == 0 and config.sft.save_epochs:
         for n in config.sft.save_epochs:

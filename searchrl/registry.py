@@ -1,7 +1,8 @@
 """The one way searchrl names its extension points: a `Registry` maps a config string to what it selects.
 
-Tasks, retrievers, data formats, rewards, advantage estimators and policy losses are each a `Registry`; an entry
-is added where it is defined, with the decorator:
+Tasks, retrievers, local index kinds, decoder families, data formats, rewards, advantage estimators, policy
+losses and KL estimators and controllers are each a `Registry`; an entry is added where it is defined, with the
+decorator:
 
     ADVANTAGES = Registry("advantage estimator", "config.rl.advantage")
 

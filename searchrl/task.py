@@ -9,7 +9,7 @@ A task package defines its env, rewards, prompts, data readers, demo and analyse
 retriever that `config.retrieval` describes. The optional parts extend the substrate through declared hooks:
 `demo` runs its CPU miniature (`python -m searchrl.demo`), `report` adds its own groupings and analyses to an
 evaluation report (`searchrl.eval.report`), `train_hooks` extends the training loop
-(`searchrl.rl.trainer.TrainHook`). Nothing here or in the rest of the substrate names a task; a task defined
+(`searchrl.rl.hooks.TrainHook`). Nothing here or in the rest of the substrate names a task; a task defined
 anywhere else (a test, a user's module) registers the same way.
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ class Task:
     # (a miniature's `RunConfig`) -> builds its world's files (datasets, index, tokenizer) where it reads them
     world: Callable[[Any], Any] | None = None
     report: Report = Report()  # its part of an evaluation report
-    train_hooks: Callable[[Env], list[Any]] | None = None  # (its env) -> `searchrl.rl.trainer.TrainHook`s
+    train_hooks: Callable[[Env], list[Any]] | None = None  # (its env) -> `searchrl.rl.hooks.TrainHook`s
     answer_scorer: AnswerScorer | None = None  # its examples' answers scored its own way (else EM and F1)
     # (its Config) -> the side branch its env declares under it (`Env.side_branch`), read without building the
     # env: the rollout's shapes depend on it (`searchrl.benchmarks.aot`)

@@ -329,7 +329,10 @@ def bench_intermediate_answers(preset: str, episodes: int, rows: int, extend_row
     out, trajectories = _timed_engines(engines, params, examples, rounds, "answers")
     traj = trajectories["answers"]
     answered = sum("intermediate_answer" in t.info for row in traj.turns for t in row)
+    stats = engines["answers"].stats  # of the timed rollouts
     return out | {"answers_tokens": tokens, "answers_per_rollout": answered,
+                  "answers_yields_per_rollout": stats.yields / rounds,
+                  "answers_asides_per_rollout": stats.asides / rounds,
                   "answers_searches_per_rollout": sum(searches(t) for t in traj.turns)}
 
 

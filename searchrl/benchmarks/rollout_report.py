@@ -62,7 +62,10 @@ def intermediate_answers(r: Mapping[str, Any]) -> str:
     return (f"- **(i) intermediate answers** ({r['answers_tokens']} tokens after each search, "
             f"{r['answers_per_rollout']} a rollout, forked rows decoding beside the episodes): "
             f"{rates['answers'][0]:.2f} episodes/s at {rates['answers'][1]:.1%} utilisation, against "
-            f"{rates['plain'][0]:.2f} at {rates['plain'][1]:.1%} without them: {_ratio(r, 'answers')}.")
+            f"{rates['plain'][0]:.2f} at {rates['plain'][1]:.1%} without them: {_ratio(r, 'answers')}"
+            + ("." if "answers_yields_per_rollout" not in r else
+               f"; a rollout, {r['answers_yields_per_rollout']:.0f} branches late for a row took their episode's "
+               f"(the episode parked) and {r['answers_asides_per_rollout']:.0f} ran aside, the other rows waiting."))
 
 
 PARTS = {"s": decode_scaling, "d": long_tail, "i": intermediate_answers}

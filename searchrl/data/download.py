@@ -6,7 +6,7 @@ read.
   python -m searchrl.data.download wiki18 --out /data/wiki18 [--index_dir /data/indexes/wiki18_e5_flat
                                           --encoder /data/models/e5-base-v2]
   python -m searchrl.data.download model  --names Qwen/Qwen2.5-3B,intfloat/e5-base-v2 --out /data/models
-  every command: [--revision main] [--cache_dir DIR] [--dry_run]
+  every command: [--revision main] [--cache_dir DIR] [--dry_run] [--lock_wait_s 30]
 
 What each command fetches (hub repositories, in their public layouts):
   qa      dataset RUC-NLPIR/FlashRAG_datasets, <name>/<split>.jsonl with FlashRAG rows {"id", "question",
@@ -27,36 +27,48 @@ What each command fetches (hub repositories, in their public layouts):
 Files download with huggingface_hub into its cache (HF_HUB_CACHE, under HF_HOME, or --cache_dir): an
 interrupted download resumes, and a file already cached is not fetched again. Every repository is pinned to
 the commit its revision names when the command starts. Each file's size, the total and what is already cached
-are printed before anything downloads (--dry_run stops there), and a download that would not fit on the
-cache's disk is refused. The layout is then made from the cached files: a file used as it is becomes a hard
-link to the cached copy (a copy on another filesystem: edit neither in place), `.gz` files are decompressed
-and split files concatenated. OUT/.searchrl_download.json records the hub files each layout file was made
-from, so running a command again rebuilds nothing. HF_ENDPOINT points huggingface_hub at another hub (a
-mirror).
+are printed before anything downloads (--dry_run stops there).
+
+What could lose disk, data or a rerun is checked (`searchrl.data.layout`): one download writes an output
+folder at a time (a lock, waited for --lock_wait_s); a download that would not fit is refused before it
+starts, counting the download in the cache and the layout made from it (decompressed and concatenated sizes,
+checked again exactly once the files are here); each file is verified against the hub's listing (its size,
+and its sha256 in LFS or git object id otherwise) and a `.gz` must decompress, so damaged bytes are deleted
+from the cache, never used, and a cached copy that fails is fetched again. The layout is then made from the
+cached files: a file used as it is becomes a hard link to the cached copy (a copy on another filesystem: edit
+neither in place), `.gz` files are decompressed and split files concatenated, each written under a unique
+hidden name and renamed into place (removed on any failure, a full disk included).
+OUT/.searchrl_download.json (written atomically) records the hub files each layout file was made from, so
+running a command again rebuilds nothing; when it is unreadable the layout is made again. HF_ENDPOINT points
+huggingface_hub at another hub (a mirror). Every failure is one line on stderr, exit status 1.
 """
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import gzip
 import json
+import logging
 import os
-import shutil
+import sys
 import time
 from pathlib import Path
-from typing import IO, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from absl import flags
-from tqdm import tqdm
 
 from searchrl import cli
+from searchrl.data import layout
+from searchrl.data.layout import DownloadError, human_size
+
+if TYPE_CHECKING:
+    from huggingface_hub.hf_api import RepoSibling
 
 FLASHRAG_REPO = "RUC-NLPIR/FlashRAG_datasets"
 WIKI18_CORPUS_REPO, WIKI18_INDEX_REPO = "PeterJinGo/wiki-18-corpus", "PeterJinGo/wiki-18-e5-index"
 WIKI18_CORPUS, WIKI18_INDEX = "wiki-18.jsonl", "e5_Flat.index"  # the names Search-R1's README gives them
 MODEL_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.model")
-STAMPS = ".searchrl_download.json"
 COMMANDS = ("qa", "beir", "wiki18", "model")
+LOCK_WAIT_S = 30.0  # how long a download waits for another one writing its output folder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +80,7 @@ class HubFile:
     commit: str
     path: str
     size: int
+    digest: str  # "sha256:<hex>" (LFS), "git-sha1:<hex>" (git object id) or "" when the hub gives neither
 
     @property
     def key(self) -> str:
@@ -90,8 +103,19 @@ def list_repo(repo_id: str, repo_type: str, revision: str) -> dict[str, HubFile]
     from huggingface_hub import HfApi
 
     info = HfApi().repo_info(repo_id, repo_type=repo_type, revision=revision, files_metadata=True)
-    return {s.rfilename: HubFile(repo_id, repo_type, info.sha, s.rfilename,
-                                 s.lfs.size if s.lfs else s.size or 0) for s in info.siblings or ()}
+    return {s.rfilename: _hub_file(repo_id, repo_type, info.sha, s) for s in info.siblings or ()}
+
+
+def _hub_file(repo_id: str, repo_type: str, commit: str, sibling: RepoSibling) -> HubFile:
+    """A file of the repository info (a huggingface_hub RepoSibling); raises on a size that is not a count
+    of bytes (missing, negative), which the disk check and the verification could not use."""
+    size = sibling.lfs.size if sibling.lfs else sibling.size
+    if type(size) is not int or size < 0:
+        raise ValueError(f"{repo_type} {repo_id}: the hub lists {sibling.rfilename} with size {size!r}, not "
+                         "a count of bytes")
+    digest = (f"sha256:{sibling.lfs.sha256}" if sibling.lfs and sibling.lfs.sha256
+              else f"git-sha1:{sibling.blob_id}" if sibling.blob_id and not sibling.lfs else "")
+    return HubFile(repo_id, repo_type, commit, sibling.rfilename, size, digest)
 
 
 def _one_of(files: dict[str, HubFile], names: Sequence[str], repo_id: str) -> HubFile:
@@ -164,15 +188,6 @@ def model_targets(names: Sequence[str], revision: str) -> list[Target]:
     return targets
 
 
-def human_size(n: float) -> str:
-    """Bytes in decimal units, as the hub shows them (1.07 GB)."""
-    for unit in ("B", "kB", "MB", "GB"):
-        if n < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
-        n /= 1000
-    return f"{n:.3g} TB"
-
-
 def _cached(f: HubFile, cache_dir: str | None) -> bool:
     """Whether huggingface_hub's cache holds the file at its commit."""
     from huggingface_hub import try_to_load_from_cache
@@ -198,88 +213,122 @@ def plan(files: Sequence[HubFile], cached: set[str]) -> tuple[str, int]:
     return "\n".join(lines), to_fetch
 
 
-def _existing_parent(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
-def check_disk(needed: int, cache_dir: str | None) -> None:
-    """Raises when `needed` bytes do not fit on the filesystem of the hub cache."""
+def _cache_root(cache_dir: str | None) -> Path:
     from huggingface_hub import constants
 
-    where = _existing_parent(Path(cache_dir or constants.HF_HUB_CACHE).expanduser().absolute())
-    free = shutil.disk_usage(where).free
-    if needed > free:
-        raise ValueError(f"the download needs {human_size(needed)} but {where} (the hub cache, --cache_dir) "
-                         f"has {human_size(free)} free")
+    return Path(cache_dir or constants.HF_HUB_CACHE).expanduser()
 
 
-def _copy_stream(src: IO[bytes], out: IO[bytes], raw: IO[bytes], bar: tqdm) -> None:
-    """Copies `src` to `out`, advancing `bar` by the bytes read from `raw`, the file under `src`."""
-    done = raw.tell()
-    while chunk := src.read(1 << 24):
-        out.write(chunk)
-        bar.update(raw.tell() - done)
-        done = raw.tell()
+def _one_line(e: BaseException) -> str:
+    """An error's message on one line (huggingface_hub's span several)."""
+    return " ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
 
 
-def make_file(dest: Path, sources: Sequence[str]) -> None:
-    """Writes `dest` from cached files: a hard link to one plain file (a copy across filesystems), else the
-    files concatenated, each decompressed when it ends in .gz. Written next to `dest` and renamed into place,
-    so `dest` is never half-written."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.partial")
-    tmp.unlink(missing_ok=True)
-    if len(sources) == 1 and not sources[0].endswith(".gz"):
+def _download(f: HubFile, cache_dir: str | None) -> str:
+    """The file's path in the hub cache, downloaded unless cached; a failure (an HTTP error, a body cut short
+    or of the wrong size, a redirect loop, a full disk) raises DownloadError naming the file."""
+    import httpx2
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return hf_hub_download(f.repo_id, f.path, repo_type=f.repo_type, revision=f.commit,
+                               cache_dir=cache_dir)
+    except (OSError, httpx2.HTTPError) as e:
+        raise DownloadError(f"downloading {f.repo_type} {f.repo_id} {f.path} failed: "
+                            f"{_one_line(e)}") from None
+
+
+def _inspect(path: str, f: HubFile) -> tuple[str | None, int]:
+    """What is wrong with a downloaded copy of `f`, checked against the hub's listing (None: nothing), and its
+    size in the layout (decompressed for a .gz)."""
+    size = os.path.getsize(path)
+    if size != f.size:
+        return f"it has {size} bytes, the hub lists {f.size}", size
+    algorithm, _, expected = f.digest.partition(":")
+    if expected and (actual := layout.digest(path, algorithm)) != expected:
+        return f"its {algorithm} is {actual}, the hub lists {expected}", size
+    if f.path.endswith(".gz"):
         try:
-            os.link(os.path.realpath(sources[0]), tmp)
-        except OSError:
-            shutil.copyfile(sources[0], tmp)
-    else:
-        total = sum(os.path.getsize(s) for s in sources)
-        with open(tmp, "wb") as out, tqdm(total=total, unit="B", unit_scale=True,
-                                          desc=f"write {dest.name}") as bar:
-            for source in sources:
-                with open(source, "rb") as raw:
-                    if source.endswith(".gz"):
-                        with gzip.GzipFile(fileobj=raw) as unzipped:
-                            _copy_stream(unzipped, out, raw, bar)
-                    else:
-                        _copy_stream(raw, out, raw, bar)
-    os.replace(tmp, dest)
+            return None, layout.unzipped_size(path)
+        except layout.GZIP_ERRORS as e:
+            return f"it is not a valid .gz file ({_one_line(e)})", size
+    return None, size
 
 
-def _read_stamps(out: Path) -> dict:
-    path = out / STAMPS
-    return json.loads(path.read_text()) if path.is_file() else {}
+def _discard(path: str) -> None:
+    """Deletes a cached file: its blob and the snapshot's link to it."""
+    Path(os.path.realpath(path)).unlink(missing_ok=True)
+    Path(path).unlink(missing_ok=True)
+
+
+def _fetch_checked(f: HubFile, cache_dir: str | None, was_cached: bool) -> tuple[str, int]:
+    """The cached path of `f` once its copy is verified (`_inspect`), and its size in the layout. A damaged
+    copy is deleted from the cache; one cached before this run is fetched again, a fresh one raises
+    DownloadError."""
+    path = _download(f, cache_dir)
+    problem, size = _inspect(path, f)
+    if problem and was_cached:
+        print(f"warning: the cached copy of {f.key} is damaged ({problem}): fetching it again",
+              file=sys.stderr)
+        _discard(path)
+        path = _download(f, cache_dir)
+        problem, size = _inspect(path, f)
+    if problem:
+        _discard(path)
+        raise DownloadError(f"{f.repo_type} {f.repo_id} {f.path} as downloaded is damaged: {problem}; it is "
+                            "deleted from the cache, nothing was made from it")
+    return path, size
+
+
+def _made(out: Path, target: Target, stamps: dict) -> bool:
+    """Whether the target's file is there, made from its hub files (its stamp)."""
+    dest = out / target.dest
+    return dest.is_file() and stamps.get(target.dest) == _stamp(target, dest)
+
+
+def _stamp(target: Target, dest: Path) -> dict:
+    return {"sources": [f.key for f in target.sources], "bytes": dest.stat().st_size}
+
+
+def _layout_bytes(target: Target, sizes: Sequence[int], linked: bool) -> int:
+    """The disk the target's file takes beside its sources (`sizes`, decompressed for a .gz): none for a
+    hard link (`linked`: one plain file on the cache's filesystem), else their sum."""
+    plain_one = len(target.sources) == 1 and not target.sources[0].path.endswith(".gz")
+    return 0 if plain_one and linked else sum(sizes)
 
 
 def fetch(targets: Sequence[Target], out: str | os.PathLike, cache_dir: str | None = None,
-          dry_run: bool = False) -> None:
-    """Prints what `targets` need from the hub, downloads what is not cached, then makes each target under
-    `out` that is missing or was made from other files (the stamps in OUT/.searchrl_download.json)."""
-    from huggingface_hub import hf_hub_download
-
+          dry_run: bool = False, lock_wait_s: float = LOCK_WAIT_S) -> None:
+    """Prints what `targets` need from the hub, downloads and verifies what is not cached, then makes each
+    target under `out` that is missing or was made from other files (the stamps in
+    OUT/.searchrl_download.json), holding the folder's lock. Free space is checked before the download (for
+    it, and for the layout counting each .gz at its compressed size) and again before the layout is made (at
+    its exact size)."""
     files = list({f.key: f for t in targets for f in t.sources}.values())
     cached = {f.key for f in files if _cached(f, cache_dir)}
     listing, to_fetch = plan(files, cached)
     print(listing)
     if dry_run:
         return
-    check_disk(to_fetch, cache_dir)
-    paths = {f.key: hf_hub_download(f.repo_id, f.path, repo_type=f.repo_type, revision=f.commit,
-                                    cache_dir=cache_dir) for f in files}
-    out = Path(out)
-    stamps = _read_stamps(out)
-    for target in targets:
-        dest, keys = out / target.dest, [f.key for f in target.sources]
-        stamp = stamps.get(target.dest)
-        if dest.is_file() and stamp == {"sources": keys, "bytes": dest.stat().st_size}:
-            continue
-        make_file(dest, [paths[k] for k in keys])
-        stamps[target.dest] = {"sources": keys, "bytes": dest.stat().st_size}
-        (out / STAMPS).write_text(json.dumps(stamps, indent=1))  # after each file: a rerun keeps those done
+    out, cache = Path(out), _cache_root(cache_dir)
+    with layout.folder_lock(out, lock_wait_s):
+        stamps = layout.read_stamps(out)
+        todo = [t for t in targets if not _made(out, t, stamps)]
+        linked = layout.device(cache) == layout.device(out)
+        layout.check_free([(cache, to_fetch, "the download, in the hub cache"),
+                           (out, sum(_layout_bytes(t, [f.size for f in t.sources], linked) for t in todo),
+                            "the files made from it, at least")])
+        used = {f.key for t in todo for f in t.sources}
+        fetched = {f.key: _fetch_checked(f, cache_dir, f.key in cached) for f in files
+                   if f.key in used or f.key not in cached}
+        paths, sizes = {k: p for k, (p, _) in fetched.items()}, {k: n for k, (_, n) in fetched.items()}
+        exact = sum(_layout_bytes(t, [sizes[f.key] for f in t.sources], linked) for t in todo)
+        layout.check_free([(out, exact, "the files made from the download")])
+        for target in todo:
+            dest = out / target.dest
+            layout.make_file(dest, [paths[f.key] for f in target.sources])
+            stamps[target.dest] = _stamp(target, dest)
+            layout.write_stamps(out, stamps)  # after each file: a rerun keeps those done
 
 
 def _targets(command: str, names: Sequence[str], splits: Sequence[str], revision: str) -> list[Target]:
@@ -293,10 +342,12 @@ def _targets(command: str, names: Sequence[str], splits: Sequence[str], revision
 
 
 def _errors() -> tuple[type[Exception], ...]:
-    """The errors a user can fix: a wrong name or revision, no hub access, no disk space."""
+    """The errors a user can fix: a wrong name or revision, no hub access, a failed download, no disk space,
+    an unwritable output folder."""
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
 
-    return ValueError, FileNotFoundError, HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+    return (ValueError, OSError, DownloadError, HfHubHTTPError, LocalEntryNotFoundError,
+            OfflineModeIsEnabled)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -313,6 +364,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                                     flag_values=values)
     dry_run = flags.DEFINE_boolean("dry_run", False, "list the files and their sizes, download nothing",
                                    flag_values=values)
+    lock_wait_s = flags.DEFINE_float("lock_wait_s", LOCK_WAIT_S, "seconds to wait for another download "
+                                     "writing --out before giving up", lower_bound=0, flag_values=values)
     index_dir = flags.DEFINE_string("index_dir", None, "wiki18: import the e5 index as a searchrl dense "
                                     "index here (needs --encoder)", flag_values=values)
     encoder = flags.DEFINE_string("encoder", None, "wiki18: local intfloat/e5-base-v2 dir, for --index_dir",
@@ -320,19 +373,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     flags.register_multi_flags_validator(["index_dir", "encoder"], lambda f: bool(f["index_dir"]) == bool(
         f["encoder"]), "--index_dir and --encoder go together", flag_values=values)
     command = cli.parse_command(values, argv, __doc__, COMMANDS)
+    if not values["verbosity"].present:  # huggingface_hub's retry warnings: the failure is one line
+        logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
     if command in ("qa", "beir", "model") and not names.value:
         cli.fail(f"{command} needs --names")
 
     start = time.perf_counter()
     try:
         targets = _targets(command, names.value, splits.value, revision.value)
-        fetch(targets, out.value, cache_dir.value, dry_run.value)
+        fetch(targets, out.value, cache_dir.value, dry_run.value, lock_wait_s.value)
         if command == "wiki18" and index_dir.value and not dry_run.value:
             from searchrl.retrieval.import_faiss import BATCH_SIZE, import_index
             import_index(Path(out.value, WIKI18_INDEX), Path(out.value, WIKI18_CORPUS), index_dir.value,
                          encoder.value, batch_size=BATCH_SIZE)
     except _errors() as e:
-        cli.fail(str(e))
+        cli.fail(_one_line(e))
     print(json.dumps({"command": command, "out": out.value, "files": len(targets), "dry_run": dry_run.value,
                       "seconds": round(time.perf_counter() - start, 2)}))
 

@@ -7,10 +7,13 @@ JSON text. A value that would not come back the same (metadata JSON cannot hold 
 int64) fails the build with a DataFormatError naming the record.
 
 `prepared` writes a build in a temporary folder beside its destination and renames it into place: processes
-that prepare the same destination at once leave one complete copy, with no coordination between them.
+that prepare the same destination at once leave one complete copy, with no coordination between them. A
+build that cannot be read back (its files damaged since) fails with one line naming the folder to delete
+(`cli.Damaged`), when it is opened or when a damaged record is read, never with the readers' own errors.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import operator
@@ -23,6 +26,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 
+from searchrl import cli
 from searchrl.data.jsonl import DataFormatError
 
 _SPLIT = "records"  # a build's one split (which split of the source it holds is in its folder's name)
@@ -126,13 +130,31 @@ class _Builder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         pass
 
 
+@contextlib.contextmanager
+def _reading(build_dir: str) -> Iterator[None]:
+    """Turns any failure to read a build (TFDS's metadata, ArrayRecord's Riegeli files, the decoding) into
+    one line naming the folder to delete."""
+    try:
+        yield
+    except cli.Damaged:
+        raise
+    except Exception as e:  # whatever the damage: the readers raise RuntimeError, ValueError, protobuf errors
+        raise cli.Damaged("the prepared TFDS copy", build_dir, e) from e
+
+
+class _Part(NamedTuple):
+    source: Sequence[Any]  # random access to a build's stored examples
+    decode: Callable[[Any], dict]
+    build_dir: str
+
+
 class Records(Sequence[dict]):
     """Stored records, one build after another, read and decoded on demand: `records[i]` reads one, a slice
     reads the ones it names (into a list), iteration reads them in chunks."""
 
-    def __init__(self, parts: Sequence[tuple[Sequence[Any], Callable[[Any], dict]]]):
-        self._parts = list(parts)  # (random-access source, decode)
-        self._starts = np.cumsum([0] + [len(source) for source, _ in self._parts])
+    def __init__(self, parts: Sequence[_Part]):
+        self._parts = list(parts)
+        self._starts = np.cumsum([0] + [len(part.source) for part in self._parts])
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -144,15 +166,18 @@ class Records(Sequence[dict]):
         i += len(self) if i < 0 else 0
         if not 0 <= i < len(self):
             raise IndexError(f"record {index} of {len(self)}")
-        part = int(np.searchsorted(self._starts, i, side="right")) - 1
-        source, decode = self._parts[part]
-        return decode(source[i - int(self._starts[part])])
+        k = int(np.searchsorted(self._starts, i, side="right")) - 1
+        part = self._parts[k]
+        with _reading(part.build_dir):
+            return part.decode(part.source[i - int(self._starts[k])])
 
     def __iter__(self) -> Iterator[dict]:
-        for source, decode in self._parts:
-            for start in range(0, len(source), _READ_CHUNK):
-                chunk = range(start, min(start + _READ_CHUNK, len(source)))
-                yield from map(decode, source.__getitems__(chunk))
+        for part in self._parts:
+            for start in range(0, len(part.source), _READ_CHUNK):
+                with _reading(part.build_dir):
+                    chunk = range(start, min(start + _READ_CHUNK, len(part.source)))
+                    records = list(map(part.decode, part.source.__getitems__(chunk)))
+                yield from records
 
     @classmethod
     def concatenate(cls, records: Iterable[Records]) -> Records:
@@ -160,8 +185,15 @@ class Records(Sequence[dict]):
 
 
 def _load(build_dir: str, record_type: type, tags: dict[str, str]) -> Records:
-    source = tfds.builder_from_directory(build_dir).as_data_source(_SPLIT)
-    return Records([(source, functools.partial(_decode, _codecs(record_type), tags))])
+    """The build's records; its metadata and its first and last records are read here, so that damage there
+    fails at once."""
+    decode = functools.partial(_decode, _codecs(record_type), tags)
+    with _reading(build_dir):
+        records = Records([_Part(tfds.builder_from_directory(build_dir).as_data_source(_SPLIT), decode,
+                                 build_dir)])
+    if len(records):  # damage to the files' ends fails here, not in the middle of a run
+        _ = records[0], records[-1]
+    return records
 
 
 def prepared(build_dir: str, read: Callable[[], Sequence[dict]], record_type: type, where: str,

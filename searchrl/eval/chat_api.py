@@ -5,13 +5,20 @@ that every prompting baseline runs on.
 `ChatClient` POSTs {base_url}/v1/chat/completions (model, messages, temperature, max_tokens, stop), with
 - the API key read from the environment variable `key_env` names (sent as a Bearer token, never logged);
 - at most `concurrency` requests in flight and request starts spaced by 1 / `requests_per_second`;
-- retries of 429, 5xx and connection errors with exponential backoff (`backoff` doubled per attempt, at most
-  `max_backoff`), waiting what a Retry-After header asks for instead when the server sends one;
+- every exchange (connect, send, the whole response) over within `timeout` seconds, however slowly the
+  server trickles its bytes (`searchrl.retrieval.deadline`);
+- retries of 429, 5xx, connection errors, timeouts and a 200 whose body is not JSON, with exponential backoff
+  (`backoff` doubled per attempt), waiting what a Retry-After header asks for instead when the server sends
+  one; no wait is longer than `max_backoff`, whatever the header says;
 - a disk cache (`cache_dir`) keyed by (base_url, model, messages, sampling parameters): a rerun makes no
-  requests;
-- a usage log (`usage_log`, JSONL): each request's prompt and completion tokens (the response's `usage`) and
-  its cost from the user's price table (`prices`: a JSON file {model: {"prompt": USD, "completion": USD}}
-  per million tokens; no prices are built in).
+  requests. An answer is cached before its usage is logged, so that nothing in the accounting can lose an
+  answer that was paid for;
+- a usage log (`usage_log`, JSONL): each request's prompt and completion tokens (the response's `usage`; None
+  where the server gives no count) and its cost from the user's price table (`prices`: a JSON file {model:
+  {"prompt": USD, "completion": USD}} per million tokens; no prices are built in).
+
+Every failure of a request is a `ChatAPIError` naming its cause (and the cache file, for a torn entry).
+A message `content` given as a list of parts (OpenAI's content parts) is their text parts joined.
 
 `ChatGenerate` keeps the rollout engine's contract: a text that a stop string ended ends with that stop
 string. A server that names the stop it matched (vLLM's `stop_reason`, SGLang's `matched_stop`) gets it
@@ -31,16 +38,19 @@ import concurrent.futures
 import dataclasses
 import email.utils
 import hashlib
+import http.client
 import json
+import math
 import os
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import requests
 from absl import flags
 
+from searchrl.retrieval.deadline import Connection, TLSConnection
 from searchrl.text import chat
 
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
@@ -48,7 +58,16 @@ ENDPOINT = "/v1/chat/completions"
 
 
 class ChatAPIError(RuntimeError):
-    """A request the endpoint refused (a 4xx other than 429) or that still failed after every retry."""
+    """A request the endpoint refused (a 4xx other than 429), that still failed after every retry, whose
+    answer cannot be read, or whose cache entry is torn."""
+
+
+class _Transient(Exception):
+    """One attempt's failure that a retry may cure; `wait_s`: what the server's Retry-After asks for."""
+
+    def __init__(self, message: str, wait_s: float | None = None):
+        super().__init__(message)
+        self.wait_s = wait_s
 
 
 def _field(default: Any, help_text: str) -> Any:
@@ -69,8 +88,8 @@ class ChatAPIConfig:
     requests_per_second: float = _field(0.0, "spacing of request starts, retries included; 0: no limit")
     max_retries: int = _field(6, "retries of 429, 5xx and connection errors")
     backoff: float = _field(1.0, "seconds before the first retry (without Retry-After), doubled per retry")
-    max_backoff: float = _field(60.0, "the longest backoff, in seconds")
-    timeout: float = _field(300.0, "seconds per request")
+    max_backoff: float = _field(60.0, "the longest wait before a retry (backoff or Retry-After), in seconds")
+    timeout: float = _field(300.0, "seconds per request, the whole response included")
     cache_dir: str = _field("", "disk cache of responses; empty: none")
     usage_log: str = _field("", "JSONL log of every request made (tokens, cost); empty: none")
     prices: str = _field("", 'JSON price table {model: {"prompt": USD, "completion": USD}} per million '
@@ -92,6 +111,9 @@ class ChatAPIConfig:
             raise ValueError(f"api concurrency must be >= 1 (got {self.concurrency}), max_retries >= 0 "
                              f"(got {self.max_retries}), requests_per_second >= 0 "
                              f"(got {self.requests_per_second})")
+        for name in ("timeout", "max_backoff"):
+            if not 0 < (seconds := getattr(self, name)) < math.inf:
+                raise ValueError(f"api {name} must be a positive number of seconds, got {seconds}")
         if self.key_env and not os.environ.get(self.key_env):
             raise ValueError(f"the environment variable {self.key_env!r} (--api_key_env) is not set")
 
@@ -106,28 +128,67 @@ class Completion:
 
 
 def load_prices(path: str) -> dict[str, dict[str, float]]:
-    """The user's price table: {model: {"prompt": USD, "completion": USD}} per million tokens."""
+    """The user's price table: {model: {"prompt": USD, "completion": USD}} per million tokens, each price a
+    finite number >= 0 (checked here, before any request is paid for)."""
     if not path:
         return {}
-    table = json.loads(Path(path).read_text())
+    try:
+        table = json.loads(Path(path).read_text())
+    except ValueError as e:
+        raise ValueError(f"{path}: the price table is not JSON ({e})") from None
+    if not isinstance(table, dict):
+        raise ValueError(f"{path}: the price table must be a JSON object {{model: prices}}")
     for model, price in table.items():
         if not isinstance(price, dict) or set(price) != {"prompt", "completion"}:
             raise ValueError(f"{path}: model {model!r} needs exactly {{'prompt': USD, 'completion': USD}} "
                              f"per million tokens, got {price!r}")
+        for kind, usd in price.items():
+            if isinstance(usd, bool) or not isinstance(usd, (int, float)) or not 0 <= usd < math.inf:
+                raise ValueError(f"{path}: model {model!r} {kind!r} price must be a number >= 0 (USD per "
+                                 f"million tokens), got {usd!r}")
     return table
 
 
-def retry_after(value: str | None, now: float) -> float | None:
-    """Seconds a Retry-After header asks to wait (delta-seconds or an HTTP date); None if absent or bad."""
+def retry_after(value: str | None, now: float, cap: float) -> float | None:
+    """Seconds a Retry-After header asks to wait (delta-seconds or an HTTP date), at most `cap`; None if
+    absent or not a time (NaN included). A huge value (1e400, a date in the year 9999) waits `cap`."""
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         try:
-            return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - now)
-        except (TypeError, ValueError):
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - now
+        except (TypeError, ValueError, OverflowError):
             return None
+    return None if math.isnan(seconds) else min(max(0.0, seconds), cap)
+
+
+def message_text(content: Any) -> str:
+    """A message's `content` as text: a string, null (""), or a list of parts whose text parts are joined
+    (strings or {"type": "text", "text": ...}); anything else is a ValueError naming it."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ValueError(f"content must be a string or a list of parts, got {type(content).__name__}")
+    texts = []
+    for i, part in enumerate(content):
+        if isinstance(part, str):
+            texts.append(part)
+        elif isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise ValueError(f"content part {i} is not text (type {kind!r})")
+    return "".join(texts)
+
+
+def _tokens(usage: Any, name: str) -> int | None:
+    """A token count of a response's `usage`; None where the server gives none (or not an integer >= 0)."""
+    count = usage.get(name) if isinstance(usage, dict) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
 
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> str:
@@ -170,6 +231,9 @@ class ChatClient:
     def __init__(self, config: ChatAPIConfig, sleep: Callable[[float], None] = time.sleep):
         self.config, self.sleep = config, sleep
         self.url = config.base_url.rstrip("/") + ENDPOINT
+        parts = urllib.parse.urlsplit(self.url)
+        self._connection = TLSConnection if parts.scheme == "https" else Connection
+        self._host, self._port, self._path = parts.hostname, parts.port, parts.path
         self.prices = load_prices(config.prices)
         self.limiter = RateLimiter(config.requests_per_second, sleep=sleep)
         self.requests_made = 0
@@ -200,71 +264,109 @@ class ChatClient:
 
     def complete(self, messages: Sequence[Mapping[str, str]], stops: Sequence[str] = (),
                  template_kwargs: Mapping[str, Any] | None = None) -> Completion:
-        """The first choice for `messages`: from the cache, else from the endpoint (then cached)."""
+        """The first choice for `messages`: from the cache, else from the endpoint (cached, then its usage
+        logged)."""
         body = self.payload(messages, stops, template_kwargs or {})
         path = self.cache_path(body)
         if path is not None and path.exists():
-            return Completion(**json.loads(path.read_text())["completion"])
-        response = self._post(body)
+            return self._cached(path)
+        response, latency, attempts = self._post(body)
         try:
             choice = response["choices"][0]
             matched = choice.get("stop_reason", choice.get("matched_stop"))
-            completion = Completion(choice["message"]["content"] or "", choice.get("finish_reason"),
+            completion = Completion(message_text(choice["message"]["content"]), choice.get("finish_reason"),
                                     matched if isinstance(matched, str) else None)
-        except (KeyError, IndexError, TypeError) as e:
-            raise ChatAPIError(f"{self.url}: a response without choices[0].message.content "
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
+            raise ChatAPIError(f"{self.url}: a response without a text choices[0].message.content "
                                f"({type(e).__name__}: {e}): {json.dumps(response)[:300]}") from None
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp-{os.getpid()}-{threading.get_ident()}")
-            tmp.write_text(json.dumps({"request": body, "completion": dataclasses.asdict(completion)},
-                                      ensure_ascii=False))
-            os.replace(tmp, path)
+        try:
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".tmp-{os.getpid()}-{threading.get_ident()}")
+                tmp.write_text(json.dumps({"request": body, "completion": dataclasses.asdict(completion)},
+                                          ensure_ascii=False))
+                os.replace(tmp, path)
+            self._log(body, response, latency, attempts)
+        except OSError as e:  # a full disk, a read-only cache or log
+            raise ChatAPIError(f"cannot record the answer of {self.url} ({type(e).__name__}: {e})") from None
+        return completion
+
+    @staticmethod
+    def _cached(path: Path) -> Completion:
+        """The completion a cache entry holds; ChatAPIError naming the file when it is torn."""
+        try:
+            entry = json.loads(path.read_text(encoding="utf-8"))["completion"]
+            completion = Completion(**entry)
+            if not isinstance(completion.text, str):
+                raise TypeError(f"text is {type(completion.text).__name__}")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ChatAPIError(f"{path}: a torn cache entry ({type(e).__name__}: {e}); delete it to request "
+                               f"the answer again") from None
         return completion
 
     def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", "Connection": "close"}
         if self.config.key_env:
             headers["Authorization"] = f"Bearer {os.environ[self.config.key_env]}"
         return headers
 
-    def _post(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """The endpoint's JSON response to `body`, retried as the module doc says; logs its usage."""
+    def _post(self, body: Mapping[str, Any]) -> tuple[dict[str, Any], float, int]:
+        """(the endpoint's JSON answer to `body`, its latency, the attempts made), retried as the module
+        doc says."""
         cfg = self.config
         attempt = 0
         while True:
             self.limiter.wait()
             start = time.monotonic()
-            wait = None
+            with self._lock:
+                self.requests_made += 1
             try:
-                with self._lock:
-                    self.requests_made += 1
-                reply = requests.post(self.url, json=body, headers=self._headers(), timeout=cfg.timeout)
-            except (requests.ConnectionError, requests.Timeout) as e:
-                error = f"{type(e).__name__}: {str(e)[:200]}"
-            else:
-                if reply.status_code == 200:
-                    response = reply.json()
-                    self._log(body, response, time.monotonic() - start, attempt + 1)
-                    return response
-                error = f"HTTP {reply.status_code}: {reply.text[:300]}"
-                if reply.status_code not in RETRY_STATUS:
-                    raise ChatAPIError(f"{self.url} ({cfg.model}): {error}")
-                wait = retry_after(reply.headers.get("Retry-After"), time.time())
+                return self._attempt(body), time.monotonic() - start, attempt + 1
+            except _Transient as e:
+                error, wait = str(e), e.wait_s
             if attempt == cfg.max_retries:
                 raise ChatAPIError(f"{self.url} ({cfg.model}): {error}, after {attempt + 1} attempts")
             self.sleep(wait if wait is not None else min(cfg.backoff * 2 ** attempt, cfg.max_backoff))
             attempt += 1
 
+    def _attempt(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """One request, over within `timeout`: the JSON object of a 200; _Transient for what a retry may
+        cure, ChatAPIError for a refusal."""
+        cfg = self.config
+        connection = self._connection(self._host, self._port, time.monotonic() + cfg.timeout)
+        try:
+            connection.request("POST", self._path, json.dumps(body).encode(), self._headers())
+            reply = connection.getresponse()
+            data = reply.read()
+        except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out, cut short, garbled
+            raise _Transient(f"{type(e).__name__}: {str(e)[:200]}") from None
+        finally:
+            connection.close()
+        if reply.status != 200:
+            error = f"HTTP {reply.status}: {data[:300].decode(errors='replace')}"
+            if reply.status not in RETRY_STATUS:
+                raise ChatAPIError(f"{self.url} ({cfg.model}): {error}")
+            raise _Transient(error, retry_after(reply.getheader("Retry-After"), time.time(), cfg.max_backoff))
+        try:
+            response = json.loads(data)
+        except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deep
+            raise _Transient(f"HTTP 200 with a body that is not JSON ({str(e)[:100]}): {data[:100]!r}"
+                             ) from None
+        if not isinstance(response, dict):
+            raise _Transient(f"HTTP 200 with a body that is not a JSON object: {data[:100]!r}")
+        return response
+
     def _log(self, body: Mapping[str, Any], response: Mapping[str, Any], latency: float, attempts: int
              ) -> None:
-        """Appends one request's usage (and cost, when the model has a price) to the usage log."""
+        """Appends one request's usage (and cost, when the model has a price and the server counted the
+        tokens) to the usage log."""
         if not self.config.usage_log:
             return
-        usage = response.get("usage") or {}
-        prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+        usage = response.get("usage")
+        prompt, completion = _tokens(usage, "prompt_tokens"), _tokens(usage, "completion_tokens")
         price = self.prices.get(body["model"])
-        cost = None if price is None else (prompt * price["prompt"] + completion * price["completion"]) / 1e6
+        cost = None if price is None or prompt is None or completion is None else (
+            prompt * price["prompt"] + completion * price["completion"]) / 1e6
         row = {"time": time.time(), "base_url": self.config.base_url, "model": body["model"],
                "prompt_tokens": prompt, "completion_tokens": completion, "cost_usd": cost,
                "latency_s": round(latency, 3), "attempts": attempts}
@@ -275,7 +377,8 @@ class ChatClient:
 
 
 def usage_summary(path: str | os.PathLike) -> dict[str, dict[str, float]]:
-    """Per model in a usage log: requests, prompt and completion tokens, and cost (None if unpriced)."""
+    """Per model in a usage log: requests, prompt and completion tokens, and cost; a total is None when a
+    row lacks its part (a model without a price, a response without token counts)."""
     totals: dict[str, dict[str, Any]] = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -283,10 +386,8 @@ def usage_summary(path: str | os.PathLike) -> dict[str, dict[str, float]]:
             t = totals.setdefault(row["model"], {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0,
                                                  "cost_usd": 0.0})
             t["requests"] += 1
-            t["prompt_tokens"] += row["prompt_tokens"]
-            t["completion_tokens"] += row["completion_tokens"]
-            t["cost_usd"] = None if t["cost_usd"] is None or row["cost_usd"] is None else (
-                t["cost_usd"] + row["cost_usd"])
+            for name in ("prompt_tokens", "completion_tokens", "cost_usd"):
+                t[name] = None if t[name] is None or row[name] is None else t[name] + row[name]
     return totals
 
 

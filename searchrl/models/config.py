@@ -12,12 +12,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from searchrl import cli
+from searchrl.model_families import FAMILIES
 
-
-FAMILIES = ("qwen2", "qwen3", "llama", "mistral")
-ARCHITECTURES = {"Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama",
-                 "MistralForCausalLM": "mistral"}
-_FAMILY_ARCH = {family: arch for arch, family in ARCHITECTURES.items()}
 VALUE_SUFFIX = "ForTokenClassification"  # a value model's architecture: transformers' head with num_labels=1
 
 
@@ -38,7 +34,8 @@ class RopeScaling:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of a Qwen2/Qwen2.5, Qwen3, Llama-3 or Mistral decoder.
+    """Architecture of a decoder of a family in `searchrl.model_families.FAMILIES` (Qwen2/Qwen2.5, Qwen3,
+    Llama-3, Mistral).
 
     `sliding_window` (Mistral's; HF `sliding_window`): a query sees only the keys less than this many
     positions behind it. searchrl's attention has no window: a forward pass is exact while it holds at most
@@ -59,8 +56,8 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = None
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
-    attention_bias: bool = False  # q/k/v biases (always on in Qwen2); Llama/Qwen3 then also bias o.
-    qk_norm: bool = False  # RMSNorm of each query/key head before RoPE (Qwen3).
+    attention_bias: bool = False  # q/k/v biases (and o's, where the family's `o_bias`)
+    qk_norm: bool = False  # RMSNorm of each query/key head before RoPE
     max_position_embeddings: int = 32768
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
@@ -68,8 +65,7 @@ class ModelConfig:
     sliding_window: int | None = None
 
     def __post_init__(self):
-        if self.family not in FAMILIES:
-            raise ValueError(f"family {self.family!r} is not one of {FAMILIES}")
+        FAMILIES.get(self.family)
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
                              f"num_kv_heads={self.num_kv_heads}")
@@ -82,8 +78,8 @@ class ModelConfig:
 
     @property
     def o_bias(self) -> bool:
-        """Whether the attention output projection has a bias (HF `attention_bias` outside Qwen2)."""
-        return self.attention_bias and self.family != "qwen2"
+        """Whether the attention output projection has a bias: with q/k/v's, where the family has one."""
+        return self.attention_bias and FAMILIES.get(self.family).o_bias
 
 
 def _qwen2p5(hidden: int, inter: int, layers: int, heads: int, kv: int, vocab: int = 151936,
@@ -146,14 +142,6 @@ def get_preset(name: str) -> ModelConfig:
     return PRESETS[name]
 
 
-# HF class defaults (transformers 5.x) for optional fields, per family.
-_HF_DEFAULTS = {
-    "qwen2": {"max_position_embeddings": 32768, "bos_token_id": None, "eos_token_id": None},
-    "qwen3": {"max_position_embeddings": 32768, "bos_token_id": None, "eos_token_id": None, "head_dim": 128},
-    "llama": {"max_position_embeddings": 2048, "bos_token_id": 1, "eos_token_id": 2},
-    "mistral": {"max_position_embeddings": 131072, "bos_token_id": 1, "eos_token_id": 2,
-                "sliding_window": 4096},
-}
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
 
@@ -165,19 +153,20 @@ def _require(hf: dict[str, Any], fields: tuple[str, ...]) -> None:
 
 
 def _family(hf: dict[str, Any]) -> str:
-    """The decoder family of an HF config; a value model (`<Arch>ForTokenClassification`, see
-    `hf.save_hf(value=True)`) has its causal LM's."""
+    """The family of a config.json: by its first architecture, else by its model_type; a value model
+    (`<Arch>ForTokenClassification`, see `hf.save_hf(value=True)`) has its causal LM's."""
     archs = hf.get("architectures") or []
     if archs:
+        names = {FAMILIES.get(name).architecture: name for name in FAMILIES}
         arch = archs[0].replace(VALUE_SUFFIX, "ForCausalLM")
-        if arch not in ARCHITECTURES:
+        if arch not in names:
             raise ValueError(f"unsupported architecture {archs[0]!r} in field 'architectures'; "
-                             f"supported: {', '.join(ARCHITECTURES)} (or their {VALUE_SUFFIX} value models)")
-        return ARCHITECTURES[arch]
+                             f"supported: {', '.join(names)} (or their {VALUE_SUFFIX} value models)")
+        return names[arch]
     model_type = hf.get("model_type")
     if model_type not in FAMILIES:
         raise ValueError(f"unsupported architecture: no 'architectures' field and model_type {model_type!r} "
-                         f"is not one of {FAMILIES}")
+                         f"is not one of {FAMILIES.names()}")
     return model_type
 
 
@@ -202,22 +191,25 @@ def _rope(hf: dict[str, Any], max_pos: int) -> tuple[float, RopeScaling | None]:
 
 
 def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
-    """`ModelConfig` from a parsed HF config.json (Qwen2ForCausalLM, Qwen3ForCausalLM, LlamaForCausalLM,
-    MistralForCausalLM: no biases whatever `attention_bias` says, as transformers builds it)."""
-    family = _family(hf)
+    """`ModelConfig` from a parsed HF config.json of a registered family's architecture; its biases, q/k norm
+    and window as transformers builds that family (Qwen2: biases, Mistral: none, whatever `attention_bias`
+    says)."""
+    name = _family(hf)
+    family = FAMILIES.get(name)
     _require(hf, _REQUIRED)
     for field, ok in (("hidden_act", "silu"), ("use_sliding_window", False), ("mlp_bias", False)):
         if field in hf and hf[field] != ok:
             raise ValueError(f"field {field!r} = {hf[field]!r} is not supported (expected {ok!r})")
     if any(t != "full_attention" for t in hf.get("layer_types") or ()):
         raise ValueError(f"field 'layer_types' = {hf['layer_types']!r}: only full attention is supported")
-    defaults = _HF_DEFAULTS[family]
+    defaults = family.hf_defaults
     heads = hf["num_attention_heads"]
     max_pos = hf.get("max_position_embeddings", defaults["max_position_embeddings"])
     theta, scaling = _rope(hf, max_pos)
     eos = hf.get("eos_token_id", defaults["eos_token_id"])
+    window = hf.get("sliding_window", defaults.get("sliding_window")) if family.sliding_window else None
     return ModelConfig(
-        family=family,
+        family=name,
         vocab_size=hf["vocab_size"],
         hidden_size=hf["hidden_size"],
         intermediate_size=hf["intermediate_size"],
@@ -229,31 +221,33 @@ def from_hf_config(hf: dict[str, Any]) -> ModelConfig:
         rope_scaling=scaling,
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        attention_bias={"qwen2": True, "mistral": False}.get(family, bool(hf.get("attention_bias", False))),
-        qk_norm=family == "qwen3",
+        attention_bias=(family.attention_bias if family.attention_bias is not None
+                        else bool(hf.get("attention_bias", False))),
+        qk_norm=family.qk_norm,
         max_position_embeddings=max_pos,
         bos_token_id=hf.get("bos_token_id", defaults["bos_token_id"]),
         eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
         pad_token_id=hf.get("pad_token_id"),
-        sliding_window=hf.get("sliding_window", defaults["sliding_window"]) if family == "mistral" else None,
+        sliding_window=window,
     )
 
 
 def to_hf_config(cfg: ModelConfig, dtype: str = "float32") -> dict[str, Any]:
     """HF config.json dict for `cfg`, readable by transformers 4.x and 5.x (and vLLM)."""
-    if cfg.family == "qwen2" and not cfg.attention_bias:
-        raise ValueError("Qwen2ForCausalLM always has q/k/v biases: attention_bias must be True")
-    if cfg.family == "mistral" and cfg.attention_bias:
-        raise ValueError("MistralForCausalLM has no attention biases: attention_bias must be False")
-    if cfg.sliding_window is not None and cfg.family != "mistral":
+    family = FAMILIES.get(cfg.family)
+    if family.attention_bias is not None and cfg.attention_bias != family.attention_bias:
+        has = "always has" if family.attention_bias else "has no"
+        raise ValueError(f"{family.architecture} {has} q/k/v biases: attention_bias must be "
+                         f"{family.attention_bias}")
+    if cfg.sliding_window is not None and not family.sliding_window:
         raise ValueError(f"sliding_window={cfg.sliding_window} is not expressible for family {cfg.family!r}")
-    if cfg.qk_norm != (cfg.family == "qwen3"):
+    if cfg.qk_norm != family.qk_norm:
         raise ValueError(f"qk_norm={cfg.qk_norm} is not expressible for family {cfg.family!r}")
     scaling = None
     if cfg.rope_scaling is not None:
         scaling = dataclasses.asdict(cfg.rope_scaling)
     hf: dict[str, Any] = {
-        "architectures": [_FAMILY_ARCH[cfg.family]],
+        "architectures": [family.architecture],
         "model_type": cfg.family,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
@@ -275,13 +269,10 @@ def to_hf_config(cfg: ModelConfig, dtype: str = "float32") -> dict[str, Any]:
         "dtype": dtype,
         "torch_dtype": dtype,
     }
-    if cfg.family in ("qwen2", "qwen3"):
-        hf["use_sliding_window"] = False
-    if cfg.family in ("qwen3", "llama"):
+    hf |= family.hf_fields
+    if family.attention_bias is None:
         hf["attention_bias"] = cfg.attention_bias
-    if cfg.family == "llama":
-        hf["mlp_bias"] = False
-    if cfg.family == "mistral":
+    if family.sliding_window:
         hf["sliding_window"] = cfg.sliding_window
     return hf
 

@@ -1,6 +1,7 @@
 """searchrl.retrieval: corpora, sparse (bm25s, Lucene) and dense retrieval behind one `Retriever` protocol,
-a client of Search-R1's `/retrieve` service (`remote`; the server is `searchrl.serving`), metrics and CLIs. Backends import lazily: bm25s, pyserini (Java) and
-the dense stack load only when an index of their kind is opened."""
+a client of Search-R1's `/retrieve` service (`remote`; the server is `searchrl.serving`), metrics and CLIs.
+Local index kinds are `INDEX_KINDS` (`kinds`); backends import lazily: bm25s, pyserini (Java) and the dense
+stack load only when an index of their kind is built or opened."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,14 +14,12 @@ from searchrl import cli
 from searchrl.registry import Registry
 from searchrl.retrieval import record
 from searchrl.retrieval.corpus import MANIFEST, read_manifest, write_manifest
+from searchrl.retrieval.kinds import BM25_B, BM25_K1, INDEX_KINDS
 from searchrl.retrieval.types import Hit, Retriever
 
 __all__ = ["Hit", "Retriever", "RetrievalConfig", "MANIFEST", "read_manifest", "write_manifest", "index_kind",
-           "index_fingerprint", "load_retriever", "make_retriever", "RETRIEVERS", "KINDS", "BM25_K1",
-           "BM25_B"]
-
-KINDS = ("bm25", "lucene", "dense")
-BM25_K1, BM25_B = 0.9, 0.4  # pyserini / Anserini defaults, shared by both BM25 backends
+           "is_dense", "index_fingerprint", "load_retriever", "make_retriever", "RETRIEVERS", "INDEX_KINDS",
+           "BM25_K1", "BM25_B"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,15 +55,23 @@ def existing_index(index_dir: str | os.PathLike) -> Path:
 
 
 def index_kind(index_dir: str | os.PathLike) -> str:
-    """The kind named in an index dir's manifest; a bare Lucene index (segments_* files, no manifest) is
-    "lucene"."""
+    """The kind (a name in INDEX_KINDS) named in an index dir's manifest; without a manifest, the kind that
+    recognises it as its own bare index (a prebuilt Lucene index: "lucene")."""
     path = existing_index(index_dir)
-    if not (path / MANIFEST).is_file() and any(path.glob("segments_*")):
-        return "lucene"
+    if not (path / MANIFEST).is_file():
+        for name in INDEX_KINDS:
+            bare = INDEX_KINDS.get(name).bare
+            if bare is not None and bare(path):
+                return name
     kind = read_manifest(path)["kind"]
-    if kind not in KINDS:
-        raise ValueError(f"{path / MANIFEST}: unknown index kind {kind!r}; expected one of {KINDS}")
+    if kind not in INDEX_KINDS:
+        raise ValueError(f"{path / MANIFEST}: unknown index kind {kind!r}; known: {INDEX_KINDS.names()}")
     return kind
+
+
+def is_dense(index_dir: str | os.PathLike) -> bool:
+    """Whether an index dir is of a dense kind (searched by embedding)."""
+    return INDEX_KINDS.get(index_kind(index_dir)).dense
 
 
 FINGERPRINT_SAMPLE = 1 << 16  # bytes read from each end of each file
@@ -93,17 +100,9 @@ def index_fingerprint(index_dir: str | os.PathLike) -> str:
 
 
 def load_retriever(index_dir: str | os.PathLike, **options: Any) -> Retriever:
-    """Opens any searchrl index dir; `options` go to the backend's constructor (e.g. n_threads for bm25 and
-    lucene)."""
-    kind = index_kind(index_dir)
-    if kind == "bm25":
-        from searchrl.retrieval.bm25 import BM25Retriever
-        return BM25Retriever(index_dir, **options)
-    if kind == "lucene":
-        from searchrl.retrieval.lucene import LuceneRetriever
-        return LuceneRetriever(index_dir, **options)
-    from searchrl.retrieval.dense import DenseRetriever
-    return DenseRetriever.load(index_dir, **options)
+    """Opens any searchrl index dir with its kind's `load`; `options` go to the backend (e.g. n_threads for
+    bm25 and lucene)."""
+    return INDEX_KINDS.get(index_kind(index_dir)).load(index_dir, **options)
 
 
 RETRIEVERS: Registry[Callable[[RetrievalConfig], Retriever]] = Registry("retriever kind",

@@ -81,11 +81,6 @@ class BM25Retriever:
             stems = self._stemmer.stemWords(words)
         return [self._vocab[s] for s in stems if s in self._vocab]
 
-    @property
-    def max_document_bytes(self) -> int:
-        """Bounds a hit's document JSON (the /retrieve server sizes responses by it)."""
-        return self.store.max_document_bytes
-
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         """Top-k passages per query. Only passages sharing a term with the query are returned (as in
         Lucene), so a query of stopwords or unknown terms gets no hits."""

@@ -17,7 +17,6 @@ as Search-R1's index builder encodes the raw `contents`).
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import mmap
 import os
@@ -252,13 +251,6 @@ class CorpusStore:
             return self._index[doc_id]
         except KeyError:
             raise KeyError(f"unknown passage id {doc_id!r} in {self.source}") from None
-
-    @functools.cached_property
-    def max_document_bytes(self) -> int:
-        """An upper bound on one passage's {"id", "contents"} JSON as json.dumps writes it: 3 x its longest
-        JSONL line (a character of 2 or 4 UTF-8 bytes becomes a 6- or 12-byte \\u escape)."""
-        ends = np.append(np.asarray(self.offsets[1:]), len(self._mm))
-        return 3 * int((ends - self.offsets).max()) if len(self) else 0
 
     def hit(self, i: int, score: float) -> Hit:
         """Passage i as a search hit."""

@@ -1,5 +1,6 @@
 """HTTP(S) connections whose whole exchange (connect, send, the complete response) must be over by a deadline,
-however slowly the peer trickles bytes: the `/retrieve` client's and the search-engine clients'."""
+however slowly the peer trickles bytes: the `/retrieve` client's, the search-engine clients' and the chat
+endpoint client's."""
 from __future__ import annotations
 
 import functools

@@ -82,6 +82,16 @@ def read_index(path: str | os.PathLike) -> faiss.Index:
         return faiss.read_index(str(path))
 
 
+def warn_if_shared(path: Path) -> None:
+    """Logs a warning when an index file shares its data with another path (a hard or symbolic link, as
+    imports made before they copied): rewriting that path in place pulls the memory-mapped pages from under
+    the searcher (SIGBUS)."""
+    if path.is_symlink() or path.stat().st_nlink > 1:
+        log.warning("%s is a link shared with another path: rewriting that file in place (Search-R1's `cat "
+                    "part_* > e5_Flat.index`) will crash this searcher; import the index again to give it a "
+                    "private copy", path)
+
+
 def set_search_params(index: faiss.Index, nprobe: int, ef_search: int) -> None:
     """Search-time knobs: inverted lists probed (IVF) and beam width (HNSW); no-ops for other types."""
     ivf = faiss.try_extract_index_ivf(index)
@@ -166,16 +176,12 @@ class DenseRetriever:
             settings["path"] = str(encoder_path)
         if batch_size is not None:
             settings["batch_size"] = batch_size
+        warn_if_shared(index_dir / manifest["index_file"])
         index = read_index(index_dir / manifest["index_file"])
         set_search_params(index, nprobe, ef_search)
         index = on_gpus(index, faiss_gpu, faiss_gpus) if faiss_gpu else to_gpu(index, use_gpu)
         encoder = DenseEncoder.from_pretrained(**settings, dtype=dtype, device=device)
         return cls(index, encoder, CorpusStore.open(index_dir / "corpus"))
-
-    @property
-    def max_document_bytes(self) -> int:
-        """Bounds a hit's document JSON (the /retrieve server sizes responses by it)."""
-        return self.store.max_document_bytes
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         """Top-k passages per query by inner product of embeddings (cosine when the encoder normalises)."""

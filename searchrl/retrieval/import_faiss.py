@@ -20,14 +20,20 @@ vector per corpus passage and has the encoder's dimension; and the encoder repro
 prefix fails here instead of retrieving badly. Search-R1 encoded in float16; the default threshold leaves
 room for that.
 
-The index file is hard-linked into the index dir (a symbolic link where it is on another filesystem), never
-copied; the corpus store points at the corpus JSONL where it is, as `DenseRetriever.build`'s does.
+The index dir gets a private copy of the index file: a reflink (a copy-on-write clone, instant and taking no
+space, where the filesystem makes them: btrfs, XFS, ...) or else a byte copy, checked to fit first. Never a
+link: the searcher memory-maps its index, and Search-R1's instructions rebuild the file in place
+(`cat part_* > e5_Flat.index`), which would pull the pages from under a searcher sharing it (SIGBUS). The
+corpus store points at the corpus JSONL where it is, as `DenseRetriever.build`'s does.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import os
+import shutil
 import time
 import types
 from pathlib import Path
@@ -45,6 +51,7 @@ from searchrl.retrieval.encoder import DenseEncoder
 log = logging.getLogger(__name__)
 
 BATCH_SIZE = 64  # passages encoded at once (the vector check's)
+FICLONE = 0x40049409  # Linux's ioctl that clones a file's blocks (a reflink)
 # Search-R1's e5 settings (search_r1/search/index_builder.py, retrieval_server.py).
 SEARCH_R1_E5 = types.MappingProxyType({"pooling": "mean", "normalize": True, "query_prefix": "query: ",
                                       "passage_prefix": "passage: ", "max_length": 256})
@@ -94,13 +101,28 @@ def check_vectors(index: faiss.Index, store: CorpusStore, encoder: DenseEncoder,
             f"its embedding with {settings}; the index was built with another model or other settings")
 
 
-def _link(src: Path, dest: Path) -> None:
-    """A hard link `dest` to `src`, or a symbolic link where a hard one cannot be made (other filesystem)."""
-    try:
-        os.link(src, dest)
-    except OSError as e:
-        log.info("cannot hard-link %s (%s): %s is a symbolic link to it", src, e, dest)
-        os.symlink(src, dest)
+def private_copy(src: Path, dest: Path) -> None:
+    """Writes the new file `dest` as a copy of `src` sharing nothing a rewrite of `src` in place changes: a
+    reflink where the filesystem makes one, else a byte copy, refused (ValueError) when it would not fit.
+    Nothing is left at `dest` on a failure."""
+    with open(src, "rb") as source, open(dest, "xb") as out:
+        try:
+            try:
+                fcntl.ioctl(out.fileno(), FICLONE, source.fileno())
+                return
+            except OSError as e:  # no reflinks here (another filesystem, ext4, tmpfs, ...)
+                log.info("cannot clone %s (%s): copying it", src, e)
+            size, free = os.fstat(source.fileno()).st_size, shutil.disk_usage(dest.parent).free
+            if size > free:
+                raise ValueError(f"importing {src} copies it ({size / 1e9:.3g} GB; the index must not share "
+                                 f"a file you may rewrite) but {dest.parent} has {free / 1e9:.3g} GB free: "
+                                 "free space or import to another disk")
+            shutil.copyfileobj(source, out, 1 << 24)
+        except BaseException as e:
+            dest.unlink(missing_ok=True)
+            if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+                raise ValueError(f"no space left on the device while copying {src} to {dest}") from None
+            raise
 
 
 def import_index(index_path: str | os.PathLike, corpus_path: str | os.PathLike, out_dir: str | os.PathLike,
@@ -122,11 +144,12 @@ def import_index(index_path: str | os.PathLike, corpus_path: str | os.PathLike, 
         store = CorpusStore.build(corpus_path, out / "corpus", show_progress=show_progress)
         check_count(index, str(index_path), store)
         check_vectors(index, store, encoder, check_passages, min_cosine)
-        _link(index_path, out / INDEX_FILE)
+        private_copy(index_path, out / INDEX_FILE)
         write_manifest(out, "dense", store.source, dim=index.d, count=len(store), index_file=INDEX_FILE,
                        encoder=encoder.settings(), imported_from=str(index_path),
                        faiss_class=type(faiss.downcast_index(index)).__name__)
-    return DenseRetriever(index, encoder, CorpusStore.open(Path(out_dir) / "corpus"))
+    out_dir = Path(out_dir)
+    return DenseRetriever(read_index(out_dir / INDEX_FILE), encoder, CorpusStore.open(out_dir / "corpus"))
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -46,7 +46,8 @@ def query_problem(query: str, max_chars: int = MAX_QUERY_CHARS) -> str | None:
 
 
 class RetrievalError(RuntimeError):
-    """A remote search that failed for good: the server refused the request (a 4xx) or answered nonsense."""
+    """A remote search that failed for good: the server refused the request (a 4xx) or answered nonsense.
+    Unless it is a `QueryRefused`, it is not the query's doing: never scored as retrieving nothing."""
 
 
 class RetrievalUnavailable(RetrievalError):
@@ -54,39 +55,39 @@ class RetrievalUnavailable(RetrievalError):
     retries."""
 
 
-def search_each(retriever: Retriever, queries: Sequence[str], k: int) -> list[list[Hit] | RetrievalError]:
-    """One batched search; when the batch is refused (`RetrievalError`), one search per query, so one bad query
-    cannot fail the others: a query's own error is its outcome. Raises when the retriever is down
-    (`RetrievalUnavailable`: its retries used up), or when no query can be searched even alone."""
+class QueryRefused(RetrievalError):
+    """The backend refused one query for its text (a search engine that cannot parse it, a server naming
+    it): the policy's doing, which it is told of, or which retrieves nothing."""
+
+
+def search_each(retriever: Retriever, queries: Sequence[str], k: int) -> list[list[Hit] | QueryRefused]:
+    """One batched search; when the batch is refused for a query's text (`QueryRefused`), one search per
+    query, so one bad query cannot fail the others: a query's own refusal is its outcome. Any other
+    `RetrievalError` (the retriever down, a request too large, an answer of the wrong shape) raises: it says
+    nothing of the queries."""
     try:
         return retriever.search(queries, k)
-    except RetrievalUnavailable:
-        raise
-    except RetrievalError:
-        alone = [_search_alone(retriever, query, k) for query in queries]
-        if all(isinstance(outcome, RetrievalError) for outcome in alone):
-            raise
-        return alone
+    except QueryRefused:
+        return [_search_alone(retriever, query, k) for query in queries]
 
 
-def _search_alone(retriever: Retriever, query: str, k: int) -> list[Hit] | RetrievalError:
+def _search_alone(retriever: Retriever, query: str, k: int) -> list[Hit] | QueryRefused:
     try:
         return retriever.search([query], k)[0]
-    except RetrievalUnavailable:
-        raise
-    except RetrievalError as e:
+    except QueryRefused as e:
         return e
 
 
 def search_or_explain(retriever: Retriever, queries: Sequence[str], k: int,
                       max_chars: int = MAX_QUERY_CHARS) -> list[list[Hit] | str]:
     """Each query's hits, or why it has none, as a bad tool call is told: a query with a `query_problem` is
-    not sent, and one the backend refuses says so (`search_each`, which raises when the backend is down)."""
+    not sent, and one the backend refuses for its text says so (`search_each`, which raises any other
+    failure)."""
     problems = [query_problem(q, max_chars) for q in queries]
     valid = [q for q, problem in zip(queries, problems) if problem is None]
     outcomes = iter(search_each(retriever, valid, k) if valid else [])
     return [_explained(next(outcomes)) if problem is None else problem for problem in problems]
 
 
-def _explained(outcome: list[Hit] | RetrievalError) -> list[Hit] | str:
-    return f"The search failed: {outcome}"[:500] if isinstance(outcome, RetrievalError) else outcome
+def _explained(outcome: list[Hit] | QueryRefused) -> list[Hit] | str:
+    return f"The search failed: {outcome}"[:500] if isinstance(outcome, QueryRefused) else outcome

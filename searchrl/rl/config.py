@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from searchrl.rl.kl_controllers import KL_CONTROLLERS
+
 DECAYS = ("constant", "cosine", "linear")
 MOMENT_DTYPES = ("", "float32", "bfloat16")
 
@@ -100,7 +102,7 @@ class RLConfig:
     # verl's algorithm.kl_penalty: kl (k1, its default), abs, mse (k2) or low_var_kl (k3; searchrl.rl.kl).
     kl_reward_estimator: str = "kl"
     kl_reward_clip: float = 0.0  # > 0: clamp the per-token KL to [-clip, clip] first (AutoSearch: 5)
-    kl_controller: str = "fixed"  # fixed | adaptive
+    kl_controller: str = "fixed"  # a name in searchrl.rl.kl_controllers.KL_CONTROLLERS: fixed, adaptive
     kl_coef: float = 0.001
     kl_target: float = 0.1  # adaptive only
     kl_horizon: float = 10000.0  # adaptive only
@@ -148,6 +150,7 @@ class RLConfig:
             if optim.decay != "constant" and not optim.decay_steps:  # only SFT derives it from its data
                 raise ValueError(f"rl.{name}.decay={optim.decay!r} needs rl.{name}.decay_steps > "
                                  f"rl.{name}.warmup_steps ({optim.warmup_steps})")
+        KL_CONTROLLERS.get(self.kl_controller, "rl.kl_controller")  # known even where kl_in_reward is off
         if self.kl_reward_clip < 0:
             raise ValueError(f"rl.kl_reward_clip must be >= 0, got {self.kl_reward_clip}")
         if (self.kl_in_reward or self.kl_loss_coef > 0) and not self.use_reference:

@@ -3,8 +3,9 @@
 Estimators follow verl's `kl_penalty` (core_algos.py; its names kl, abs, mse, low_var_kl and the k1/k2/k3
 aliases) and Schulman's "Approximating KL divergence" note; verl's "full" (KL over the whole vocabulary) is
 not implemented there either, and is refused here with that reason;
-the controllers follow Ziegler et al. 2019 (as verl's AdaptiveKLController / FixedKLController), written as
-a small pytree state and a pure update so the coefficient can live in a jitted train state.
+the controllers (`searchrl.rl.kl_controllers`, by name) follow Ziegler et al. 2019, as verl's
+AdaptiveKLController / FixedKLController: a small pytree state and a pure update, so the coefficient can live
+in a jitted train state.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 
 from searchrl.registry import Registry
 from searchrl.rl.advantages import as_mask, check_shapes, masked_mean
+from searchrl.rl.kl_controllers import KL_CONTROLLERS, KLState
 
 Estimate = Callable[[jax.Array, jax.Array], jax.Array]
 KL_ESTIMATORS: Registry[Estimate] = Registry("KL estimator", "config.rl.kl_reward_estimator / kl_loss_type")
@@ -93,12 +95,6 @@ def apply_kl_penalty(
     return rewards - beta * kl, {"kl": current_kl, "kl_coef": beta}
 
 
-class KLState(NamedTuple):
-    """The KL coefficient, a float32 scalar (a pytree, so it can sit in a jitted train state)."""
-
-    coef: jax.Array
-
-
 class KLController(NamedTuple):
     """init() -> KLState; update(state, current_kl, n_steps) -> KLState."""
 
@@ -106,36 +102,18 @@ class KLController(NamedTuple):
     update: Callable[[KLState, jax.Array, int], KLState]
 
 
-def fixed_kl_controller(coef: float) -> KLController:
-    """A coefficient that never changes."""
-    return KLController(init=lambda: KLState(jnp.float32(coef)), update=lambda state, kl, n_steps: state)
-
-
-def adaptive_kl_controller(init_coef: float, target: float, horizon: float) -> KLController:
-    """Ziegler et al. 2019: error = clip(kl / target - 1, -0.2, 0.2); coef *= 1 + error * n_steps / horizon.
-
-    `n_steps` is the number of sequences the KL was measured on (verl passes the batch size).
-    """
-    if target <= 0:
-        raise ValueError(f"adaptive KL controller: target must be > 0, got {target}")
-    if horizon <= 0:
-        raise ValueError(f"adaptive KL controller: horizon must be > 0, got {horizon}")
-
-    def update(state: KLState, current_kl: jax.Array, n_steps: int) -> KLState:
-        error = jnp.clip(jnp.asarray(current_kl, jnp.float32) / target - 1.0, -0.2, 0.2)
-        return KLState(state.coef * (1.0 + error * n_steps / horizon))
-
-    return KLController(init=lambda: KLState(jnp.float32(init_coef)), update=update)
-
-
 def make_kl_controller(
     kind: str, coef: float, target: float | None = None, horizon: float | None = None
 ) -> KLController:
-    """Controller from config fields, as verl's get_kl_controller: kind "fixed" or "adaptive"."""
-    if kind == "fixed":
-        return fixed_kl_controller(coef)
-    if kind == "adaptive":
-        if target is None or horizon is None:
-            raise ValueError("adaptive KL controller needs both target and horizon")
-        return adaptive_kl_controller(coef, target, horizon)
-    raise ValueError(f"unknown KL controller kind {kind!r}; known: ['adaptive', 'fixed']")
+    """The controller `kind` names in `KL_CONTROLLERS` (fixed, adaptive), starting at `coef`, as verl's
+    get_kl_controller."""
+    if kind not in KL_CONTROLLERS:
+        raise ValueError(f"unknown KL controller kind {kind!r}; known: {KL_CONTROLLERS.names()}")
+    update = KL_CONTROLLERS.get(kind)(target, horizon)
+    return KLController(init=lambda: KLState(jnp.float32(coef)),
+                        update=lambda state, kl, n_steps: update(state, jnp.asarray(kl, jnp.float32), n_steps))
+
+
+def adaptive_kl_controller(init_coef: float, target: float, horizon: float) -> KLController:
+    """Ziegler et al. 2019's adaptive coefficient (`kl_controllers.adaptive`)."""
+    return make_kl_controller("adaptive", init_coef, target, horizon)

@@ -136,3 +136,12 @@ def train(cfg: models.ModelConfig, params: dict, tokens: np.ndarray, loss_mask: 
             if on_epoch_end is not None and config.epochs > 0 and (i + 1) % per_epoch == 0:
                 on_epoch_end((i + 1) // per_epoch, params)
     return params, losses
+
+
+def fine_tune(cfg: models.ModelConfig, params: dict, tokenizer: Any, examples: Sequence[Segments],
+              config: SFTConfig, mesh: Mesh, rules: models.ShardingRules, attention: models.AttentionConfig,
+              on_epoch_end: Callable[[int, dict], None] | None = None) -> tuple[dict, list[float]]:
+    """`train` on `examples` as `encode` tokenises them (`config.max_len` tokens each): the params and the
+    loss per step."""
+    tokens, loss_mask = encode(tokenizer, examples, config.max_len)
+    return train(cfg, params, tokens, loss_mask, config, mesh, rules, attention, on_epoch_end)

@@ -39,10 +39,11 @@ from tqdm import tqdm
 
 from searchrl import distributed, models
 from searchrl.checkpoint import TOKENIZER, Checkpointer
-from searchrl.episode import Env, mean_metrics, numeric_metrics
+from searchrl.episode import Env, Trajectory, mean_metrics, numeric_metrics
 from searchrl.metric_writer import MetricWriter
-from searchrl.rl import advantages, packing, ppo
-from searchrl.rl.config import RLConfig, TrainConfig, batch_rows
+from searchrl.rl import advantages, packing, ppo, sft
+from searchrl.rl.config import RLConfig, SFTConfig, TrainConfig, batch_rows
+from searchrl.rl.hooks import RunHandle, TrainHook
 from searchrl.rl.train_state import abstract_train_state, init_train_state
 from searchrl.rollout.config import RolloutConfig, SamplingParams
 from searchrl.rollout.engine import RolloutEngine
@@ -65,15 +66,6 @@ class ResumeMismatchError(ValueError):
 
 
 _all_finite = jax.jit(ppo.all_finite)
-
-
-class TrainHook(Protocol):
-    """A task's extension of the training loop (`searchrl.task.Task.train_hooks`). `before_step` runs before
-    each RL step of `Trainer.train` (the step `trainer.step_count + 1`, also the first one after a resume) and
-    returns metrics to log at `trainer.step_count`; it may replace the policy (`Trainer.replace_policy`)."""
-
-    def before_step(self, trainer: Trainer) -> dict[str, float]:
-        ...
 
 
 class TrainRun(Protocol):
@@ -153,7 +145,7 @@ class Trainer:
                  hooks: Sequence[TrainHook] = (), critic: dict | None = None):
         """`critic`: the value model a new run's critic starts from (`experiment.load_critic`); None: the
         policy's backbone with a new head. A resumed run takes its checkpoint's critic."""
-        self.model_cfg, self.env, self.seed = model_cfg, env, config.seed
+        self.model_cfg, self.tokenizer, self.env, self.seed = model_cfg, tokenizer, env, config.seed
         if critic is not None and not config.rl.use_critic:
             raise ValueError("config.model.critic_path gives a critic, but rl.use_critic is False")
         self.initial_critic = critic
@@ -161,7 +153,7 @@ class Trainer:
         self.train_config, rl, mesh, rollout = config.train, config.rl, config.mesh, config.rollout
         self.train_examples, self.eval_examples = train_examples, list(eval_examples)
         self.workdir = workdir or config.workdir
-        self.mesh = models.mesh_of(mesh)
+        self.mesh, self.mesh_config = models.mesh_of(mesh), mesh
         self.ppo = ppo.PPOConfig.create(rl, model_cfg, models.rules_named(mesh.train_rules), mesh.attention)
         self.batch_rows = batch_rows(self.train_config, rl)
         self.shards = shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
@@ -170,12 +162,8 @@ class Trainer:
                              f"multiple of the data-parallel size {shards} and of "
                              f"rl.minibatch_size={rl.minibatch_size}.")
         self.rows = distributed.local_rows(self.mesh, self.batch_rows)  # this process's rows of every batch
-        # The rollout samples with the params in the dtype the update scores them in.
-        greedy = dataclasses.replace(rollout, sampling=SamplingParams(temperature=0.0))
-        self.engine, self.eval_engine = (
-            RolloutEngine(model_cfg, tokenizer, env, settings, mesh=self.mesh, dtype=rl.compute_dtype,
-                          rules=models.rules_named(mesh.sample_rules), attention=mesh.attention)
-            for settings in (rollout, greedy))
+        self.engine = self._engine(rollout)
+        self.eval_engine = self._engine(dataclasses.replace(rollout, sampling=SamplingParams(temperature=0.0)))
         self.order = DataOrder(len(self.train_examples), self.seed)
         self.key, self.eval_key = jax.random.key(self.seed), jax.random.key(0)
         self.resume = config.resume
@@ -194,6 +182,20 @@ class Trainer:
         self.nonfinite_in_a_row = 0
         self.packed_shapes: set[tuple[int, int, int]] = set()  # (width, micro-batches, block pairs) so far
         self.hooks = list(hooks)
+
+    def _engine(self, settings: RolloutConfig, env: Env | None = None, side_branch: bool = True) -> RolloutEngine:
+        """A rollout engine of this run (its mesh and layouts, sampling in the dtype the update scores in) with
+        `settings` and `env` (default: the training engine's)."""
+        return RolloutEngine(self.model_cfg, self.tokenizer, env or self.env, settings,
+                             side_branch=side_branch, mesh=self.mesh, dtype=self.ppo.rl.compute_dtype,
+                             rules=models.rules_named(self.mesh_config.sample_rules),
+                             attention=self.mesh_config.attention)
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _restore_or_init(self, policy: dict):
         """(state, data position): the newest checkpoint's, checked against this run's fingerprint, or the
@@ -246,6 +248,32 @@ class Trainer:
         shardings; the optimizer states, critic and reference are kept."""
         placed = jax.tree.map(lambda new, old: jax.device_put(new, old.sharding), params, self.state.policy)
         self.state = self.state._replace(policy=placed)
+
+    def handle(self) -> RunHandle:
+        """What a train hook sees of this run now (`searchrl.rl.hooks.RunHandle`)."""
+        return RunHandle(step=self.step_count, seed=self.seed, key=self.key, env=self.env,
+                         tokenizer=self.tokenizer, train_examples=self.train_examples,
+                         max_len=self.engine.config.max_len,
+                         local_batches=self.local_batches, roll_out=self._roll_out,
+                         observation_text=self.engine.observation_text, fine_tune=self._fine_tune,
+                         replace_policy=self.replace_policy)
+
+    def _roll_out(self, examples: Sequence[dict], key: jax.Array, first_row: int = 0, *, env: Env | None = None,
+                  sampling: SamplingParams | None = None, prompt_tokens: int | None = None,
+                  side_branch: bool = True) -> Trajectory:
+        """`RunHandle.roll_out`: the training engine, or one with the call's changes."""
+        engine = self.engine
+        if env is not None or sampling is not None or prompt_tokens is not None or not side_branch:
+            config = engine.config
+            settings = dataclasses.replace(config, sampling=sampling or config.sampling,
+                                           max_prompt_tokens=prompt_tokens or config.max_prompt_tokens)
+            engine = self._engine(settings, env, side_branch=side_branch)
+        return engine.run(self.policy, examples, key, first_row=first_row)
+
+    def _fine_tune(self, segments: Sequence[sft.Segments], config: SFTConfig) -> tuple[dict, list[float]]:
+        """`RunHandle.fine_tune`: SFT of the current policy on this run's mesh and training layout."""
+        return sft.fine_tune(self.model_cfg, self.policy, self.tokenizer, segments, config, self.mesh,
+                             self.ppo.spec.rules, self.ppo.attention)
 
     @property
     def step_count(self) -> int:
@@ -364,7 +392,7 @@ class Trainer:
         with tqdm(total=total, initial=self.step_count, desc="train", disable=jax.process_index() != 0) as bar:
             while self.step_count < total:
                 for hook in self.hooks:
-                    if hooked := hook.before_step(self):
+                    if hooked := hook.before_step(self.handle()):
                         self.writer.write(self.step_count, hooked)
                 metrics = self.step()
                 history.append(metrics)

@@ -14,8 +14,9 @@ the parked episode moves back into a free row of its device once its observation
 An env's side branch (`episode.SideBranch`) after a turn is a fork: a row of its own in the same decode batch,
 sharing its episode's pages up to the turn's end (its partial last page copied), decoded in the same chunks
 as every other row (with its own prompt: in pages of its own), while its episode goes on; it waits for a free
-row of its device, which it gets before any new episode, and runs at once, aside, if its episode's next
-observation comes in first. Every row holds the pages its next call writes (`searchrl.rollout.pages`);
+row of its device, which it gets before any new episode; if its episode's next observation comes in first,
+it takes its episode's row, the episode parked until a row frees up (with no parked row free, it runs at
+once, aside, the other rows waiting). Every row holds the pages its next call writes (`searchrl.rollout.pages`);
 one that cannot get them waits. `rollout.schedule="lockstep"` runs the same loop with every row's turn awaited
 together: the env gets the batch's actions in one call once every row stopped, observations are appended once
 all returned, rows are refilled once all are free.
@@ -246,18 +247,21 @@ class RolloutEngine:
         `max_obs_tokens` and to the room left."""
         return self._decode(self._observation_tokens(obs, self.config.max_len - used - 1))
 
-    def _start_forks(self, params, state: generate.GenState, run: Run) -> generate.GenState:
+    def _start_forks(self, params, state: generate.GenState, run: Run,
+                     starts: dict[int, Row] | None = None) -> generate.GenState:
         """Starts the side branches waiting for a row (their pages forked: `_fork_branch`), oldest first, in
-        the free rows of their episode's device, at the slot their episode had reached: their tokens (the
-        observation and the branch's prompt, or their own prompt) appended, their turn started; they decode
-        in the chunks that follow, beside every other row. The others wait for a row to free up."""
-        starts = {}
-        for fork in list(run.branches):
-            free = [r for r, row in enumerate(run.rows) if row is None and self._shard(r, run) == fork.shard
-                    and r not in starts]
-            if free:
-                starts[free[0]] = fork
-                run.branches.remove(fork)
+        the free rows of their episode's device (or in the rows `starts` gives them), at the slot their
+        episode had reached: their tokens (the observation and the branch's prompt, or their own prompt)
+        appended, their turn started; they decode in the chunks that follow, beside every other row. The
+        others wait for a row to free up."""
+        if starts is None:
+            starts = {}
+            for fork in list(run.branches):
+                free = [r for r, row in enumerate(run.rows) if row is None and self._shard(r, run) == fork.shard
+                        and r not in starts]
+                if free:
+                    starts[free[0]] = fork
+                    run.branches.remove(fork)
         if not starts:
             return state
         for r, fork in starts.items():
@@ -278,7 +282,31 @@ class RolloutEngine:
         inputs = self._to_device((mask, episodes, start, branch))
         return self._dispatch(generate.reset_rows, state, inputs[0], run.key, *inputs[1:], self.rules)
 
+    def _yield_to_forks(self, params, state: generate.GenState, run: Run, overdue: list[Row]
+                        ) -> tuple[generate.GenState, list[Row]]:
+        """Starts side branches whose episode's next observation came in before they got a row in their
+        episode's row, the episode parked (its observation appended once it is back in a row), as far as
+        parked rows are free: the branch decodes beside every other row, where running it aside would stop
+        them all. Returns the state and the branches left to run aside."""
+        starts, moves, aside = {}, [], []
+        for fork in overdue:
+            if None not in run.parked:
+                aside.append(fork)
+                continue
+            r, p = run.rows.index(fork.parent), run.parked.index(None)
+            fork.parent.shard = self._shard(r, run)
+            run.parked[p], run.rows[r] = fork.parent, None
+            moves.append((r, p))
+            starts[r] = fork
+        if moves:
+            self.stats.yields += len(moves)
+            run.parking = self._dispatch(generate.move_rows, state, run.parking, *self._moves(moves, run.parking),
+                                         self.rules)
+            state = self._start_forks(params, state, run, starts)
+        return state, aside
+
     def _branch_aside(self, params, state: generate.GenState, run: Run, forks: list[Row]) -> None:
+        self.stats.asides += len(forks)
         """Runs side branches at once, each in its episode's row of a copy of the rows' bookkeeping (the
         episodes wait; the branches' pages were forked as for a row of their own), and ends them: a branch
         still waiting for a row when its episode's next observation is in."""
@@ -628,7 +656,9 @@ class RolloutEngine:
             state = self._start_forks(params, state, run)
         if overdue := [b for b in run.branches if b.parent.phase == "observed" and b.parent in run.rows]:
             run.branches = [b for b in run.branches if b not in overdue]
-            self._branch_aside(params, state, run, overdue)
+            state, aside = self._yield_to_forks(params, state, run, overdue)
+            if aside:
+                self._branch_aside(params, state, run, aside)
         chunks, copies = self._grant_observations(run)
         if not chunks:
             return state

@@ -42,6 +42,8 @@ class RolloutStats:
     parks: int = 0
     page_waits: int = 0
     shared_prompts: int = 0
+    yields: int = 0
+    asides: int = 0
 
     @property
     def host_fraction(self) -> float:

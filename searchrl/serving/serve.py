@@ -1,8 +1,8 @@
 """Serve an index over HTTP with Search-R1's /retrieve API (see searchrl.serving.server).
 
   python -m searchrl.serving.serve --index DIR [--host 127.0.0.1] --port 8000 [--max_batch 256]
-      [--max_topk 1000] [--max_hits 100000] [--max_connections 4096] [--max_client_connections 64]
-      [--idle_timeout_s 5] [--timeout_s 30] [--topk 3] ...
+      [--max_batch_chars 65536] [--max_topk 3000] [--max_hits 100000] [--max_connections 4096]
+      [--max_client_connections 64] [--idle_timeout_s 5] [--timeout_s 30] [--topk 3] ...
       [--device cpu|gpu:N] [--faiss_gpu replicate|shard [--faiss_gpus 0,1]]
   python -m searchrl.serving.serve --index DIR --print_fingerprint     (prints the index's fingerprint)
 
@@ -52,6 +52,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                                 flag_values=values)
                    for name, define, help_text in (
                        ("max_batch", flags.DEFINE_integer, "queries gathered into one search call"),
+                       ("max_batch_chars", flags.DEFINE_integer,
+                        "query characters gathered into one search call (its work)"),
                        ("max_wait_ms", flags.DEFINE_float, "how long a batch waits for more requests"),
                        ("default_topk", flags.DEFINE_integer, 'hits when a request has no "topk"'),
                        ("max_topk", flags.DEFINE_integer, 'largest "topk" a request may ask for'),

@@ -14,36 +14,41 @@ search gets a 500; the server keeps serving.
 
 Bounds (`Limits`, defaults in brackets), so that no client can hold the server's connections, memory or CPU:
   - a request carries at most `max_queries` [1024] queries of at most `max_query_chars` [4096] characters,
-    topk at most `max_topk` [1000] and queries x topk at most `max_hits` [100,000] hits, else 4xx;
+    topk at most `max_topk` [3000, DeepRetrieval's depth] and queries x topk at most `max_hits` [100,000]
+    hits, else 4xx; an error about one query's text names it ({"error", "query": index});
   - its body is at most `max_body_bytes` [8 MiB], else 413; it must carry Content-Length (411) and not also
     Transfer-Encoding (400); its response at most `max_response_bytes` [64 MiB], else 413 (ask for fewer
-    hits). When the retriever knows its largest document (`max_document_bytes`), that is checked before the
-    search, from queries x topk x the largest document, so that no memory goes into a response that is
-    refused; else after the response is built;
+    hits). The bound is on what is actually returned: each searched slice of a request is encoded at once
+    and counted, so a refused response holds at most `max_response_bytes` plus one slice in memory, and a
+    deep search over a corpus with a few long documents is refused only when its hits are that large;
   - an idle connection (no request under way) is closed after `idle_timeout_s` [5 s]; a request must arrive
     in full within `timeout_s` [30 s] of the server waiting for it; a client that stops reading its response
     for `timeout_s` is cut off;
   - at most `max_connections` [4096] connections are held at once, and `max_client_connections` [64] from one
-    client address; more get 503 with Retry-After: 1. Idle connections cost a few KiB each, not a thread;
+    client address. At a cap, a new connection takes the place of the oldest one holding no request under
+    way (idle, or still sending its request), which is closed; only when every connection at that cap is
+    being served does the new one get 503 with Retry-After: 1. On 127.0.0.1 every local process is one
+    address: a neighbour's idle or slow connections then cannot keep a client with a request out, while a
+    connection that has sent its request is never dropped (a web server's keep-alive eviction: a connection
+    that delivered nothing costs its client at most a reconnect). Idle connections cost a few KiB each;
   - after a refusal the server discards what the client still sends, for at most `linger_s` [2 s], so that
     closing does not reset the connection before the client has read the refusal;
-  - the batcher searches about `max_batch` [256] queries at once, gathered for at most `max_wait_ms` [2 ms],
-    and never more than `max_hits` hits (queries x the batch's largest topk): a request that would exceed
-    them waits for the next batch. Responses are encoded one at a time.
+  - one thread searches, and shares its time fairly between requests: each request is cut into slices of at
+    most `max_batch` [256] queries, `max_batch_chars` [65,536] query characters (the work of a search) and
+    `max_hits` hits, and a search call takes the next slice of each waiting request in turn (gathered for
+    at most `max_wait_ms` [2 ms]) while it stays within those bounds. A one-query request thus waits for the
+    call under way and at most one slice of each other waiting request, however large they are.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
 import dataclasses
 import json
 import math
-import queue
 import socket
 import sys
 import threading
-import time
 from http import HTTPStatus
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
@@ -52,6 +57,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from searchrl.retrieval.types import Hit, Retriever
+from searchrl.serving.batcher import Batcher
 
 ROUTES = {"/retrieve": "POST", "/health": "GET"}
 _BUSY_BODY = b'{"error": "too many connections; retry later"}'
@@ -59,7 +65,6 @@ BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n
         b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY))
 MAX_HEADERS = 100  # header lines one request may carry (431 beyond)
 MAX_HEADER_BYTES = 64 << 10  # request line and headers together (h11's limit; 431 beyond)
-HIT_BYTES = 128  # a hit's JSON besides its document: {"document": , "score": -1.2345678901234567e-308}, ", "
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +73,7 @@ class Limits:
 
     max_queries: int = 1024
     max_query_chars: int = 4096
-    max_topk: int = 1000
+    max_topk: int = 3000
     default_topk: int = 3  # Search-R1's server default, used when "topk" is absent or null
     max_hits: int = 100_000
     max_body_bytes: int = 8 << 20
@@ -79,6 +84,7 @@ class Limits:
     max_client_connections: int = 64
     linger_s: float = 2.0
     max_batch: int = 256  # queries gathered into one search call
+    max_batch_chars: int = 65_536  # query characters gathered into one search call (its work)
     max_wait_ms: float = 2.0  # how long a batch waits for more requests
 
 
@@ -86,17 +92,28 @@ class RequestError(ValueError):
     """A request the server refuses, with its HTTP status."""
 
     def __init__(self, message: str, status: int = HTTPStatus.BAD_REQUEST,
-                 headers: dict[str, str] | None = None):
+                 headers: dict[str, str] | None = None, query: int | None = None):
         super().__init__(message)
         self.status = status
         self.headers = headers or {}
+        self.query = query  # the index of the query whose text is refused, if one is
+
+    def body(self) -> bytes:
+        """{"error": message} and, when the refusal is about one query's text, "query": its index."""
+        return json.dumps({"error": str(self)} | ({} if self.query is None else {"query": self.query})
+                          ).encode()
 
 
-def parse_request(body: Any, limits: Limits,
-                  document_bytes: int | None = None) -> tuple[list[str], int, bool]:
-    """A decoded /retrieve body -> (queries, topk, return_scores); RequestError names the offending field.
-    With `document_bytes` (the JSON of the largest document), a response that may exceed
-    `max_response_bytes` is refused here, before any search or memory goes into it."""
+class ResponseTooLarge(RequestError):
+    """A response over `max_response_bytes`, found while encoding it."""
+
+    def __init__(self, message: str):
+        super().__init__(message, HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+
+
+def parse_request(body: Any, limits: Limits) -> tuple[list[str], int, bool]:
+    """A decoded /retrieve body -> (queries, topk, return_scores); RequestError names the offending field
+    (and the query, when one query's text is refused)."""
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
     queries = body.get("queries")
@@ -109,14 +126,15 @@ def parse_request(body: Any, limits: Limits,
                            HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
     for i, query in enumerate(queries):
         if not isinstance(query, str):
-            raise RequestError(f'"queries"[{i}] must be a string, got {type(query).__name__}')
+            raise RequestError(f'"queries"[{i}] must be a string, got {type(query).__name__}', query=i)
         if not query.strip():
-            raise RequestError(f'"queries"[{i}] is empty')
+            raise RequestError(f'"queries"[{i}] is empty', query=i)
         if len(query) > limits.max_query_chars:
             raise RequestError(f'"queries"[{i}] has {len(query)} characters, '
-                               f'more than {limits.max_query_chars}')
+                               f'more than {limits.max_query_chars}', query=i)
         if not _encodable(query):
-            raise RequestError(f'"queries"[{i}] is not valid text (a \\u escape of a lone surrogate)')
+            raise RequestError(f'"queries"[{i}] is not valid text (a \\u escape of a lone surrogate)',
+                               query=i)
     topk = body.get("topk")
     if topk is None:
         topk = limits.default_topk
@@ -128,20 +146,7 @@ def parse_request(body: Any, limits: Limits,
     return_scores = body.get("return_scores", False)
     if not isinstance(return_scores, bool):
         raise RequestError(f'"return_scores" must be a boolean, got {return_scores!r}')
-    if document_bytes is not None:
-        bound = response_bound(len(queries), topk, document_bytes)
-        if bound > limits.max_response_bytes:
-            raise RequestError(f'{len(queries)} queries x "topk" {topk} may need a response of {bound} '
-                               f"bytes (documents of up to {document_bytes}), more than "
-                               f'{limits.max_response_bytes}: ask for fewer queries or a smaller "topk"',
-                               HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
     return queries, topk, return_scores
-
-
-def response_bound(n_queries: int, topk: int, document_bytes: int) -> int:
-    """The most bytes a response of `n_queries` x `topk` hits takes when no document's JSON exceeds
-    `document_bytes`."""
-    return 16 + n_queries * (4 + topk * (HIT_BYTES + document_bytes))
 
 
 def _encodable(text: str) -> bool:
@@ -163,110 +168,34 @@ def format_results(results: Sequence[Sequence[Hit]], return_scores: bool) -> dic
     return {"result": [[doc(h) for h in hits] for hits in results]}
 
 
-@dataclasses.dataclass
-class _Pending:
-    queries: list[str]
-    k: int
-    future: concurrent.futures.Future[list[list[Hit]]] = dataclasses.field(
-        default_factory=concurrent.futures.Future)
-
-
-class Batcher:
-    """One background thread serving all pending requests with one `retriever.search` call: it takes what is
-    queued, waits up to `max_wait_s` for more while the batch is under `max_batch` queries, then searches with
-    the largest k asked and gives each request its own top-k; when that search fails, each request is searched
-    alone, so only a failing one gets the error. A request that would take the batch over `max_hits` hits
-    (queries x largest k) is held back for the next batch. The three bounds are `limits`'."""
-
-    def __init__(self, retriever: Retriever, limits: Limits):
-        self.retriever = retriever
-        self.max_batch = limits.max_batch
-        self.max_wait_s = limits.max_wait_ms / 1000
-        self.max_hits = limits.max_hits
-        self.search_calls = 0
-        self._queue: queue.Queue[_Pending | None] = queue.Queue()
-        self._held: list[_Pending | None] = []  # taken from the queue, for the next batch (None: stop)
-        self._thread = threading.Thread(target=self._loop, name="retrieval-batcher", daemon=True)
-        self._thread.start()
-
-    def submit(self, queries: list[str], k: int) -> concurrent.futures.Future[list[list[Hit]]]:
-        """The hits of these queries, once the batch holding them has been searched."""
-        pending = _Pending(queries, k)
-        self._queue.put(pending)
-        return pending.future
-
-    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
-        """Blocks until the batch holding these queries has been searched."""
-        return self.submit(queries, k).result()
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
-
-    def _loop(self) -> None:
-        while (first := self._held.pop() if self._held else self._queue.get()) is not None:
-            batch = [p for p in self._gather(first) if p.future.set_running_or_notify_cancel()]
-            if batch:
-                self._run(batch)
-
-    def _gather(self, first: _Pending) -> list[_Pending]:
-        """`first` and what arrives within `max_wait_s` while the batch has room; holds back the item that
-        does not fit (or the stop signal)."""
-        batch, deadline = [first], time.monotonic() + self.max_wait_s
-        while sum(len(p.queries) for p in batch) < self.max_batch:
-            try:
-                item = self._queue.get(timeout=max(deadline - time.monotonic(), 0))
-            except queue.Empty:
-                break
-            if item is None or self._hits(batch + [item]) > self.max_hits:
-                self._held.append(item)
-                break
-            batch.append(item)
-        return batch
-
-    @staticmethod
-    def _hits(batch: list[_Pending]) -> int:
-        return sum(len(p.queries) for p in batch) * max(p.k for p in batch)
-
-    def _run(self, batch: list[_Pending]) -> None:
-        queries = [q for p in batch for q in p.queries]
-        try:
-            results = self.retriever.search(queries, max(p.k for p in batch))
-            self.search_calls += 1
-            if len(results) != len(queries):
-                raise RuntimeError(f"retriever returned {len(results)} result lists for "
-                                   f"{len(queries)} queries")
-        except Exception as e:  # the server stays up; one request's failure must not fail the others'
-            if len(batch) > 1:
-                for p in batch:
-                    self._run([p])
-                return
-            batch[0].future.set_exception(e)
-            return
-        start = 0
-        for p in batch:
-            p.future.set_result([hits[:p.k] for hits in results[start:start + len(p.queries)]])
-            start += len(p.queries)
-
-
 class _Gate:
-    """Counts open connections, in all and per client address, against `limits`' caps."""
+    """Open connections, in admission order, against `limits`' caps: at a cap, the oldest connection holding
+    no request under way gives its place to the new one (module docstring)."""
 
     def __init__(self, limits: Limits):
         self.limits = limits
-        self.open: collections.Counter[str] = collections.Counter()
+        self.open: dict[_Protocol, str] = {}  # connection -> client address, oldest first
+        self.per_client: collections.Counter[str] = collections.Counter()
 
-    def admit(self, client: str) -> bool:
-        if (self.open.total() >= self.limits.max_connections
-                or self.open[client] >= self.limits.max_client_connections):
-            return False
-        self.open[client] += 1
+    def admit(self, connection: _Protocol, client: str) -> bool:
+        """Whether `connection` is held: at once under the caps, else in the place of an evicted one."""
+        limits = self.limits
+        for within, cap in ((None, limits.max_connections), (client, limits.max_client_connections)):
+            if (len(self.open) if within is None else self.per_client[client]) >= cap:
+                victim = next((c for c, address in self.open.items()
+                               if within in (None, address) and not c.serving()), None)
+                if victim is None:
+                    return False
+                victim.evict()
+        self.open[connection] = client
+        self.per_client[client] += 1
         return True
 
-    def release(self, client: str) -> None:
-        self.open[client] -= 1
-        if not self.open[client]:
-            del self.open[client]
+    def release(self, connection: _Protocol) -> None:
+        client = self.open.pop(connection)
+        self.per_client[client] -= 1
+        if not self.per_client[client]:
+            del self.per_client[client]
 
 
 class _Protocol(H11Protocol):
@@ -284,7 +213,7 @@ class _Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._admitted = self.gate.admit(self._address())
+        self._admitted = self.gate.admit(self, self._address())
         if self._admitted:
             self._await_request()
         else:
@@ -295,9 +224,20 @@ class _Protocol(H11Protocol):
             if timer is not None:
                 timer.cancel()
         if self._admitted:
-            self.gate.release(self._address())
+            self.gate.release(self)
             self._admitted = False
         super().connection_lost(exc)
+
+    def serving(self) -> bool:
+        """Whether a request has arrived in full and its response is not yet sent."""
+        cycle = self.cycle
+        return cycle is not None and not cycle.response_complete and not cycle.more_body
+
+    def evict(self) -> None:
+        """Closes this connection (holding no request under way) to make room for a new one."""
+        self.gate.release(self)
+        self._admitted = False
+        self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         if self._admitted:  # else refused: what it sends is discarded while lingering
@@ -345,9 +285,7 @@ class _Protocol(H11Protocol):
                         self.loop.call_later(self.limits.timeout_s, self._expire, False)]
 
     def _expire(self, idle: bool) -> None:
-        cycle = self.cycle
-        received = cycle is not None and not cycle.response_complete and not cycle.more_body
-        if not received and not (idle and self._started):
+        if not self.serving() and not (idle and self._started):
             self.transport.close()
 
     def _refuse(self) -> None:
@@ -402,23 +340,44 @@ def _header(scope: dict[str, Any], name: bytes) -> str | None:
     return values[0].decode("latin-1") if values else None
 
 
-def encode(results: Sequence[Sequence[Hit]], return_scores: bool) -> bytes:
-    """The response body of `results`; non-finite scores raise (they are not JSON)."""
-    return json.dumps(format_results(results, return_scores), allow_nan=False).encode()
+class _Encoder:
+    """A `Batcher` collector encoding each searched slice's result lists at once, refusing the response
+    (ResponseTooLarge) as soon as what it has encoded exceeds `max_bytes`."""
+
+    def __init__(self, return_scores: bool, max_bytes: int, n_queries: int):
+        self.return_scores, self.max_bytes, self.n_queries = return_scores, max_bytes, n_queries
+        self.size, self.done = len(b'{"result": []}'), 0
+
+    def __call__(self, results: list[list[Hit]]) -> list[bytes]:
+        """Each query's result list as JSON, one query at a time; non-finite scores raise ValueError (they
+        are not JSON)."""
+        parts = []
+        for hits in results:
+            parts.append(json.dumps(format_results([hits], self.return_scores)["result"][0],
+                                    allow_nan=False).encode())
+            self.size += len(parts[-1]) + 2
+            self.done += 1
+            if self.size > self.max_bytes:
+                raise ResponseTooLarge(f"the response exceeds {self.max_bytes} bytes ({self.size} after "
+                                       f"{self.done} of {self.n_queries} queries): ask for fewer queries or "
+                                       f'a smaller "topk"')
+        return parts
+
+    @staticmethod
+    def join(parts: list[bytes]) -> bytes:
+        """The response body of the queries' encoded result lists (as json.dumps writes it)."""
+        return b'{"result": [' + b", ".join(parts) + b"]}"
 
 
 class _App:
-    """The ASGI app: routes, validates, searches through `batcher`, encodes on one thread at a time."""
+    """The ASGI app: routes, validates, searches and encodes through `batcher`."""
 
-    def __init__(self, batcher: Batcher, limits: Limits, document_bytes: int | None,
-                 about: Mapping[str, Any]):
+    def __init__(self, batcher: Batcher, limits: Limits, about: Mapping[str, Any]):
         self.batcher = batcher
         self.limits = limits
-        self.document_bytes = document_bytes
         self.about = dict(about)
         self.gate = _Gate(limits)
         self.requests = 0
-        self.encoder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="retrieval-encoder")
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         body = _Body(receive)
@@ -426,8 +385,7 @@ class _App:
             status, data = await self._respond(scope, body)
         except RequestError as e:
             await body.discard(self.limits.linger_s)
-            error = json.dumps({"error": str(e)}).encode()
-            return await _send(send, e.status, error, close=True, **e.headers)
+            return await _send(send, e.status, e.body(), close=True, **e.headers)
         except _ClientGone:
             return
         await _send(send, status, data)
@@ -445,20 +403,16 @@ class _App:
         if route == "GET":
             health = {"status": "ok", "requests": self.requests, "search_calls": self.batcher.search_calls}
             return HTTPStatus.OK, json.dumps({**health, **self.about}).encode()
-        queries, topk, return_scores = parse_request(await self._read_json(scope, body), self.limits,
-                                                     self.document_bytes)
+        queries, topk, return_scores = parse_request(await self._read_json(scope, body), self.limits)
         self.requests += 1
+        encoder = _Encoder(return_scores, self.limits.max_response_bytes, len(queries))
         try:
-            results = await asyncio.wrap_future(self.batcher.submit(queries, topk))
-            data = await asyncio.get_running_loop().run_in_executor(self.encoder, encode, results,
-                                                                     return_scores)
+            parts = await asyncio.wrap_future(self.batcher.submit(queries, topk, encoder))
+        except ResponseTooLarge as e:
+            return e.status, e.body()
         except Exception as e:
             return HTTPStatus.INTERNAL_SERVER_ERROR, json.dumps({"error": f"search failed: {e}"}).encode()
-        if len(data) > self.limits.max_response_bytes:
-            return HTTPStatus.REQUEST_ENTITY_TOO_LARGE, json.dumps({
-                "error": f"the response is {len(data)} bytes, more than {self.limits.max_response_bytes}: "
-                         f'ask for fewer queries or a smaller "topk"'}).encode()
-        return HTTPStatus.OK, data
+        return HTTPStatus.OK, encoder.join(parts)
 
     async def _read_json(self, scope: dict[str, Any], body: _Body) -> Any:
         """The body's JSON. h11 has checked Content-Length (digits, one value); a request that also carries
@@ -490,15 +444,14 @@ async def _send(send: Send, status: int, data: bytes, close: bool = False, **hea
 class RetrievalServer:
     """`RetrievalServer(retriever, "127.0.0.1", 0).start()` serves in a background thread (0: any free port);
     `.url` is where; `serve_forever()` serves in the calling thread (SIGINT / SIGTERM stop it gracefully).
-    The retriever's `max_document_bytes`, when it has one, bounds responses before searching; `about` is
-    added to GET /health's answer (JSON values naming what is served)."""
+    `about` is added to GET /health's answer (JSON values naming what is served)."""
 
     def __init__(self, retriever: Retriever, host: str, port: int, limits: Limits = Limits(),
                  verbose: bool = False, about: Mapping[str, Any] | None = None):
         self.limits = limits
         self.socket = socket.create_server((host, port), backlog=1024)  # bound now, so `.url` is known
         self.batcher = Batcher(retriever, limits)
-        self.app = _App(self.batcher, limits, getattr(retriever, "max_document_bytes", None), about or {})
+        self.app = _App(self.batcher, limits, about or {})
         config = uvicorn.Config(self.app, http=_Protocol, ws="none", lifespan="off", log_config=None,
                                 access_log=verbose, proxy_headers=False, server_header=False,
                                 h11_max_incomplete_event_size=MAX_HEADER_BYTES,
@@ -529,13 +482,12 @@ class RetrievalServer:
         return self
 
     def close(self) -> None:
-        """Stops serving (if started in the background), closes the socket, the batcher and the encoder."""
+        """Stops serving (if started in the background), closes the socket and the batcher."""
         if self._thread is not None:
             self._server.should_exit = True
             self._thread.join()
         self.socket.close()
         self.batcher.close()
-        self.app.encoder.shutdown()
 
     def __enter__(self) -> RetrievalServer:
         return self

@@ -19,10 +19,12 @@ every tag-speaking env does.
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Literal, NamedTuple, Sequence
 
 from searchrl.episode import Action, Turn
+from searchrl.model_families import FAMILIES, ChatMarkers
 from searchrl.text import tags
 
 INVALID = "invalid"  # the action kind of a turn that is not a valid action, in every env
@@ -42,15 +44,16 @@ _TRANSITIONS: dict[tuple[str, str], str] = {
 _CONTENT_STATES = frozenset({"in_think", "in_search", "in_information", "in_answer"})
 _TURN_ACCEPT = {"search": "after_search", "answer": "end"}
 
-# The assistant turn starts after one of these chat-template headers (ChatML for Qwen, Llama 3).
-_ASSISTANT_MARKERS = ("<|im_start|>assistant", "<|start_header_id|>assistant<|end_header_id|>")
-# End-of-turn / padding tokens a decoded response may carry at its end.
-_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>")
-# Whitespace and end tokens, read backwards from the end of a response: one possessive match at the start
-# of the reversed text takes linear time (searching the text for a run that ends at its end is quadratic).
-# No end token ends another, so the run read backwards is the longest one.
-_TRAILING_SPECIALS_REVERSED = re.compile(
-    r"(?:\s+|" + "|".join(re.escape(token[::-1]) for token in _END_TOKENS) + ")*+")
+
+@functools.cache
+def _chat_markers(chats: frozenset[ChatMarkers]) -> tuple[tuple[str, ...], re.Pattern]:
+    """The assistant headers of `chats` (the registered families' chat templates: ChatML for Qwen, Llama 3's),
+    and the pattern of a run of whitespace and their end tokens, read backwards from the end of a response:
+    one possessive match at the start of the reversed text takes linear time (searching the text for a run
+    that ends at its end is quadratic). Longer tokens are tried first (a family's token may end another's)."""
+    tokens = sorted({token for chat in chats for token in chat.end_tokens}, key=lambda t: (-len(t), t))
+    trailing = re.compile(r"(?:\s+|" + "|".join(re.escape(token[::-1]) for token in tokens) + ")*+")
+    return tuple(sorted({chat.assistant for chat in chats})), trailing
 
 
 class FormatCheck(NamedTuple):
@@ -61,17 +64,18 @@ class FormatCheck(NamedTuple):
 
 
 def response_part(text: str) -> str:
-    """The model's response: the text after the first assistant header (all of it when there is none),
-    without trailing end-of-turn tokens.
+    """The model's response: the text after the first assistant header of a registered family's chat template
+    (all of it when there is none), without trailing end-of-turn tokens.
 
     This is what keeps the prompt's own example (`<answer> Beijing </answer>`) out of the answer.
     """
-    for marker in _ASSISTANT_MARKERS:
-        start = text.find(marker)
-        if start >= 0:
-            text = text[start + len(marker):]
-            break
-    return text[:len(text) - _TRAILING_SPECIALS_REVERSED.match(text[::-1]).end()]
+    headers, trailing = _chat_markers(frozenset(chat for name in FAMILIES
+                                                if (chat := FAMILIES.get(name).chat) is not None))
+    found = [(start, -len(header)) for header in headers if (start := text.find(header)) >= 0]
+    if found:
+        start, minus_length = min(found)
+        text = text[start - minus_length:]
+    return text[:len(text) - trailing.match(text[::-1]).end()]
 
 
 def _walk(text: str, state: str) -> tuple[str, str]:

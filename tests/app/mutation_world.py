@@ -18,6 +18,7 @@ import jax
 from searchrl import distributed, models, run_config, task
 from searchrl.configlib import from_config
 from searchrl.episode import Action, Turn
+from searchrl.rl.hooks import RunHandle
 from searchrl.rl.trainer import Trainer
 from searchrl.tasks.rpl import distill as program_mutation
 from searchrl.tasks.rpl import env as rpl
@@ -106,7 +107,7 @@ ANSWERS = {"arno": "<answer> arno0, arno1, arno2 </answer>", "beni": None,
            "cora": "<answer> cora0, cora1, cora2 </answer>", "dune": "<answer> dune0 </answer>"}
 
 
-def scripted_answers(trainer: Trainer, prefixes: list[str], key: jax.Array, greedy: bool = True
+def scripted_answers(run: RunHandle, prefixes: list[str], key: jax.Array, greedy: bool = True
                      ) -> list[str | None]:
     """Stands in for `program_mutation.policy_answers` (the random policy answers nothing)."""
     return [ANSWERS[next(c for c in CITIES if f"in {c}" in prefix)] for prefix in prefixes]
@@ -120,9 +121,9 @@ def mutate_and_distill(trainer: Trainer, saved: Path) -> dict[str, Any]:
     config = from_config(MutationConfig, {"max_variants": 64, "max_shown": 4, "sft": {
         "steps": 2, "batch_size": 4, "max_len": 64, "optim": {"lr": 1e-3, "warmup_steps": 0}}},
         "config.env.mutation")  # no warm-up: each step moves every param by about lr
-    segments, counts = program_mutation.mutation_examples(trainer, trainer.train_examples, config,
+    segments, counts = program_mutation.mutation_examples(trainer.handle(), trainer.train_examples, config,
                                                           jax.random.key(0))
-    losses = program_mutation.distill(trainer, segments, config)
+    losses = program_mutation.distill(trainer.handle(), segments, config)
     models.save_hf(trainer.model_cfg, trainer.state.policy, saved)
     return {"segments": segments, "counts": counts, "losses": losses,
             "rows_run": distributed.all_processes(trainer.engine.rows_run)}

@@ -10,6 +10,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "searchrl"
 # Bottom to top. Parts on one level do not import each other.
 LAYERS = [
     {"configlib", "cli", "shapes", "metric_writer", "registry", "episode", "run_lock", "generated"},
+    {"model_families"},  # what text (chat markers) and models (config.json) read of a decoder family
     {"text", "models"},
     {"retrieval", "checkpoint", "distributed"},
     {"data", "serving", "task", "rollout"},

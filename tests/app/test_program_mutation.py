@@ -60,17 +60,17 @@ def test_weak_programs_are_mutated_verified_and_turned_into_sft_examples(trainer
                "<answer> dune0 </answer>", "<answer> arno0, arno1, arno2, arno3 </answer>"]
     asked = []
 
-    def policy_answers(trainer, prefixes, key, greedy=True):
+    def policy_answers(run, prefixes, key, greedy=True):
         asked.append(prefixes)
         return answers[:len(prefixes)]
     monkeypatch.setattr(program_mutation, "policy_answers", policy_answers)
     config, rows = MutationConfig(max_variants=64, max_shown=4), trainer.train_examples[:5]
     monkeypatch.setattr(trainer, "engine", ScriptedEngine(trainer.engine))
-    segments, counts = program_mutation.mutation_examples(trainer, rows, config, jax.random.key(0))
+    segments, counts = program_mutation.mutation_examples(trainer.handle(), rows, config, jax.random.key(0))
     variants_only, _ = program_mutation.mutation_examples(
-        trainer, rows, dataclasses.replace(config, keep_unimproved=False), jax.random.key(0))
+        trainer.handle(), rows, dataclasses.replace(config, keep_unimproved=False), jax.random.key(0))
     programs_only, _ = program_mutation.mutation_examples(
-        trainer, rows, dataclasses.replace(config, distil_answers=False), jax.random.key(0))
+        trainer.handle(), rows, dataclasses.replace(config, distil_answers=False), jax.random.key(0))
     # one round each
     assert counts == {"programs": 5.0, "weak": 4.0, "improved": 4.0, "edits": 4.0, "answered": 4.0,
                       "variants": 2.0}
@@ -111,13 +111,13 @@ def test_the_best_of_several_answers_is_distilled(trainer, monkeypatch):
              [turn("arno0", "arno1"), turn(), turn("cora3", "cora2", "cora1"), turn("dune0"), turn("nobody")]]
     calls = []
 
-    def policy_answers(trainer, prefixes, key, greedy=True):
+    def policy_answers(run, prefixes, key, greedy=True):
         calls.append((prefixes, jax.random.key_data(key).tolist(), greedy))
         return tries[len(calls) - 1][:len(prefixes)]
     monkeypatch.setattr(program_mutation, "policy_answers", policy_answers)
     config = MutationConfig(max_variants=64, max_shown=4, answer_samples=3)
     monkeypatch.setattr(trainer, "engine", ScriptedEngine(trainer.engine))
-    segments, counts = program_mutation.mutation_examples(trainer, trainer.train_examples[:5], config,
+    segments, counts = program_mutation.mutation_examples(trainer.handle(), trainer.train_examples[:5], config,
                                                           jax.random.key(0))
     assert [greedy for _, _, greedy in calls] == [True, False, False]
     assert calls[0][0] == calls[1][0] == calls[2][0] and len(calls[0][0]) == 5
@@ -153,9 +153,9 @@ def test_policy_answers_are_the_greedy_continuation_of_each_prefix(trainer, monk
                 break
         stops = [text.index(s) + len(s) for s in trainer.env.stop_strings if s in text]
         expected.append(text[:min(stops)] if stops else text)
-    assert program_mutation.policy_answers(trainer, prefixes, jax.random.key(1)) == expected
-    sampled = program_mutation.policy_answers(trainer, prefixes, jax.random.key(1), greedy=False)
-    assert sampled == program_mutation.policy_answers(trainer, prefixes, jax.random.key(1), greedy=False)
+    assert program_mutation.policy_answers(trainer.handle(), prefixes, jax.random.key(1)) == expected
+    sampled = program_mutation.policy_answers(trainer.handle(), prefixes, jax.random.key(1), greedy=False)
+    assert sampled == program_mutation.policy_answers(trainer.handle(), prefixes, jax.random.key(1), greedy=False)
     assert sampled != expected  # the random policy's samples (temperature 1) are not its greedy turns
 
 
@@ -165,7 +165,7 @@ def test_distillation_replaces_the_policy_and_the_train_hook_resumes_rl(trainer)
     before = jax.device_get(trainer.state.policy)
     segments = [[("which organisations are in arno\n", False),
                  (tags.block(tags.PROGRAM, "show(sparse_retrieval('arno', 4))"), True)]] * 8
-    losses = program_mutation.distill(trainer, segments, config)
+    losses = program_mutation.distill(trainer.handle(), segments, config)
     assert len(losses) == 2 and np.isfinite(losses).all()
     after = trainer.state.policy
     changed = jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != b)), after, before))

@@ -6,7 +6,14 @@ Endpoints (as huggingface_hub's hf_api.py and file_download.py call them):
   HEAD /[datasets/]<repo>/resolve/<rev>/<path>        ETag, X-Repo-Commit and Content-Length of a file
   GET  /[datasets/]<repo>/resolve/<rev>/<path>        the file itself
 <rev> is "main" or the commit. Unknown repositories, revisions and files get 404 with the X-Error-Code
-huggingface_hub turns into RepositoryNotFoundError, RevisionNotFoundError and EntryNotFoundError.
+huggingface_hub turns into RepositoryNotFoundError, RevisionNotFoundError and EntryNotFoundError. Files are
+listed as the hub lists them: in Git LFS with their sha256 ("lfs"), or, those `add` names `plain`, as git
+blobs whose "blobId" is the git object id of their bytes.
+
+Faults, by file path (a hostile or broken hub or mirror): `served[path]` is sent as the file's body in place
+of its bytes (the listing and HEAD still describe the true file), `listed_size[path]` is the size the listing
+gives, `cut_short` files send half their body and close the connection, `redirect_loop` files answer with a
+redirect to themselves.
 """
 from __future__ import annotations
 
@@ -28,13 +35,31 @@ class FakeHub:
 
     def __init__(self):
         self.repos: dict[tuple[str, str], dict[str, bytes]] = {}
+        self.plain: set[tuple[str, str, str]] = set()  # (repo_type, repo_id, path) not in LFS
+        self.served: dict[str, bytes] = {}
+        self.listed_size: dict[str, int] = {}
+        self.cut_short: set[str] = set()
+        self.redirect_loop: set[str] = set()
         self.requests: list[tuple[str, str]] = []
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
 
-    def add(self, repo_type: str, repo_id: str, files: dict[str, bytes]) -> None:
+    def add(self, repo_type: str, repo_id: str, files: dict[str, bytes], plain: tuple[str, ...] = ()) -> None:
+        """Serves `files` ({path: bytes}) as a repository, `plain` ones as git blobs, the others in LFS."""
         self.repos[(repo_type, repo_id)] = dict(files)
+        self.plain |= {(repo_type, repo_id, path) for path in plain}
+
+    def sibling(self, repo_type: str, repo_id: str, path: str, data: bytes) -> dict:
+        """A file's entry in the repository info, as the hub lists it with files_metadata."""
+        size = self.listed_size.get(path, len(data))
+        git_blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        if (repo_type, repo_id, path) in self.plain:
+            return {"rfilename": path, "size": size, "blobId": git_blob}
+        pointer = f"oid sha256:{hashlib.sha256(data).hexdigest()}\nsize {len(data)}\n".encode()
+        return {"rfilename": path, "size": len(pointer), "blobId": hashlib.sha1(pointer).hexdigest(),
+                "lfs": {"sha256": hashlib.sha256(data).hexdigest(), "size": size,
+                        "pointerSize": len(pointer)}}
 
     def downloads(self) -> list[str]:
         """Paths of the files sent (GET .../resolve/...)."""
@@ -83,7 +108,7 @@ class FakeHub:
                 files = self._files(repo_type, repo_id, urllib.parse.unquote(match[3]))
                 if files is None:
                     return
-                siblings = [{"rfilename": path, "size": len(data), "blobId": hashlib.sha1(data).hexdigest()}
+                siblings = [hub.sibling(repo_type, repo_id, path, data)
                             for path, data in sorted(files.items())]
                 body = json.dumps({"id": repo_id, "sha": COMMIT, "private": False, "siblings": siblings})
                 self.send_response(200)
@@ -97,17 +122,28 @@ class FakeHub:
                 files = self._files(repo_type, match[2], urllib.parse.unquote(match[3]))
                 if files is None:
                     return
-                data = files.get(urllib.parse.unquote(match[4]))
+                path = urllib.parse.unquote(match[4])
+                data = files.get(path)
                 if data is None:
                     self._error("EntryNotFound")
                     return
+                if path in hub.redirect_loop:
+                    self.send_response(302)
+                    self.send_header("Location", self.path)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body = hub.served.get(path, data) if send_body else data
                 self.send_response(200)
                 self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
                 self.send_header("X-Repo-Commit", COMMIT)
-                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                if send_body:
-                    self.wfile.write(data)
+                if send_body and path in hub.cut_short:
+                    self.wfile.write(body[:len(body) // 2])
+                    self.close_connection = True
+                elif send_body:
+                    self.wfile.write(body)
 
             def _route(self, send_body: bool) -> None:
                 path = urllib.parse.urlsplit(self.path).path

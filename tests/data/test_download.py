@@ -1,7 +1,9 @@
 """`searchrl.data.download` against a fake hub (tests/data/fake_hub.py) serving tiny files in the real
 repositories' layouts, and `searchrl.retrieval.import_faiss` on an index encoded the way Search-R1 encodes."""
 import gzip
+import errno
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -13,7 +15,7 @@ from huggingface_hub import constants
 
 from searchrl.data import beir, datasets, download
 from searchrl.retrieval.corpus import read_manifest
-from searchrl.retrieval.dense import DenseRetriever
+from searchrl.retrieval.dense import DenseRetriever, warn_if_shared
 from searchrl.retrieval import import_faiss
 from searchrl.retrieval.import_faiss import import_index
 from tests.data.fake_hub import COMMIT, FakeHub
@@ -139,7 +141,7 @@ def test_second_download_is_served_from_the_cache(flashrag, hub, tmp_path, capsy
     before = len(hub.requests)
     capsys.readouterr()
     with monkeypatch.context() as patch:  # the layout files are not made again either
-        patch.setattr(download, "make_file", lambda *args: pytest.fail(f"made again: {args}"))
+        patch.setattr(download.layout, "make_file", lambda *args: pytest.fail(f"made again: {args}"))
         run("qa", "--names", "nq", "--out", str(out))
     # The second run asks only for the repository's info: no file is sent, no HEAD made.
     assert [path for _, path in hub.requests[before:]] == [
@@ -267,7 +269,7 @@ def test_wiki18_and_e5_index_import_into_a_dense_index(hub, tmp_path, wiki):
     assert (out / download.WIKI18_CORPUS).read_bytes() == corpus
     assert (out / download.WIKI18_INDEX).read_bytes() == index_bytes  # part_aa then part_ab
 
-    assert (index_dir / "faiss.index").samefile(out / download.WIKI18_INDEX)  # linked, not copied
+    assert not (index_dir / "faiss.index").samefile(out / download.WIKI18_INDEX)  # a private copy
     manifest = read_manifest(index_dir)
     assert manifest["count"] == len(PASSAGES) and manifest["dim"] == 384
     assert {k: manifest["encoder"][k] for k in ("pooling", "normalize", "query_prefix", "passage_prefix",
@@ -281,6 +283,13 @@ def test_wiki18_and_e5_index_import_into_a_dense_index(hub, tmp_path, wiki):
     # Scores: Search-R1's query embedding (PyTorch) against the imported vectors.
     for row, query_hits in zip(queries @ passages.T, hits):
         np.testing.assert_allclose([h.score for h in query_hits], np.sort(row)[::-1], atol=2e-5)
+
+    # Search-R1's instructions rebuild the index in place (`cat part_* > e5_Flat.index`): the searcher, which
+    # memory-maps its own copy, keeps running (no SIGBUS) with the same results.
+    with open(out / download.WIKI18_INDEX, "r+b") as f:
+        f.truncate(0)
+        f.write(flat_ip(passages[:2]))
+    assert retriever.search([q for _, _, q in PASSAGES], k=len(PASSAGES)) == hits
 
 
 def write_index(path, vectors: np.ndarray, metric=faiss.METRIC_INNER_PRODUCT):
@@ -323,3 +332,43 @@ def test_import_tool_names_the_mismatch(tmp_path, wiki, capsys):
                            str(MINILM), "--out", str(tmp_path / "index")])
     assert e.value.code == 1
     assert f"{index} holds 3 vectors but {tmp_path / 'wiki.jsonl'} has 5 passages" in capsys.readouterr().err
+
+
+def test_imported_index_survives_its_source_rewritten_in_place(tmp_path, wiki, caplog):
+    corpus, passages, _, _ = wiki
+    (tmp_path / "wiki.jsonl").write_bytes(corpus)
+    source = write_index(tmp_path / "e5_Flat.index", passages)
+    retriever = import_index(source, tmp_path / "wiki.jsonl", tmp_path / "index", MINILM,
+                             batch_size=import_faiss.BATCH_SIZE, check_passages=0, show_progress=False)
+    queries = [q for _, _, q in PASSAGES]
+    hits = retriever.search(queries, k=3)
+    assert not (tmp_path / "index" / "faiss.index").samefile(source)  # else the rewrite below kills pytest
+    with open(source, "r+b") as f:  # rebuilt in place, shorter: pages a shared mapping had are gone
+        f.truncate(0)
+        f.write(flat_ip(passages[:2]))
+    assert retriever.search(queries, k=3) == hits
+    # An index file shared with another path, as older imports linked it: `DenseRetriever.load` warns.
+    with caplog.at_level(logging.WARNING, logger="searchrl.retrieval.dense"):
+        warn_if_shared(tmp_path / "index" / "faiss.index")
+        assert caplog.text == ""
+        os.link(tmp_path / "index" / "faiss.index", tmp_path / "shared.index")
+        warn_if_shared(tmp_path / "index" / "faiss.index")
+    assert "faiss.index is a link shared with another path" in caplog.text
+
+
+def test_private_copy_that_would_not_fit_is_refused(tmp_path, monkeypatch):
+    """Where the filesystem makes no reflinks the index is copied, which must fit."""
+    source = tmp_path / "e5_Flat.index"
+    source.write_bytes(b"x" * 5000)
+    def no_reflinks(*args):
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(import_faiss.fcntl, "ioctl", no_reflinks)
+    monkeypatch.setattr(import_faiss.shutil, "disk_usage", lambda path: type("Usage", (), {"free": 4000}))
+    with pytest.raises(ValueError, match=r"importing .*e5_Flat.index copies it \(5e-06 GB.* 4e-06 GB free"):
+        import_faiss.private_copy(source, tmp_path / "copy.index")
+    assert not (tmp_path / "copy.index").exists()
+    monkeypatch.undo()
+    import_faiss.private_copy(source, tmp_path / "copy.index")
+    assert (tmp_path / "copy.index").read_bytes() == source.read_bytes()
+    assert not (tmp_path / "copy.index").samefile(source)

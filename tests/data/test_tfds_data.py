@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from searchrl import cli
 from searchrl.data import DataFormatError, datasets, flashrag, tfds_records
 from searchrl.data.tfds_records import Records
 from searchrl.tasks.deepretrieval import data as retrieval_tasks
@@ -110,6 +111,50 @@ def test_a_changed_file_is_prepared_again(tmp_path):
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))  # and one nanosecond later
     assert datasets.load_examples(str(tmp_path), "nq", "train", "qa", "")["nq"][0]["golden_answers"] == ["y"]
     assert len(list((tmp_path / ".tfds" / "qa" / "nq").iterdir())) == 2  # the stale copy is not read
+
+
+def _damage(build: Path, how: str) -> None:
+    shard = next(build.glob("*.array_record*"))
+    if how == "torn_info":
+        (build / "dataset_info.json").write_text('{"name": ')
+    elif how == "info_list":
+        (build / "dataset_info.json").write_text("[1]")
+    elif how == "torn_features":
+        (build / "features.json").write_text('{"x')
+    elif how == "truncated_shard":
+        os.truncate(shard, shard.stat().st_size // 2)
+    elif how == "overwritten_shard":
+        shard.write_bytes(np.random.default_rng(0).bytes(shard.stat().st_size))
+    else:
+        shard.unlink()
+
+
+def test_a_damaged_prepared_copy_names_the_folder_to_delete(tmp_path, capsys):
+    """Damage to any file of a prepared copy: one line naming its folder, from `load_examples`, from a read
+    after the damage and from a tool (no Riegeli, protobuf or JSON error on its own)."""
+    _qa(tmp_path)
+    records = datasets.load_examples(str(tmp_path), "nq", "train", "qa", "")["nq"]
+    (build,) = (tmp_path / ".tfds" / "qa" / "nq").iterdir()
+    _damage(build, "overwritten_shard")
+    with pytest.raises(cli.Damaged, match=f"TFDS copy {build} is damaged .*delete it and run again"):
+        list(records)
+    for how in ("torn_info", "info_list", "torn_features", "truncated_shard", "overwritten_shard", "gone"):
+        shutil.rmtree(build)
+        datasets.load_examples(str(tmp_path), "nq", "train", "qa", "")
+        _damage(build, how)
+        with pytest.raises(cli.Damaged) as e:
+            datasets.load_examples(str(tmp_path), "nq", "train", "qa", "")
+        assert str(e.value).startswith(f"the prepared TFDS copy {build} is damaged ("), how
+        assert "\n" not in str(e.value)
+
+    def tool(argv):
+        datasets.load_examples(str(tmp_path), "nq", "train", "qa", "")
+
+    with pytest.raises(SystemExit) as exit:
+        cli._failing_on_missing_input(tool)([])
+    assert exit.value.code == 1
+    err = capsys.readouterr().err  # TFDS's progress bars, then the one line
+    assert err.split("\n")[-2].split("\r")[-1] == f"error: {e.value}" and "Traceback" not in err
 
 
 def test_changed_readers_or_a_moved_folder_prepare_again(tmp_path, monkeypatch):

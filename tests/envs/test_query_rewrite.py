@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
 
 from searchrl.episode import Action, Trajectory, Turn
 from searchrl.retrieval import RetrievalConfig
-from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable
+from searchrl.retrieval.types import Hit, QueryRefused, RetrievalError, RetrievalUnavailable
 from searchrl.tasks.deepretrieval import env as qr
 from searchrl.tasks.deepretrieval import rewards as dr
 from searchrl.tasks.deepretrieval.engines import PubMed, SearchEngine
@@ -235,17 +235,17 @@ def test_config_errors_name_the_setting():
 
 class RefusingRetriever(CountingRetriever):
     """Refuses any batch holding a query with "((" (as a search engine refuses a query it cannot parse), or
-    is down."""
+    fails every search with `failure`."""
 
-    def __init__(self, results, down=False):
+    def __init__(self, results, failure=None):
         super().__init__(results)
-        self.down = down
+        self.failure = failure
 
     def search(self, queries, k):
-        if self.down:
-            raise RetrievalUnavailable("the engine is down")
+        if self.failure is not None:
+            raise self.failure
         if any("((" in q for q in queries):
-            raise RetrievalError("cannot parse the query")
+            raise QueryRefused("cannot parse the query")
         return super().search(queries, k)
 
 
@@ -256,7 +256,9 @@ def test_a_refused_query_retrieves_nothing_and_a_down_retriever_stops_the_run():
     assert rewards == [[pytest.approx(1.1)], [0.0]]  # NDCG 1 + format 0.1; nothing retrieved
     every = env.rewards(trajectory([answer(env, "((bad"), answer(env, "((worse"), answer(env, "((bad")]),
                         examples[:1] * 3)
-    assert every == [[0.0]] * 3  # every distinct rewrite refused (a mode-collapsed policy): no error
-    down = qr.QueryRewriteEnv(qr.Config(task="classic"), RefusingRetriever({}, down=True))
-    with pytest.raises(RetrievalUnavailable):
-        down.rewards(trajectory([answer(down, "good")]), examples[:1])
+    assert every == [[0.0]] * 3  # every distinct rewrite refused for its text: the policy's doing
+    for failure in (RetrievalUnavailable("the engine is down"),
+                    RetrievalError("HTTP 413: the response exceeds 67108864 bytes")):  # issue 67 cause 5
+        failing = qr.QueryRewriteEnv(qr.Config(task="classic"), RefusingRetriever({}, failure))
+        with pytest.raises(type(failure), match=str(failure)):  # never a reward of 0
+            failing.rewards(trajectory([answer(failing, "good")]), examples[:1])

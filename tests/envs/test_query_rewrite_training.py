@@ -21,9 +21,8 @@ from searchrl import experiment, run_config
 from searchrl.retrieval import load_retriever
 from searchrl.retrieval import metrics as ir
 from searchrl.retrieval.bm25 import BM25Retriever
-from searchrl.retrieval.types import RetrievalError
 from searchrl.rl.trainer import Trainer
-from searchrl.serving.server import Limits, RetrievalServer
+from searchrl.serving.server import RetrievalServer
 from searchrl.tasks.deepretrieval import rewards as dr
 from searchrl.tasks.deepretrieval.env import prompts
 from searchrl.text.tokenizer import train_bpe_tokenizer
@@ -345,13 +344,13 @@ def test_each_family_trains_against_its_real_retriever(family, world, tmp_path, 
 
 @pytest.mark.parametrize("family", ["evidence", "classic"])
 def test_depth_3000_trains_through_the_retrieval_service(family, world, tmp_path):
-    """The family's preset (depth 3000) trains against a retrieval server whose limits allow that depth,
-    with the same raw metrics as the local index; the service's default limits refuse the depth."""
+    """The family's preset (depth 3000) trains against a retrieval server with its default limits (which
+    allow that depth), with the same raw metrics as the local index."""
     def config_for(url: str) -> ml_collections.ConfigDict:
         return family_config(family, world, tmp_path, dict(kind="remote", url=url, index_dir=""))
 
     local = load_retriever(world["bm25"])
-    with RetrievalServer(local, "127.0.0.1", 0, Limits(max_topk=3000)).start() as server:
+    with RetrievalServer(local, "127.0.0.1", 0).start() as server:
         config = config_for(server.url)
         exp = experiment.build(run_config.parse(config))
         assert exp.env.config.depth == 3000
@@ -371,7 +370,3 @@ def test_depth_3000_trains_through_the_retrieval_service(family, world, tmp_path
         assert exp.env.reward(row) == pytest.approx(best_reward(reward_table(config.env.task,
                                                                              exp.env.config.reward)))
 
-    with RetrievalServer(local, "127.0.0.1", 0).start() as default_limits:
-        exp = experiment.build(run_config.parse(config_for(default_limits.url)))
-        with pytest.raises(RetrievalError, match=r'"topk" must be an integer in \[1, 1000\], got 3000'):
-            exp.env.retriever.search([exp.train_examples[0]["question"]], exp.env.config.depth)

@@ -11,7 +11,7 @@ from searchrl import models
 from searchrl.episode import Action, Trajectory, Turn
 from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.remote import RemoteRetriever
-from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable
+from searchrl.retrieval.types import Hit, QueryRefused, RetrievalError, RetrievalUnavailable
 from searchrl.serving.server import Limits, RetrievalServer
 from searchrl.tasks.autosearch import env as autosearch_env
 from searchrl.tasks.autosearch import rewards as autosearch
@@ -80,7 +80,7 @@ def test_empty_blank_and_overlong_queries_are_answered_without_searching():
 class FailingRetriever(CountingRetriever):
     """Raises `error` for any batch holding a query that starts with "bad"; `error` None: raises for all."""
 
-    def __init__(self, error=RetrievalError("HTTP 400: rejected")):
+    def __init__(self, error=QueryRefused("HTTP 400: rejected")):
         super().__init__()
         self.error = error
 
@@ -104,8 +104,8 @@ def test_a_failing_query_is_retried_alone_and_told_why():
 
 @pytest.mark.parametrize("error, queries, calls", [
     (RetrievalUnavailable("down"), ["a", "bad"], [["a", "bad"]]),  # no query-by-query hammering
-    (RetrievalError("HTTP 404"), ["bad1", "bad2"], [["bad1", "bad2"], ["bad1"], ["bad2"]]),  # none works
-    (RetrievalError("HTTP 400"), ["bad"], [["bad"], ["bad"]]),
+    (RetrievalError("HTTP 404"), ["bad1", "bad2"], [["bad1", "bad2"]]),  # not the queries' doing
+    (RetrievalError("HTTP 413: the response exceeds 67108864 bytes"), ["bad"], [["bad"]]),
     (RuntimeError("a bug"), ["a", "bad"], [["a", "bad"]]),  # not a retrieval error: not caught
 ])
 def test_a_retriever_that_is_down_stops_the_run(error, queries, calls):
@@ -113,6 +113,13 @@ def test_a_retriever_that_is_down_stops_the_run(error, queries, calls):
     with pytest.raises(type(error), match=str(error)):
         SearchEnv(retriever).observe([Action("search", q) for q in queries])
     assert retriever.calls == calls
+
+
+def test_queries_all_refused_for_their_text_are_each_told_why():
+    retriever = FailingRetriever()
+    obs = SearchEnv(retriever).observe([Action("search", "bad1"), Action("search", "bad2")])
+    assert [o.info["error"] for o in obs] == ["The search failed: HTTP 400: rejected"] * 2
+    assert retriever.calls == [["bad1", "bad2"], ["bad1"], ["bad2"]]
 
 
 def test_remote_retrieval_failures_become_observations():

@@ -19,6 +19,7 @@ from searchrl.tasks.autosearch import prompts as P
 from searchrl.tasks.deepretrieval import api_rewrites
 from searchrl.tasks.deepretrieval import prompts as dr_prompts
 from tests.data.retrieval_helpers import write_jsonl
+from tests.fakes.scripted import ScriptedServer, response, trickled
 
 KEY = "sk-test-secret-123"
 
@@ -131,7 +132,7 @@ def test_client_errors_are_not_retried_and_retries_run_out():
         closed = fake.url
     client = chat_api.ChatClient(chat_api.ChatAPIConfig(closed, "m1", max_retries=2, backoff=0.25),
                                  sleep=slept.append)
-    with pytest.raises(chat_api.ChatAPIError, match="ConnectionError.*after 3 attempts"):
+    with pytest.raises(chat_api.ChatAPIError, match="ConnectionRefusedError.*after 3 attempts"):
         client.complete([{"role": "user", "content": "a"}])
     assert slept == [0.25, 0.5]
 
@@ -209,6 +210,134 @@ def test_config_errors_name_the_field(monkeypatch):
     monkeypatch.delenv("NO_SUCH_KEY", raising=False)
     with pytest.raises(ValueError, match="NO_SUCH_KEY"):
         chat_api.ChatAPIConfig("https://api.example.com", "m", key_env="NO_SUCH_KEY")
+
+
+def chat_reply(content, usage=None) -> bytes:
+    """A raw 200 answering with `content` (and `usage`, default 3 + 1 tokens)."""
+    body = {"choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": content}}],
+            "usage": usage if usage is not None else {"prompt_tokens": 3, "completion_tokens": 1}}
+    return response("200 OK", json.dumps(body).encode(), "Content-Type: application/json")
+
+
+def ask(client: chat_api.ChatClient) -> str:
+    return client.complete([{"role": "user", "content": "a"}]).text
+
+
+@pytest.fixture
+def scripted():
+    servers = []
+
+    def make(*replies):
+        servers.append(ScriptedServer(*replies))
+        return servers[-1]
+    yield make
+    for server in servers:
+        server.close()
+
+
+@pytest.mark.parametrize("header, seconds", [
+    ("2", 2.0), ("-5", 0.0), ("99999999", 60.0), ("1e400", 60.0), ("Fri, 31 Dec 9999 23:59:59 GMT", 60.0),
+    ("nan", None), ("soon", None), (None, None)])
+def test_retry_after_is_capped(header, seconds):
+    assert chat_api.retry_after(header, time.time(), 60.0) == seconds
+
+
+def test_a_hostile_retry_after_waits_at_most_max_backoff():
+    """Issue 67 cause 9: a Retry-After of 99,999,999 s slept that long; 1e400 and a year-9999 date raised
+    OverflowError."""
+    slept = []
+    failures = [(429, {"Retry-After": "99999999"}), (503, {"Retry-After": "1e400"}),
+                (429, {"Retry-After": "Fri, 31 Dec 9999 23:59:59 GMT"})]
+    with FakeEndpoint(echo, failures=failures) as fake:
+        client = chat_api.ChatClient(config(fake, max_backoff=5.0), sleep=slept.append)
+        assert chat_api.ChatGenerate(client)(["a"]) == ["echo: a"]
+    assert slept == [5.0, 5.0, 5.0]
+
+
+def test_a_trickled_answer_times_out_as_a_whole(scripted):
+    """Issue 67 cause 9: `timeout` bounded each socket read, so a body trickled a byte every 2 s never timed
+    out. Scaled: a byte every 0.2 s, each read well within the 0.8 s timeout, the whole answer not."""
+    server = scripted(trickled(chat_reply("hello"), 0.2))
+    client = chat_api.ChatClient(chat_api.ChatAPIConfig(server.url, "m1", timeout=0.8, max_retries=1,
+                                                        backoff=0.01))
+    start = time.monotonic()
+    with pytest.raises(chat_api.ChatAPIError, match=r"TimeoutError: .*after 2 attempts"):
+        ask(client)
+    assert 1.5 < time.monotonic() - start < 3.0 and server.connections == 2
+
+
+def test_a_200_that_is_not_json_is_retried_and_then_a_chat_api_error(scripted):
+    """Issue 67 cause 9: a 200 with a non-JSON body raised a raw JSONDecodeError, not retried."""
+    html = response("200 OK", b"<html>maintenance</html>")
+    server = scripted(html, chat_reply("fine"))
+    assert ask(chat_api.ChatClient(chat_api.ChatAPIConfig(server.url, "m1", backoff=0.01))) == "fine"
+    assert server.connections == 2
+    server = scripted(html)
+    client = chat_api.ChatClient(chat_api.ChatAPIConfig(server.url, "m1", max_retries=2, backoff=0.01))
+    with pytest.raises(chat_api.ChatAPIError, match=r"HTTP 200 with a body that is not JSON .*<html>"
+                                                    r".*after 3 attempts"):
+        ask(client)
+
+
+def test_list_content_is_its_text_parts_joined(scripted, tmp_path):
+    """Issue 67 cause 9: a list-valued content was returned and cached as the text."""
+    parts = [{"type": "text", "text": "Hel"}, "lo"]
+    server = scripted(chat_reply(parts), chat_reply([{"type": "image_url", "image_url": {"url": "x"}}]))
+    client = chat_api.ChatClient(chat_api.ChatAPIConfig(server.url, "m1", cache_dir=str(tmp_path)))
+    assert ask(client) == "Hello"
+    cached, = tmp_path.glob("*/*.json")
+    assert json.loads(cached.read_text())["completion"]["text"] == "Hello"
+    with pytest.raises(chat_api.ChatAPIError, match="content part 0 is not text \\(type 'image_url'\\)"):
+        client.complete([{"role": "user", "content": "b"}])
+    assert chat_api.message_text(None) == ""
+    with pytest.raises(ValueError, match="content must be a string or a list of parts, got int"):
+        chat_api.message_text(7)
+
+
+def test_accounting_never_loses_a_paid_answer(scripted, tmp_path):
+    """Issue 67 cause 9: null token counts or prices given as strings raised TypeError after the request
+    was paid and before it was cached, so every rerun paid again. Prices are checked before any request;
+    an answer is cached before it is accounted; counts the server does not give are logged as None."""
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"m1": {"prompt": "2.5", "completion": 10}}))
+    server = scripted(chat_reply("paid", usage={"prompt_tokens": None, "completion_tokens": "7"}))
+    cfg = chat_api.ChatAPIConfig(server.url, "m1", cache_dir=str(tmp_path / "cache"), prices=str(prices),
+                                 usage_log=str(tmp_path / "usage.jsonl"))
+    with pytest.raises(ValueError, match=rf"{prices}: model 'm1' 'prompt' price must be a number >= 0 .*"
+                                         r"got '2.5'"):
+        chat_api.ChatClient(cfg)
+    assert server.connections == 0
+    prices.write_text(json.dumps({"m1": {"prompt": 2.5, "completion": 10}}))
+    assert ask(chat_api.ChatClient(cfg)) == "paid"
+    again = chat_api.ChatClient(cfg)
+    assert ask(again) == "paid" and again.requests_made == 0 and server.connections == 1
+    row, = [json.loads(line) for line in (tmp_path / "usage.jsonl").read_text().splitlines()]
+    assert (row["prompt_tokens"], row["completion_tokens"], row["cost_usd"]) == (None, None, None)
+    assert chat_api.usage_summary(tmp_path / "usage.jsonl")["m1"] == {
+        "requests": 1, "prompt_tokens": None, "completion_tokens": None, "cost_usd": None}
+
+
+def test_an_answer_that_cannot_be_recorded_is_a_chat_api_error(scripted, tmp_path):
+    (tmp_path / "cache").write_text("")  # a file where the cache folder should be
+    server = scripted(chat_reply("x"))
+    client = chat_api.ChatClient(chat_api.ChatAPIConfig(server.url, "m1", cache_dir=str(tmp_path / "cache")))
+    with pytest.raises(chat_api.ChatAPIError, match=r"cannot record the answer of http://\S+ "
+                                                    r"\((FileExistsError|NotADirectoryError): "):
+        ask(client)
+
+
+def test_a_torn_cache_entry_names_its_file(scripted, tmp_path):
+    """Issue 67 cause 9: a torn cache entry raised a JSONDecodeError naming no file."""
+    server = scripted(chat_reply("kept"))
+    cfg = chat_api.ChatAPIConfig(server.url, "m1", cache_dir=str(tmp_path))
+    assert ask(chat_api.ChatClient(cfg)) == "kept"
+    entry, = tmp_path.glob("*/*.json")
+    entry.write_text(entry.read_text()[:25])
+    with pytest.raises(chat_api.ChatAPIError, match=rf"{entry}: a torn cache entry \(JSONDecodeError: .*\); "
+                                                    "delete it to request the answer again"):
+        ask(chat_api.ChatClient(cfg))
+    assert server.connections == 1
 
 
 class OnePassage:

@@ -9,72 +9,10 @@ import pytest
 from searchrl.retrieval import RetrievalConfig
 from searchrl.retrieval.remote import RemoteRetriever
 from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable
+from tests.fakes.scripted import ScriptedServer, response, trickled
 
 OK_BODY = b'{"result": [[{"document": {"id": "7", "contents": "Paris\\nCapital."}, "score": 3.5}]]}'
-
-
-def response(status: str, body: bytes, *headers: str) -> bytes:
-    head = "".join(f"{h}\r\n" for h in (f"HTTP/1.1 {status}", f"Content-Length: {len(body)}", *headers))
-    return head.encode() + b"\r\n" + body
-
-
 OK = response("200 OK", OK_BODY)
-
-
-def read_request(conn: socket.socket) -> None:
-    """Reads one request (headers, then a Content-Length body)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += conn.recv(65536)
-    head, body = data.split(b"\r\n\r\n", 1)
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:"))
-    while len(body) < length:
-        body += conn.recv(65536)
-
-
-def trickled(data: bytes, interval: float = 0.1):
-    """A reply that sends `data` a byte every `interval` seconds."""
-    def reply(conn: socket.socket) -> None:
-        for byte in data:
-            conn.sendall(bytes([byte]))
-            time.sleep(interval)
-    return reply
-
-
-class ScriptedServer:
-    """Serves connections one at a time: the i-th gets replies[i] (the last one from then on), raw bytes sent
-    whole or a function of the socket, after its request has been read."""
-
-    def __init__(self, *replies):
-        self.replies, self.connections = replies, 0
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:  # shut down
-                return
-            reply = self.replies[min(self.connections, len(self.replies) - 1)]
-            self.connections += 1
-            with conn:
-                try:
-                    read_request(conn)
-                    reply(conn) if callable(reply) else conn.sendall(reply)
-                except OSError:  # the client gave up
-                    pass
-
-    def close(self) -> None:
-        self.sock.shutdown(socket.SHUT_RDWR)  # wakes accept()
-        self.sock.close()
-        self.thread.join()
 
 
 @pytest.fixture
@@ -155,3 +93,56 @@ def test_refusals_are_not_retried_and_only_http_is_spoken(scripted):
     assert not isinstance(error.value, RetrievalUnavailable) and server.connections == 1
     with pytest.raises(ValueError, match="http://HOST"):
         RemoteRetriever(RetrievalConfig(url="https://example.org"))
+
+
+class HungServer:
+    """Accepts connections and never answers, as a SIGSTOPped replica (whose kernel still accepts) does;
+    counts the connections."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._hold, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _hold(self) -> None:
+        while True:
+            try:
+                self.held.append(self.sock.accept()[0])
+            except OSError:  # shut down
+                return
+
+    def close(self) -> None:
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.thread.join()
+        for conn in self.held:
+            conn.close()
+
+
+def test_a_hung_replica_costs_one_timeout_then_is_set_aside_until_probed(scripted):
+    """Issue 67 cause 8: a hung replica cost (retries + 1) x timeout on every call (~123 s with the
+    defaults). Now it costs one timeout, is set aside, and is probed once its cooldown has passed (then set
+    aside for twice as long)."""
+    hung, live = HungServer(), scripted(OK)
+    try:
+        client = RemoteRetriever(RetrievalConfig(url=f"{hung.url},{live.url}", timeout_s=0.4, retries=3),
+                                 backoff_s=0.05, cooldown_s=1.0)
+
+        def timed_search() -> float:
+            start = time.monotonic()
+            assert client.search(["q"], 1) == [[Hit("7", 3.5, "Paris", "Capital.")]]  # one shard: hung's
+            return time.monotonic() - start
+        assert 0.35 < timed_search() < 1.0 and len(hung.held) == 1  # one timeout, not 4 plus backoff
+        assert all(timed_search() < 0.3 for _ in range(3)) and len(hung.held) == 1  # set aside
+        time.sleep(max(client.replicas[0].retry_at - time.monotonic(), 0) + 0.05)
+        assert 0.35 < timed_search() < 1.0 and len(hung.held) == 2  # probed again: one timeout
+        assert client.replicas[0].retry_at - time.monotonic() > 1.5  # now set aside for 2 s
+        assert timed_search() < 0.3 and len(hung.held) == 2
+        assert live.connections == 6
+    finally:
+        hung.close()

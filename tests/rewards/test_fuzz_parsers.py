@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from searchrl.episode import Action
-from searchrl.retrieval.types import Hit, RetrievalError
+from searchrl.retrieval.types import Hit, QueryRefused
 from searchrl.serving import server
 from searchrl.tasks.autosearch import rewards as au
 from searchrl.tasks.deepretrieval import engines
@@ -184,7 +184,7 @@ class EncodingRetriever:
         for q in queries:
             q.encode("utf-8")
             if "((" in q:
-                raise RetrievalError("cannot parse the query")
+                raise QueryRefused("cannot parse the query")
         return [[Hit(f"{q[:3]}-{i}", 1.0 / (i + 1)) for i in range(k)] for q in queries]
 
 

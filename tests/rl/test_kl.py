@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from searchrl import run_config
 from searchrl.rl import kl
 
 
@@ -115,3 +116,15 @@ def test_fixed_controller_and_factory():
         kl.adaptive_kl_controller(0.1, target=1.0, horizon=0)
     with pytest.raises(ValueError, match="unknown KL controller kind 'pid'"):
         kl.make_kl_controller("pid", 0.1)
+
+
+def test_an_unknown_controller_fails_when_the_config_is_parsed():
+    """Even with kl_in_reward off, where the learn step never builds a controller."""
+    config = run_config.experiment_config("search_r1")
+    config.rl.kl_controller = "pid"
+    assert not config.rl.kl_in_reward
+    message = r"^config\.rl: rl\.kl_controller='pid' is not a known KL controller; known: \['adaptive', 'fixed'\]$"
+    with pytest.raises(ValueError, match=message):
+        run_config.parse(config)
+    config.rl.kl_controller = "adaptive"
+    assert run_config.parse(config).rl.kl_controller == "adaptive"

@@ -323,13 +323,15 @@ def test_refilled_rows_run_each_episode_as_it_runs_alone(model, tokenizer, separ
 
 def test_a_sharded_continuous_rollout_runs_each_episode_as_it_runs_alone(model, tokenizer):
     """The same on the (data 2, fsdp 2, tensor 2) mesh: 8 episodes on 4 decode rows (one per row block),
-    appended to 2 rows a call, with 2 parked rows."""
+    appended to 2 rows a call, with 2 parked rows (a side branch late for a row takes its episode's)."""
     examples = [{"q": w} for w in WORDS[:8]]
     engine = make_engine(model, tokenizer, ScriptedEnv(branch_prompt=" <answer>"),
                          mesh=models.make_mesh(2, 2, 2), decode_rows=4, extend_rows=2, parked_rows=2)
     key = jax.random.key(2)
     traj = engine.run(model[1], examples, key)
     assert len({len(t) for t in traj.turns}) > 1 and engine.stats.parks > 0
+    # a side branch still waiting for a row when its episode's observation came in took the episode's row
+    assert engine.stats.yields > 0 and engine.stats.asides == 0
     for b in (0, 5, 7):
         assert_same_episodes(traj, engine.run(model[1], examples[b:b + 1], key, first_row=b), [b])
 

@@ -1,5 +1,5 @@
-"""Tiny indexes for the serving tests: two small BM25 indexes over different corpora, and one of 3,000
-passages (deep retrieval)."""
+"""Tiny indexes for the serving tests: two small BM25 indexes over different corpora, and one of 4,000
+passages with one long one (deep retrieval)."""
 import json
 from pathlib import Path
 
@@ -8,6 +8,7 @@ import pytest
 from searchrl.retrieval.bm25 import BM25Retriever
 
 DEEP = 3000  # DeepRetrieval's retrieval depth
+LONG_ID = "dlong"  # the deep index's one long (7.8 kB) passage
 
 
 def bm25_index(directory: Path, rows: list[dict]) -> Path:
@@ -36,6 +37,7 @@ def rivers(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def deep(tmp_path_factory) -> Path:
-    """3,000 passages that all match "alpha"."""
-    rows = [{"id": f"d{i}", "contents": f"alpha {'filler ' * (i % 50)}word{i}"} for i in range(DEEP)]
+    """4,000 passages that all match "alpha", one of them 7.8 kB long (issue 67's corpus)."""
+    rows = [{"id": f"d{i}", "contents": f"alpha {'filler ' * (i % 50)}word{i}"} for i in range(3999)]
+    rows.append({"id": LONG_ID, "contents": "Long\n" + "alpha " * 1300})
     return bm25_index(tmp_path_factory.mktemp("deep"), rows)

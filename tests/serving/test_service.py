@@ -2,6 +2,7 @@
 without GPUs, /health naming the index (fingerprint) and the client refusing another, replicas sharing a
 batch, and depth-3000 requests bounded by the limits."""
 import dataclasses
+import json
 import shutil
 import socket
 
@@ -18,8 +19,9 @@ from searchrl.retrieval.remote import RemoteRetriever, contiguous_shards, split_
 from searchrl.retrieval.types import RetrievalError, RetrievalUnavailable
 from searchrl.serving import serve
 from searchrl.serving.server import Limits, RetrievalServer
+from searchrl.tasks.deepretrieval import env as qr
 from tests.processes import free_port
-from tests.serving.conftest import DEEP
+from tests.serving.conftest import DEEP, LONG_ID
 
 QUERIES = [f"capital of country {i}" for i in range(12)] + ["river1", "city3 river0", "nothing matches"]
 
@@ -158,10 +160,25 @@ def test_a_failing_replica_s_share_goes_to_another(capitals):
         client.search(QUERIES, 2)
 
 
-def test_depth_3000_goes_through_when_the_limits_allow_it(deep):
+def test_depth_3000_over_a_corpus_with_one_long_document_returns_its_hits(deep):
+    """Issue 67 cause 5: one 7.8 kB passage among 4,000 made every depth-3000 request a 413 (the bound was
+    queries x topk x 3 x the longest corpus line), which DeepRetrieval scored as retrieving nothing."""
     with serving(deep) as default:
-        with pytest.raises(RetrievalError, match=r'"topk" must be an integer in \[1, 1000\], got 3000'):
-            RemoteRetriever(RetrievalConfig(url=default.url)).search(["alpha"], DEEP)
+        hits = RemoteRetriever(RetrievalConfig(url=default.url)).search(["alpha"], DEEP)[0]
+        assert len(hits) == DEEP and hits[0].id == LONG_ID and len(hits[0].contents) > 7800
+        env = qr.QueryRewriteEnv(qr.Config(task="classic"), RemoteRetriever(RetrievalConfig(url=default.url)))
+        row, = env.results([env.target_response("alpha")], [{"question": "q", "qrels": {LONG_ID: 1}}])
+        assert row.reward_metric == 1.0 and env.reward(row) > 1.0  # NDCG 1: the long passage first
+    one = len(json.dumps({"result": [[{"document": {"id": h.id, "contents": h.contents}, "score": h.score}
+                                      for h in hits]]}))
+    with serving(deep, Limits(max_response_bytes=one + one // 2)) as server:  # one query's, not two's
+        client = RemoteRetriever(RetrievalConfig(url=server.url))
+        assert [len(h) for h in client.search(["alpha", "alpha"], DEEP)] == [DEEP, DEEP]
+        assert server.requests == 3  # refused whole (413), then split in halves
+    with serving(deep, Limits(max_response_bytes=one - 1)) as server:
+        env = qr.QueryRewriteEnv(qr.Config(task="classic"), RemoteRetriever(RetrievalConfig(url=server.url)))
+        with pytest.raises(RetrievalError, match=rf"HTTP 413: the response exceeds {one - 1} bytes"):
+            env.results([env.target_response("alpha")], [{"question": "q", "qrels": {LONG_ID: 1}}])
     reference = load_retriever(deep, n_threads=0).search(["alpha word7", "alpha"], DEEP)
     with serving(deep, Limits(max_topk=DEEP, max_hits=2 * DEEP)) as server:
         client = RemoteRetriever(RetrievalConfig(url=server.url, max_hits=2 * DEEP))
@@ -170,4 +187,4 @@ def test_depth_3000_goes_through_when_the_limits_allow_it(deep):
     assert [len(h) for h in hits] == [DEEP, DEEP, DEEP, DEEP, 1]
     assert [h.id for h in hits[0]] == [h.id for h in reference[0]]
     assert [h.score for h in hits[0]] == pytest.approx([h.score for h in reference[0]], rel=1e-6)
-    assert hits[0][0].id == "d7" and len({h.id for h in hits[1]}) == DEEP
+    assert hits[0][0].id == "d7" and len({h.id for h in hits[1]}) == DEEP and hits[1][0].id == LONG_ID

@@ -138,9 +138,8 @@ def cold_start(config: RunConfig, built: experiment.Experiment) -> tuple[Any, di
     mesh = models.mesh_of(config.mesh)
     policy, losses = built.policy, {}
     for stage, examples, sft_config in stages:
-        tokens, loss_mask = sft.encode(built.tokenizer, examples, sft_config.max_len)
-        policy, stage_losses = sft.train(built.model_cfg, policy, tokens, loss_mask, sft_config, mesh,
-                                          models.rules_named(config.mesh.train_rules), config.mesh.attention)
+        policy, stage_losses = sft.fine_tune(built.model_cfg, policy, built.tokenizer, examples, sft_config, mesh,
+                                             models.rules_named(config.mesh.train_rules), config.mesh.attention)
         losses[stage] = [stage_losses[0], stage_losses[-1]]
         print(f"seed {config.seed}: SFT on {stage}: loss {stage_losses[0]:.3f} -> {stage_losses[-1]:.3f}")
     return policy, losses

@@ -89,10 +89,9 @@ def run_seed(config: RunConfig) -> dict[str, Any]:
     built = experiment.build(config)
     test = datasets.load_examples(config.data.dir, DATASET, "test", config.data.format, config.data.tfds_dir)
     examples = cold_start_examples(world, built, demo.sft_samples, config.seed)
-    tokens, loss_mask = sft.encode(built.tokenizer, examples, config.sft.max_len)
     mesh = models.mesh_of(config.mesh)
-    policy, losses = sft.train(built.model_cfg, built.policy, tokens, loss_mask, config.sft, mesh,
-                               models.rules_named(config.mesh.train_rules), config.mesh.attention)
+    policy, losses = sft.fine_tune(built.model_cfg, built.policy, built.tokenizer, examples, config.sft, mesh,
+                                   models.rules_named(config.mesh.train_rules), config.mesh.attention)
     print(f"seed {config.seed}: SFT loss {losses[0]:.3f} -> {losses[-1]:.3f} "
           f"({time.perf_counter() - start:.0f}s)")
 

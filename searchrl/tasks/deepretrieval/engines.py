@@ -32,7 +32,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from searchrl.retrieval import RETRIEVERS, RetrievalConfig
 from searchrl.retrieval.deadline import Connection, TLSConnection
-from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable
+from searchrl.retrieval.types import Hit, QueryRefused, RetrievalError, RetrievalUnavailable
 
 Cursor = int | str | None  # the next page: ESearch's retstart or CT.gov's pageToken; None: the first page
 PUBMED_URL = "https://eutils.ncbi.nlm.nih.gov/entrez/eutils/"
@@ -56,6 +56,10 @@ class SearchEngineError(RetrievalError):
 
 class SearchEngineUnavailable(SearchEngineError, RetrievalUnavailable):
     """Transient failures (429, 5xx, timeouts, dropped connections, malformed bodies) outlasted the retries."""
+
+
+class SearchEngineRefused(SearchEngineError, QueryRefused):
+    """The engine refused a query for its text (an E-utilities ERROR), or it is not valid text."""
 
 
 class Malformed(ValueError):
@@ -404,16 +408,16 @@ class SearchEngine:
     """A Retriever over a literature search API: for each query, up to k ids in the engine's rank order.
 
     `url` ("": the API's own), `rate_per_s`, `timeout_s` and `retries` are a `RetrievalConfig`'s. Every
-    request waits on one `RateLimiter` (rate_per_s; 0: the API's default) and must be over within
-    `timeout_s`. A 429, a 5xx, a timeout, a dropped connection, a body over `max_body_bytes` or a malformed
-    body is retried `retries` times, after backoff_s * 2**(attempt - 1) seconds, or after the server's
-    Retry-After (at most MAX_RETRY_AFTER_S) when it sends a valid one; any other status, or an answer that
-    refuses the query (E-utilities' ERROR), raises SearchEngineError at once, as does a query that is not
-    valid text (a lone surrogate). A blank query gets no hits and no request. Paging stops at k ids, at the
-    last page, at a page that adds no new id or repeats a page token, or after 2 * ceil(k / page_size) + 1
-    pages. The queries of a batch run on up to `workers` threads (duplicates once), so latency overlaps
-    while the limiter keeps the rate. `cache` (a SearchCache or a path; None: none) answers repeats without a
-    request; a result shorter than its k holds all the engine has, so it answers every k.
+    request waits on one `RateLimiter` (rate_per_s; 0: the API's default) and must be over within `timeout_s`.
+    A 429, a 5xx, a timeout, a dropped connection, a body over `max_body_bytes` or a malformed body is retried
+    `retries` times, after backoff_s * 2**(attempt - 1) seconds, or after the server's Retry-After (at most
+    MAX_RETRY_AFTER_S) when it sends a valid one; any other status raises SearchEngineError at once, and an
+    answer that refuses the query (E-utilities' ERROR) SearchEngineRefused (a `QueryRefused`), as does a query
+    that is not valid text (a lone surrogate). A blank query gets no hits and no request. Paging stops at k
+    ids, at the last page, at a page that adds no new id or repeats a page token, or after 2 * ceil(k /
+    page_size) + 1 pages. The queries of a batch run on up to `workers` threads (duplicates once), so latency
+    overlaps while the limiter keeps the rate. `cache` (a SearchCache or a path; None: none) answers repeats
+    without a request; a result shorter than its k holds all the engine has, so it answers every k.
     """
 
     def __init__(self, api: LiteratureAPI, *, url: str, rate_per_s: float, timeout_s: float, retries: int,
@@ -458,7 +462,7 @@ class SearchEngine:
         try:
             query.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise SearchEngineError(f"{self.api.name}: query {short(query)} is not valid text (character "
+            raise SearchEngineRefused(f"{self.api.name}: query {short(query)} is not valid text (character "
                                     f"{e.start + 1} is a lone surrogate)") from None
         k = min(k, self.api.max_results)
         if self.cache is not None:
@@ -544,7 +548,7 @@ class SearchEngine:
         except Malformed as e:
             raise _Transient(f"malformed body: {e}") from None
         except Refused as e:
-            raise SearchEngineError(f"{where}: the engine refused it: {e}") from None
+            raise SearchEngineRefused(f"{where}: the engine refused it: {e}") from None
 
 
 def make_engine(kind: str, config: RetrievalConfig) -> SearchEngine:

@@ -23,14 +23,12 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
-import logging
 from typing import Any, Mapping, Sequence
 
 from searchrl.episode import Action, Observation, Trajectory, outcome_reward
 from searchrl.retrieval import make_retriever
 from searchrl.retrieval import metrics as ir
-from searchrl.retrieval.types import (MAX_QUERY_CHARS, Hit, RetrievalError, RetrievalUnavailable, Retriever,
-                                      search_or_explain)
+from searchrl.retrieval.types import MAX_QUERY_CHARS, Hit, Retriever, search_or_explain
 from searchrl.tasks.deepretrieval import prompts
 from searchrl.tasks.deepretrieval import rewards as dr
 from searchrl.text import chat, tags
@@ -42,7 +40,6 @@ _HIT_KS = (1, 5, 20)  # evidence: hit@k of the first passage that holds an answe
 _RECALL_KS = (10, 100)  # classic: recall@k next to ndcg@ndcg_k_eval
 _SCORING_THREADS = 8  # rows scored at once (their SQL runs in that many sandbox workers at most)
 DATE_FLOOR = "1970/01/01"  # a literature search's earliest publication date (the public code's mindate)
-log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,9 +171,10 @@ class QueryRewriteEnv:
 
     def _search(self, searches: Sequence[tuple[str, str]]) -> dict[tuple[str, str], list[Hit]]:
         """Every distinct (query, max_date) retrieved, one batched call per date cut-off. A query that
-        cannot be searched (blank, over `max_query_chars`, not valid text) or that the retriever refuses
-        (e.g. a Boolean query the search engine cannot parse) retrieves nothing, even when every query of
-        the batch is refused; a retriever that is down (`RetrievalUnavailable`) raises."""
+        cannot be searched (blank, over `max_query_chars`, not valid text) or that the retriever refuses for
+        its text (`QueryRefused`, e.g. a Boolean query the search engine cannot parse) retrieves nothing;
+        any other failure (the retriever down, a request it refuses as too large) raises: it is not the
+        policy's doing, and scoring it as retrieving nothing would fake the rewards."""
         by_date: dict[str, list[str]] = {}
         for query, max_date in dict.fromkeys(searches):
             by_date.setdefault(max_date, []).append(query)
@@ -187,15 +185,8 @@ class QueryRewriteEnv:
         return found
 
     def _retrieve(self, retriever: Retriever, queries: list[str]) -> list[list[Hit]]:
-        """Each query's hits; [] for one that cannot be searched or is refused (see `_search`)."""
-        try:
-            outcomes = search_or_explain(retriever, queries, self.config.depth, self.config.max_query_chars)
-        except RetrievalUnavailable:
-            raise
-        except RetrievalError as e:  # every query refused, even alone: a mode-collapsed policy's batch
-            log.warning("every one of %d distinct queries was refused; each retrieves nothing: %s",
-                        len(queries), str(e)[:300])
-            return [[] for _ in queries]
+        """Each query's hits; [] for one that cannot be searched or is refused for its text (`_search`)."""
+        outcomes = search_or_explain(retriever, queries, self.config.depth, self.config.max_query_chars)
         return [[] if isinstance(outcome, str) else outcome for outcome in outcomes]
 
     def _score(self, value: str, example: Mapping[str, Any], hits: Sequence[Hit] | None

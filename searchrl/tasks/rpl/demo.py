@@ -191,9 +191,8 @@ def cold_start(configs: Sequence[RunConfig], prefix_tasks: Sequence[Mapping[str,
     mesh = models.mesh_of(configs[0].mesh)
     policy = built[0].policy
     for stage, segments, sft_config in stages:
-        tokens, loss_mask = sft.encode(built[0].tokenizer, segments, sft_config.max_len)
-        policy, losses = sft.train(built[0].model_cfg, policy, tokens, loss_mask, sft_config, mesh,
-                                   models.rules_named(configs[0].mesh.train_rules), configs[0].mesh.attention)
+        policy, losses = sft.fine_tune(built[0].model_cfg, policy, built[0].tokenizer, segments, sft_config, mesh,
+                                       models.rules_named(configs[0].mesh.train_rules), configs[0].mesh.attention)
         print(f"cold start on {len(segments)} {stage}: SFT loss {losses[0]:.3f} -> "
               f"{losses[-1]:.3f}")
     return built, policy

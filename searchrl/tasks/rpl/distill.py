@@ -28,9 +28,7 @@ import numpy as np
 
 from searchrl import distributed
 from searchrl.episode import SamplingParams, Turn
-from searchrl.rl import sft
-from searchrl.rl.trainer import Trainer
-from searchrl.rollout.engine import RolloutEngine
+from searchrl.rl.hooks import RunHandle
 from searchrl.tasks.rpl import mutation
 from searchrl.tasks.rpl.config import MutationConfig
 from searchrl.tasks.rpl.env import PROGRAM, ProgramEnv, is_globalqa, program_span, set_f1
@@ -72,19 +70,14 @@ class _Continuing:
         return getattr(self._env, name)
 
 
-def policy_answers(trainer: Trainer, prefixes: Sequence[str], key: jax.Array, greedy: bool = True
+def policy_answers(run: RunHandle, prefixes: Sequence[str], key: jax.Array, greedy: bool = True
                    ) -> list[str | None]:
     """The policy's next turn after each of `prefixes` (rendered trajectories that end where the policy
     writes), when that turn is an answer; None when it is not. Greedy, or sampled as the rollouts sample
-    (`greedy=False`). Runs on the trainer's rollout settings, mesh and dtype, with room for the prefix as
-    the prompt."""
-    engine = trainer.engine
-    sampling = SamplingParams(temperature=0.0) if greedy else engine.config.sampling
-    rollout = dataclasses.replace(engine.config, sampling=sampling, max_prompt_tokens=engine.config.max_len)
-    continuing = RolloutEngine(trainer.model_cfg, engine.tokenizer, _Continuing(trainer.env), rollout,
-                               side_branch=False, mesh=engine.train_mesh, dtype=engine.dtype,
-                               rules=engine.rules, attention=engine.attention)
-    traj = continuing.run(trainer.policy, [{"prefix": prefix} for prefix in prefixes], key)
+    (`greedy=False`). Runs on the run's rollout settings with room for a whole trajectory as the prompt."""
+    traj = run.roll_out([{"prefix": prefix} for prefix in prefixes], key, env=_Continuing(run.env),
+                        sampling=SamplingParams(temperature=0.0) if greedy else None,
+                        prompt_tokens=run.max_len, side_branch=False)
     return [turns[0].text if turns[0].action.kind == tags.ANSWER else None for turns in traj.turns]
 
 
@@ -98,9 +91,9 @@ class _Candidate(NamedTuple):
     variant: bool  # the program is a verified variant (not the policy's own)
 
 
-def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], config: MutationConfig,
+def mutation_examples(run: RunHandle, examples: Sequence[Mapping[str, Any]], config: MutationConfig,
                       key: jax.Array) -> tuple[list[list[tuple[str, bool]]], dict[str, float]]:
-    """Rolls out `examples` with the trainer's policy, mutates their first programs (`mutation.climb`) and
+    """Rolls out `examples` with the run's policy, mutates their first programs (`mutation.climb`) and
     returns the SFT examples: prompt, the policy's turn with the best program found in place of its own
     (`before + source + after`: its reasoning and tags stay as written), that program's observation (as a
     rollout shows it) and the policy's best answer to it: of its greedy answer and, with
@@ -112,17 +105,17 @@ def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], c
     episode's. Also counts what happened (`edits`: the verified edits on all paths; `answered`: the
     trajectories the policy answered; `variants`: the kept trajectories with a variant).
 
-    The rollouts run in training-sized batches (`Trainer.local_batches`); across processes each process
+    The rollouts run in training-sized batches (`RunHandle.local_batches`); across processes each process
     rolls out, mutates and answers its own rows of each, and every process returns all the kept
     trajectories, in the examples' order, and the counts over all of them."""
-    env = trainer.env
+    env = run.env
     if not isinstance(env, ProgramEnv):
         raise ValueError(f"program mutation needs the program env, not {type(env).__name__}")
     rollout_key, answer_key = jax.random.split(key)
     rows = []  # this process's rolled-out episodes: (turns, example, reward)
-    for mine, real, first_row in trainer.local_batches(examples):
+    for mine, real, first_row in run.local_batches(examples):
         if real:
-            traj = trainer.engine.run(trainer.policy, mine, rollout_key, first_row=first_row)
+            traj = run.roll_out(mine, rollout_key, first_row)
             traj, mine = traj.first_rows(real), mine[:real]
             rows += zip(traj.turns, mine, [row[-1] for row in env.rewards(traj, mine)])
     candidates: list[_Candidate] = []
@@ -142,16 +135,15 @@ def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], c
             counts["improved"] += bool(path)
             counts["edits"] += len(path)
         if path or config.keep_unimproved:
-            prompt = chat.render(trainer.engine.tokenizer, env.prompt(example))
+            prompt = chat.render(run.tokenizer, env.prompt(example))
             program = path[-1].source if path else source
             candidates.append(_Candidate(example, reward, prompt, before + program + after, bool(path)))
     actions = [env.parse_action(c.turn, 0) for c in candidates]
     observations = env.observe(actions)
-    seen = [trainer.engine.observation_text(observation, len(trainer.engine.tokenizer.encode(
-        c.prompt + c.turn, add_special_tokens=False))) for c, observation
-        in zip(candidates, observations)]  # as a rollout shows it
+    seen = [run.observation_text(observation, len(run.tokenizer.encode(c.prompt + c.turn, add_special_tokens=False)))
+            for c, observation in zip(candidates, observations)]  # as a rollout shows it
     prefixes = [c.prompt + c.turn + shown for c, shown in zip(candidates, seen)]
-    tries = [policy_answers(trainer, prefixes, jax.random.fold_in(answer_key, k), greedy=k == 0)
+    tries = [policy_answers(run, prefixes, jax.random.fold_in(answer_key, k), greedy=k == 0)
              for k in range(config.answer_samples)] if candidates else []
     kept = []
     counts["answered"] = counts["variants"] = 0
@@ -172,14 +164,12 @@ def mutation_examples(trainer: Trainer, examples: Sequence[Mapping[str, Any]], c
     return kept, {name: float(sum(part[name] for _, part in processes)) for name in counts}
 
 
-def distill(trainer: Trainer, segments: Sequence[Sequence[tuple[str, bool]]], config: MutationConfig
+def distill(run: RunHandle, segments: Sequence[Sequence[tuple[str, bool]]], config: MutationConfig
             ) -> list[float]:
-    """SFT of the trainer's policy on `segments`, put back into its train state with the same shardings; the
-    optimizer states, critic and reference are kept. Returns the SFT losses."""
-    tokens, loss_mask = sft.encode(trainer.engine.tokenizer, segments, config.sft.max_len)
-    policy, losses = sft.train(trainer.model_cfg, trainer.policy, tokens, loss_mask, config.sft,
-                               trainer.mesh, trainer.ppo.spec.rules, trainer.ppo.attention)
-    trainer.replace_policy(policy)
+    """SFT of the run's policy on `segments`, which RL then goes on from (the optimizer states, critic and
+    reference kept). Returns the SFT losses."""
+    policy, losses = run.fine_tune(segments, config.sft)
+    run.replace_policy(policy)
     return losses
 
 
@@ -191,20 +181,20 @@ class ProgramMutation:
     config: MutationConfig
     done: bool = False
 
-    def before_step(self, trainer: Trainer) -> dict[str, float]:
-        if self.done or trainer.step_count != self.config.at_step:
+    def before_step(self, run: RunHandle) -> dict[str, float]:
+        if self.done or run.step != self.config.at_step:
             return {}
         self.done = True
-        rng = np.random.default_rng(trainer.seed)
-        chosen = rng.choice(len(trainer.train_examples), min(self.config.episodes, len(trainer.train_examples)),
+        rng = np.random.default_rng(run.seed)
+        chosen = rng.choice(len(run.train_examples), min(self.config.episodes, len(run.train_examples)),
                             replace=False)
-        examples = [trainer.train_examples[i] for i in chosen]
-        segments, counts = mutation_examples(trainer, examples, self.config,
-                                             jax.random.fold_in(trainer.key, self.config.at_step))
+        examples = [run.train_examples[i] for i in chosen]
+        segments, counts = mutation_examples(run, examples, self.config,
+                                             jax.random.fold_in(run.key, self.config.at_step))
         metrics = {f"mutation/{name}": count for name, count in counts.items()}
         metrics["mutation/examples"] = float(len(segments))
         if len(segments) >= self.config.sft.batch_size:
-            losses = distill(trainer, segments, self.config)
+            losses = distill(run, segments, self.config)
             metrics |= {"mutation/sft_loss_first": losses[0], "mutation/sft_loss_last": losses[-1]}
         else:
             log.warning("program mutation: %d kept trajectories, fewer than sft.batch_size=%d: no "

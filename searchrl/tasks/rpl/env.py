@@ -27,7 +27,7 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from searchrl.episode import Action, Observation, Trajectory, Turn, outcome_reward
-from searchrl.retrieval import RetrievalConfig, index_kind, load_retriever, make_retriever
+from searchrl.retrieval import RetrievalConfig, is_dense, load_retriever, make_retriever
 from searchrl.retrieval.types import Hit, search_or_explain
 from searchrl.tasks.rpl.config import MutationConfig
 from searchrl.tasks.rpl.limits import Limits
@@ -303,7 +303,7 @@ def make(config: Config, retrieval: RetrievalConfig) -> ProgramEnv:
         raise ValueError(f"config.env.action_space {config.action_space!r} is not one of "
                          f"{sorted(ACTION_SPACES)}")
     first = make_retriever(retrieval)
-    first_is_dense = retrieval.kind == "local" and index_kind(retrieval.index_dir) == "dense"
+    first_is_dense = retrieval.kind == "local" and is_dense(retrieval.index_dir)
     sparse, dense = (None, first) if first_is_dense else (first, None)
     if config.dense_index_dir:
         dense = load_retriever(config.dense_index_dir)

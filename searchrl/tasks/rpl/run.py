@@ -2,10 +2,11 @@
 
   python -m searchrl.tasks.rpl.run --index DIR PROGRAM_FILE
 
-A bm25 or lucene index answers `sparse_retrieval`; a dense one answers `dense_retrieval` and `rerank` (by
-dense similarity); the other retrieval functions fail with an "sdk error". The output holds "shown" (the
-hits shown, in order: id, score, title, text), "error" (null, or the rule or limit the program broke and
-where) and the program's counters ("steps", "retrieval_calls", "docs_retrieved", "primitives", "seconds").
+A sparse index (bm25, lucene) answers `sparse_retrieval`; a dense one (`searchrl.retrieval.is_dense`: dense,
+or another kind registered as dense) answers `dense_retrieval` and `rerank` (by dense similarity); the other
+retrieval functions fail with an "sdk error". The output holds "shown" (the hits shown, in order: id, score,
+title, text), "error" (null, or the rule or limit the program broke and where) and the program's counters
+("steps", "retrieval_calls", "docs_retrieved", "primitives", "seconds").
 """
 from __future__ import annotations
 
@@ -25,10 +26,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     index = flags.DEFINE_string("index", None, "index dir (any kind)", required=True, flag_values=values)
     program_file = cli.parse_argument(values, argv, __doc__, "PROGRAM_FILE")
 
-    from searchrl.retrieval import index_kind, load_retriever
+    from searchrl.retrieval import is_dense, load_retriever
     retriever = load_retriever(index.value)
-    dense = index_kind(index.value) == "dense"
-    sdk = RetrievalSDK(dense=retriever) if dense else RetrievalSDK(sparse=retriever)
+    sdk = RetrievalSDK(dense=retriever) if is_dense(index.value) else RetrievalSDK(sparse=retriever)
     source = Path(program_file).read_text(encoding="utf-8", errors="replace")
     print(json.dumps(execute(source, sdk).to_dict(), ensure_ascii=False))
 

@@ -4,8 +4,9 @@ The values a program holds are described in `values`. Sets cannot be looped over
 defined): loop over `sorted(s)`. A generator expression is evaluated at once, to a list.
 
 Whatever the program does, `execute` returns a `ProgramResult`: a broken rule or limit, a type error, a
-bad SDK argument or a query the backend refuses (`RetrievalError`) becomes `.error`. Only a retrieval backend
-that is down (`RetrievalUnavailable`: its retries used up) raises.
+bad SDK argument or a query the backend refuses for its text (`QueryRefused`) becomes `.error`. Any other
+retrieval failure (`RetrievalError`: the backend down, a request refused as too large) raises: it is not the
+program's doing.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import operator
 import time
 from typing import Any, Callable
 
-from searchrl.retrieval.types import Hit, RetrievalError, RetrievalUnavailable
+from searchrl.retrieval.types import Hit, QueryRefused
 from searchrl.tasks.rpl.language import Program, ProgramError, parse
 from searchrl.tasks.rpl.limits import Limits
 from searchrl.tasks.rpl.sdk import SDK_FUNCTIONS, BackendNotConfigured, RetrievalSDK
@@ -391,9 +392,7 @@ class _Interpreter(Meter):
         result.retrieval_calls += name in BACKEND_CALLS
         try:
             hits = self.sdk_functions[name](*args, **kwargs)
-        except RetrievalUnavailable:  # the backend is down: the run stops, as the search env's does
-            raise
-        except (TypeError, ValueError, BackendNotConfigured, RetrievalError) as e:  # a remote refusal too
+        except (TypeError, ValueError, BackendNotConfigured, QueryRefused) as e:  # a query refused too
             raise self.error("sdk error", str(e)[:500], node) from None
         if name in RETRIEVALS:
             result.docs_retrieved += len(hits)

@@ -119,10 +119,10 @@ class SearchEnv:
 
         A search that cannot be made is the policy's observation, the same for every retriever: a query that
         is empty, blank, over `max_query_chars` or not valid text (a lone surrogate) is not searched and the
-        observation names the problem. When the batched call raises `RetrievalError`, each query is searched
-        alone and one whose search fails is told why. The run stops instead (the error is raised) when the
-        retriever is down: it raised `RetrievalUnavailable` (its retries used up), or no query could be
-        searched even alone.
+        observation names the problem. When the batched call refuses a query for its text (`QueryRefused`),
+        each query is searched alone and one refused is told why. Any other retrieval failure stops the run
+        (the error is raised): the retriever is down (`RetrievalUnavailable`, its retries used up) or
+        refused the request for something no query did.
         """
         outcomes = iter(search_or_explain(self.retriever, [a.content for a in actions if a.kind == SEARCH],
                                           self.config.topk, self.config.max_query_chars))
