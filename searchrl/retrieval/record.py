@@ -7,7 +7,7 @@ line per searched query to PATH:
     {"engine": kind, "params": {...}, "query": q, "k": k, "hits": [{"id", "score", "title", "text"}, ...],
      "time": unix seconds, "source": url or index dir}
 
-(or "error" in place of "hits" for a query the engine refused alone). "params" are the call's own parameters
+(or "error" in place of "hits" for a query the engine refused for its text, alone: `QueryRefused`). "params" are the call's own parameters
 (a publication-date window), never credentials. `config.retrieval.replay=PATH` answers every search from such
 a record and opens no index and no connection: the same (engine, params, query, k) gets the recorded hits in
 the recorded order (a key recorded n times gives its n answers in turn, then the last again), a refusal is
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from searchrl.retrieval.types import Hit, RetrievalError, Retriever, RetrievalUnavailable
+from searchrl.retrieval.types import Hit, QueryRefused, Retriever, RetrievalUnavailable
 
 Key = tuple[str, str, str, int]  # engine, params as JSON, query, k
 
@@ -58,9 +58,7 @@ class RecordingRetriever:
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         try:
             results = self.inner.search(queries, k)
-        except RetrievalUnavailable:
-            raise
-        except RetrievalError as e:
+        except QueryRefused as e:
             if len(queries) == 1:  # a refusal of this query alone: replayed as one
                 self._write([{**self._line(queries[0], k), "error": str(e)}])
             raise
@@ -129,7 +127,7 @@ class ReplayRetriever:
             if refused is None:
                 self._served.update(keys)
         if refused is not None:
-            raise RetrievalError(refused)
+            raise QueryRefused(refused)
         return [list(o["hits"]) for o in outcomes]
 
     def published_between(self, mindate: str, maxdate: str) -> ReplayRetriever:

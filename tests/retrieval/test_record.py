@@ -10,7 +10,7 @@ from searchrl.eval import chat_api, report
 from searchrl.retrieval import RetrievalConfig, make_retriever
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.retrieval.record import MissingRecord
-from searchrl.retrieval.types import RetrievalError
+from searchrl.retrieval.types import QueryRefused
 from searchrl.tasks.deepretrieval import analysis, api_rewrites
 from tests.app.test_deepretrieval_presets import deepretrieval
 from tests.data.retrieval_helpers import write_jsonl
@@ -113,7 +113,7 @@ def test_refusals_and_repeats_replay_in_order(tmp_path):
 
         def search(self, queries, k):
             if "bad" in queries:
-                raise RetrievalError("the engine refused 'bad'")
+                raise QueryRefused("the engine refused 'bad'")
             Drifting.calls += 1
             return [[make_hit(f"{q}{Drifting.calls}")] for q in queries]
 
