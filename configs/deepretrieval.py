@@ -8,7 +8,8 @@ prompt; set reasoning through this variant, not --config.env.reasoning, so that 
   literature        PubMed search (LEADS-style reviews, Recall@3K).
   literature_ctgov  the same on ClinicalTrials.gov.
   evidence_<d>      evidence seeking with BM25 over Wikipedia, d in nq, triviaqa, squad (answer-rank tiers;
-                    H@1/5/20); `evidence` is evidence_nq. TriviaQA and SQuAD start from the NQ run.
+                    H@1/5/20); `evidence` is evidence_nq. TriviaQA and SQuAD start from the NQ run's
+                    step-1800 actor and critic (`checkpoint export` writes both).
   classic_<d>[_dense]  BEIR d in msmarco, nfcorpus, fever, hotpotqa, scifact, or the MS MARCO subsets
                     msmarco_health, msmarco_science, msmarco_tech, with BM25 or (_dense) the paper's encoder
                     (NDCG@3000 reward; NDCG@10, Recall@100); `classic` / `classic_dense`: MS MARCO's.
@@ -27,8 +28,8 @@ verl/trainer/config/ppo_trainer.yaml, the dense retrievers under verl/utils/rewa
 Where the paper and a script disagree, the script wins (it ran the reported numbers) and the preset says so:
 - evidence_nq and evidence_squad keep verl's rollout temperature 1.0 (their scripts set none), the others 0.6;
   evidence_nq answers in up to 512 tokens as nq.sh, where B.2 gives 350 for evidence seeking.
-- Steps: verl counts epochs (EPOCHS below); searchrl counts steps, so `train.steps` stays a placeholder:
-  set it to epochs x training questions / batch for your copy of the data.
+- Length: every paper preset runs its script's trainer.total_epochs (EPOCHS below, `train.epochs`), so a run
+  makes epochs x (training questions // batch) updates, as verl's drop_last dataloader does.
 - The SQL cold start runs the public SFT's epochs (4, or 2 without reasoning) with its learning rate decaying
   linearly over all of them, and saves epoch 1, the checkpoint the paper keeps, at <workdir>/sft/epoch_1:
   point config.model.path there for RL (<workdir>/sft holds the last epoch's weights).
@@ -53,14 +54,26 @@ CONTRIEVER = ("facebook/contriever", "mean")
 SUBSETS = ("msmarco_health", "msmarco_science", "msmarco_tech")
 DENSE_ENCODERS = {"msmarco": BGE_BASE, "nfcorpus": BGE_BASE, "fever": BGE_BASE, "hotpotqa": BGE_BASE,
                   "scifact": E5_LARGE, **{name: CONTRIEVER for name in SUBSETS}}
-# verl's trainer.total_epochs per run [DR scripts/train/<name>.sh; dense/<name>.sh; msmarco.sh (sparse
-# subsets), msmarco_dense.sh (dense subsets)].
-EPOCHS = {"evidence_nq": 5, "evidence_triviaqa": 5, "evidence_squad": 5,
-          "classic_msmarco": 10, "classic_nfcorpus": 10, "classic_fever": 10, "classic_hotpotqa": 10,
-          "classic_scifact": 100, "classic_msmarco_dense": 10, "classic_nfcorpus_dense": 30,
-          "classic_fever_dense": 10, "classic_hotpotqa_dense": 10, "classic_scifact_dense": 50,
-          **{f"classic_{name}": 5 for name in SUBSETS}, **{f"classic_{name}_dense": 5 for name in SUBSETS},
-          "sql": 5, "sql_bird": 5}
+# Each run's length: verl's trainer.total_epochs, cited by script and line [DR scripts/train/<file>:<line>];
+# `train.epochs` runs it as verl does, epochs x (training questions // batch) updates. The families' own names
+# take their default dataset's (evidence: nq.sh, classic: msmarco_beir.sh, sql_coder7b: spider.sh).
+EPOCHS = {"literature": (10, "pubmed.sh:38"), "literature_ctgov": (5, "ctgov.sh:42"),
+          "evidence_nq": (5, "nq.sh:41"), "evidence_triviaqa": (5, "triviaqa.sh:43"),
+          "evidence_squad": (5, "squad.sh:42"),
+          "classic_msmarco": (10, "msmarco_beir.sh:42"), "classic_nfcorpus": (10, "nfcorpus.sh:42"),
+          "classic_fever": (10, "fever.sh:42"), "classic_hotpotqa": (10, "hotpotqa.sh:42"),
+          "classic_scifact": (100, "scifact.sh:42"),
+          "classic_msmarco_dense": (10, "dense/msmarco_beir.sh:42"),
+          "classic_nfcorpus_dense": (30, "dense/nfcorpus.sh:42"),
+          "classic_fever_dense": (10, "dense/fever.sh:42"),
+          "classic_hotpotqa_dense": (10, "dense/hotpotqa.sh:42"),
+          "classic_scifact_dense": (50, "dense/scifact.sh:43"),
+          **{f"classic_{name}": (5, "msmarco.sh:45") for name in SUBSETS},
+          **{f"classic_{name}_dense": (5, "msmarco_dense.sh:50") for name in SUBSETS},
+          "sql": (5, "spider.sh:64"), "sql_bird": (5, "bird.sh:60")}
+# A family's name: the run whose length it takes.
+EPOCHS_OF = {"evidence": "evidence_nq", "classic": "classic_msmarco",
+             "classic_dense": "classic_msmarco_dense", "sql_coder7b": "sql"}
 
 
 def _paper(config, task):
@@ -75,7 +88,7 @@ def _paper(config, task):
     config.rollout.sampling.temperature = 0.6  # rollout.temperature=0.6 [P, DR]
     config.train.update(dict(
         batch_size=64,  # data.train_batch_size=64 [P, DR]
-        steps=1000, checkpoint_every=100, eval_every=50))  # steps: EPOCHS x questions / batch (see above)
+        checkpoint_every=100, eval_every=50))
     rl = config.rl
     rl.advantage, rl.gamma, rl.lam = "gae", 1.0, 1.0  # gae, gamma and lam 1.0 [DR ppo_trainer.yaml]
     rl.minibatch_size, rl.micro_batch_size = 16, 8  # ppo_mini_batch_size=16 [DR]; micro-batch: memory only
@@ -135,10 +148,13 @@ def evidence_nq(config):
 
 
 def _from_nq(config, dataset):
-    """TriviaQA and SQuAD continue from the NQ run [DR triviaqa.sh, squad.sh: actor and critic model.path
-    .../nq_serini_3b/{actor,critic}/global_step_1800]: export that run's step 1800 (the critic too) there."""
+    """TriviaQA and SQuAD continue from the NQ run, actor and critic [DR triviaqa.sh:40-41, squad.sh:39-40:
+    actor_rollout_ref.model.path and critic.model.path .../nq_serini_3b/{actor,critic}/global_step_1800]:
+    `python -m searchrl.checkpoint export --checkpoint runs/evidence_nq --step 1800 --out
+    /data/models/deepretrieval_nq_step1800` writes both (the critic in its critic/)."""
     config = evidence_nq(config)
-    config.model.path = "/data/models/deepretrieval_nq_step1800"  # actor and critic init [DR]
+    config.model.path = "/data/models/deepretrieval_nq_step1800"  # actor init [DR]
+    config.model.critic_path = "/data/models/deepretrieval_nq_step1800/critic"  # critic init [DR]
     config.data.update(dict(train=dataset, eval=dataset))
     _lengths(config, 256, 350)  # max_prompt_length=256, max_response_length=350 [DR triviaqa.sh, squad.sh]
     _prompt(config, prompts.evidence_prompt(dataset, config.env.reasoning))  # [DR data_preprocess/<d>.py]
@@ -224,6 +240,8 @@ def sql(config):
     config.data.update(dict(format="spider", dir="/data/sql", train="spider", eval="spider",
                             eval_split="test"))
     # The optional cold start (`python -m searchrl.main ... sft`; RL: config.model.path=<workdir>/sft/epoch_1)
+    # trains each item's "reasoning" (GPT-4o-distilled in the paper [P; DR src/cold_start/sql/
+    # generate_data.py]) in <think> before its gold SQL, or with ,no_reasoning the gold SQL alone
     # [P; DR src/cold_start/sql/sft.py]: train_epoch 4, or 2 wo_reasoning; save_strategy='epoch', and the
     # paper keeps epoch 1 [P]; learning_rate=2e-5; per_device_train_batch_size=4 on CUDA_VISIBLE_DEVICES='2,3'
     # (batch 8 [P]); transformers' TrainingArguments defaults: lr_scheduler_type linear (to 0 at the last
@@ -330,4 +348,5 @@ def get_config(arg: str = "tiny"):
     config = run_config.experiment_config("deepretrieval")
     config.env.reasoning = not variant  # before the preset: a dataset's prompt depends on it
     config = PRESETS[preset](config)
+    config.train.epochs = EPOCHS.get(EPOCHS_OF.get(preset, preset), (0, ""))[0]  # tiny presets: train.steps
     return run_config.preset_workdir(hardware.apply(config, setup), __file__, name)

@@ -52,6 +52,7 @@ from searchrl import cli, models
 STATE, META = "state", "meta"
 MODEL_CONFIG = "model_config"  # key of the ModelConfig in the JSON record
 TOKENIZER = "tokenizer"  # key of the run's tokenizer directory (absolute) in the JSON record
+CRITIC_DIR = "critic"  # an export's critic, beside the policy's files
 CHECKSUMS = "checksums.json"  # in each step directory: {"sha256": {relative path: hex digest}}
 CORRUPT = ".corrupt"  # suffix of a step directory set aside as unusable
 PARTIAL = ".orbax-checkpoint-tmp-"  # in the name of a step directory orbax has not finished writing
@@ -314,17 +315,32 @@ class Checkpointer:
 
     def restore_policy(self, step: int | None = None, model: models.ModelConfig | None = None) -> dict:
         """The policy params of `step` as host numpy arrays (model config: from the record unless given)."""
+        return self._restore_params(step, model, "policy")
+
+    def restore_critic(self, step: int | None = None, model: models.ModelConfig | None = None) -> dict | None:
+        """The critic (value model) params of `step` as host numpy arrays; None for a run without one."""
+        step = self._resolve(step)
+        self._verify(step, (STATE,))
+        saved = self._state_metadata(step)
+        if "critic" not in saved.keys() or not saved["critic"]:
+            return None
+        return self._restore_params(step, model, "critic")
+
+    def _restore_params(self, step: int | None, model: models.ModelConfig | None, name: str) -> dict:
+        """The state's `name` params ("policy", or "critic": a value model in float32) at `step`, on the
+        host."""
         step = self._resolve(step)
         model = model or model_config_from_json(self.record(step)[MODEL_CONFIG])
         self._verify(step, (STATE,))
-        abstract = jax.eval_shape(functools.partial(models.init_params, model), jax.random.key(0))
+        init = functools.partial(models.init_params, model, value=name == "critic")
+        abstract = jax.eval_shape(init, jax.random.key(0))
         as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), abstract)
         # A separate manager: restoring a subtree needs the PyTree handler, this one has the Standard one.
         with ocp.CheckpointManager(self.directory, item_names=(STATE,),
                                    options=_read_only_options()) as reader:
             restored = reader.restore(step, args=ocp.args.Composite(**{STATE: ocp.args.PyTreeRestore(
-                item={"policy": abstract}, restore_args={"policy": as_numpy}, partial_restore=True)}))
-        return restored[STATE]["policy"]
+                item={name: abstract}, restore_args={name: as_numpy}, partial_restore=True)}))
+        return restored[STATE][name]
 
     def latest_step(self) -> int | None:
         """The newest complete checkpoint (partial saves are never listed)."""
@@ -424,6 +440,8 @@ def export_hf(checkpoint_dir: str | os.PathLike, step: int | None, out_dir: str 
               overwrite: bool = False) -> tuple[int, str | None]:
     """Writes the policy of checkpoint `step` (default: the latest) in Hugging Face format, with the tokenizer
     of `tokenizer_dir` (default: the one the checkpoint records, if any); returns (step, tokenizer dir or None).
+    A run with a critic gets it at `out_dir`/critic (value head and trunk, `models.save_hf(value=True)`), which
+    `config.model.critic_path` starts a later run's critic from (verl's critic.model.path).
 
     `checkpoint_dir` is a checkpoint dir or a run workdir; the model config comes from the checkpoint's record
     unless given. A non-empty `out_dir` is refused unless `overwrite`.
@@ -438,9 +456,12 @@ def export_hf(checkpoint_dir: str | os.PathLike, step: int | None, out_dir: str 
         record = checkpointer.record(step)
         model_cfg = model_cfg or model_config_from_json(record[MODEL_CONFIG])
         policy = checkpointer.restore_policy(step, model_cfg)
+        critic = checkpointer.restore_critic(step, model_cfg)
     tokenizer_dir = tokenizer_dir or record.get(TOKENIZER)
     tokenizer = _load_tokenizer(tokenizer_dir) if tokenizer_dir else None
     models.save_hf(model_cfg, policy, out_dir)
+    if critic is not None:
+        models.save_hf(model_cfg, critic, Path(out_dir, CRITIC_DIR), value=True)
     if tokenizer is not None and jax.process_index() == 0:
         tokenizer.save_pretrained(out_dir)
     return step, tokenizer_dir
@@ -454,7 +475,7 @@ def _load_tokenizer(path: str) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """The one command, `export`: writes a checkpoint's policy (and the run's tokenizer) in Hugging Face
-    format."""
+    format, and its critic, if any, in <out>/critic."""
     values = flags.FlagValues()
     checkpoint = flags.DEFINE_string("checkpoint", None, "checkpoint directory (holds <step>/ dirs) or the run "
                                      "workdir holding checkpoints/", required=True, flag_values=values)

@@ -131,6 +131,14 @@ class Trajectory:
         """Policy tokens per row."""
         return self.loss_mask.sum(axis=1).astype(np.int32)
 
+    @property
+    def observation_tokens(self) -> np.ndarray:
+        """Tokens each row took into its context that the policy did not write, its observations (the prompt
+        excluded): RPL's context consumption."""
+        slots = np.arange(self.tokens.shape[1])[None, :]
+        after_prompt = (slots >= self.prompt_lengths[:, None]) & self.attention_mask
+        return (after_prompt & (self.loss_mask == 0)).sum(axis=1)
+
     def turn_rewards_to_tokens(self, rewards: Sequence[Sequence[float]]) -> np.ndarray:
         """Places per-turn rewards (one list per row, one value per policy turn) on each turn's last token."""
         out = np.zeros(self.tokens.shape, np.float32)

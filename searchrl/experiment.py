@@ -52,6 +52,21 @@ def load_policy(source: models.ModelSource, seed: int, tokenizer: Any) -> tuple[
     return cfg, models.init_params(cfg, jax.random.key(seed), dtype)
 
 
+def load_critic(source: models.ModelSource, model_cfg: models.ModelConfig) -> dict | None:
+    """The value model at `source.critic_path` (an export's critic/), or None when unset: a run's critic then
+    starts from the policy's backbone. Its shapes must be those of `model_cfg`'s value model."""
+    if not source.critic_path:
+        return None
+    _, critic = models.load_hf(source.critic_path, dtype=jnp.float32, value=True)
+    want = jax.eval_shape(lambda key: models.init_params(model_cfg, key, value=True), jax.random.key(0))
+    shapes = [jax.tree.map(lambda a: tuple(a.shape), tree) for tree in (critic, want)]
+    if shapes[0] != shapes[1]:
+        raise ValueError(f"config.model.critic_path {source.critic_path!r} is a value model of another shape "
+                         f"than the policy's ({model_cfg.family}, {model_cfg.num_layers} layers, hidden "
+                         f"{model_cfg.hidden_size}, vocab {model_cfg.vocab_size}).")
+    return critic
+
+
 def miniature(config: RunConfig) -> bool:
     """Whether `config` is a miniature whose task builds its world (datasets, index, tokenizer) itself."""
     return config.demo is not None and task.get(config.task).world is not None

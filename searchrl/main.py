@@ -53,7 +53,7 @@ def train(config: RunConfig) -> None:
     spec = task.get(config.task)
     hooks = spec.train_hooks(built.env) if spec.train_hooks is not None else []
     trainer = Trainer(config, built.model_cfg, built.policy, built.tokenizer, built.env, built.train_examples,
-                      eval_examples, hooks=hooks)
+                      eval_examples, hooks=hooks, critic=experiment.load_critic(config.model, built.model_cfg))
     print(f"process {jax.process_index()} of {jax.process_count()}: rows {trainer.rows.start}-"
           f"{trainer.rows.stop - 1} of each batch of {trainer.batch_rows}", flush=True)  # the tool's output
     try:

@@ -2,12 +2,19 @@
 /retrieve server under concurrent clients, all on one seeded synthetic corpus in one run.
 
   python -m searchrl.benchmarks.retrieval [--json] [--passages 100000] [--queries 1000] [--encoder DIR]
-                                          [--dense_passages 500]
+                                          [--dense_passages 500] [--api_base_url URL --api_model M ...]
 
 The corpus draws words from a Zipfian vocabulary (wiki-like passage lengths); each query is 4 words of a
 random passage. In-process figures search all queries in one batched call at k=10, one thread per CPU for
 every backend. The server runs as its own process (`python -m searchrl.serving.serve`) and 32 client
 threads send one-query requests through RemoteRetriever.
+
+End to end (DeepRetrieval's runtime comparison, its 34x of BM25 over dense: query generation plus retrieval,
+identical settings but the retriever): the same queries are rewritten once by a rewriter on a chat endpoint
+(the --api_* flags, e.g. a vLLM server of a DeepRetrieval policy, with the public MS MARCO prompt), then BM25
+and dense each retrieve the rewrites over the same passages (the dense row's subset); each backend's seconds
+are the rewriting's plus its own retrieval's, and the row states dense / BM25. Without an endpoint the
+rewrite is the query itself and the row says so (retrieval only).
 """
 from __future__ import annotations
 
@@ -25,8 +32,10 @@ from absl import flags
 import numpy as np
 
 from searchrl import cli
+from searchrl.eval import chat_api
 
 K = 10
+Rewrite = Callable[[list[str]], list[str]]
 
 
 def synthetic_corpus(path: Path, n_passages: int, seed: int, vocab_size: int = 50_000, zipf_s: float = 1.1,
@@ -174,8 +183,38 @@ def bench_lucene(corpus: Path, work: Path, queries: list[str], warmup: list[str]
         return {"lucene_skipped": reason}
 
 
+def chat_rewriter(api: chat_api.ChatAPIConfig) -> Rewrite:
+    """Queries rewritten by a chat endpoint: DeepRetrieval's public MS MARCO prompt (`api_rewrites`' layout),
+    its answer read as the public post-processing reads it."""
+    from searchrl.tasks.deepretrieval import api_rewrites, prompts  # noqa: PLC0415 (only with an endpoint)
+    from searchrl.tasks.deepretrieval.env import plain_text  # noqa: PLC0415
+    from searchrl.text import chat  # noqa: PLC0415
+
+    generate, template = chat_api.ChatGenerate(chat_api.ChatClient(api)), prompts.PROMPTS["classic", True]
+
+    def rewrite(queries: list[str]) -> list[str]:
+        texts = generate([chat.messages("", plain_text("", prompts.fill(
+            template.user, {"question": q}), template.assistant)) for q in queries], ())
+        return [api_rewrites.api_value(text, "query")[0] or q for text, q in zip(texts, queries)]
+    return rewrite
+
+
+def bench_end_to_end(queries: list[str], rewrite: Rewrite | None, retrievers: dict[str, Any]
+                     ) -> dict[str, Any]:
+    """Seconds to rewrite `queries` once (none without a rewriter) and for each backend to retrieve the
+    rewrites; end-to-end seconds per backend and the ratio dense / bm25."""
+    rewritten: list[str] = []
+    rewrite_s = timed(lambda: rewritten.extend(rewrite(queries) if rewrite else queries))
+    out: dict[str, Any] = {"rewriter": rewrite is not None, "queries": len(queries), "rewrite_s": rewrite_s}
+    for name, retriever in retrievers.items():
+        out[f"{name}_retrieval_s"] = timed(lambda: retriever.search(rewritten, K))
+        out[f"{name}_end_to_end_s"] = out["rewrite_s"] + out[f"{name}_retrieval_s"]
+    out["ratio_dense_vs_bm25"] = out["dense_end_to_end_s"] / out["bm25_end_to_end_s"]
+    return out
+
+
 def run(passages: int, n_queries: int, seed: int, clients: int, encoder: str | None, dense_passages: int,
-        log: Callable[[str], None]) -> dict[str, Any]:
+        log: Callable[[str], None], rewrite: Rewrite | None = None) -> dict[str, Any]:
     import bm25s
     from searchrl.retrieval.bm25 import BM25Retriever
 
@@ -204,6 +243,12 @@ def run(passages: int, n_queries: int, seed: int, clients: int, encoder: str | N
 
         log(f"dense, {min(dense_passages, passages)} passages")
         out["dense"] = bench_dense(corpus, work, queries, warmup, encoder, min(dense_passages, passages))
+        if "qps" in out["dense"]:
+            log("end to end: rewrite, then BM25 and dense over the same passages")
+            from searchrl.retrieval.dense import DenseRetriever  # noqa: PLC0415 (bench_dense imported it)
+            BM25Retriever.build(work / "dense_corpus.jsonl", work / "bm25_subset", show_progress=False)
+            out["end_to_end"] = bench_end_to_end(queries, rewrite, {
+                "bm25": BM25Retriever(work / "bm25_subset"), "dense": DenseRetriever.load(work / "dense")})
 
         log(f"server, {clients} concurrent clients")
         server = bench_server(work / "bm25", queries, clients)
@@ -232,6 +277,12 @@ def table(r: dict[str, Any]) -> str:
         (f"server, 32 clients (p50 {r['server_p50_ms']:.1f} ms, p99 {r['server_p99_ms']:.1f} ms)",
          f"{r['server_qps']:.0f}", f"{r['ratio_server_vs_inprocess']:.2f} x wrapper"),
     ]
+    e2e = r.get("end_to_end")
+    if e2e:
+        what = "rewrite + retrieval" if e2e["rewriter"] else "no rewriter: retrieval only"
+        rows.append((f"end to end, bm25 ({what})", f"{e2e['queries'] / e2e['bm25_end_to_end_s']:.0f}",
+                     f"dense {e2e['dense_end_to_end_s']:.2f} s / bm25 {e2e['bm25_end_to_end_s']:.2f} s = "
+                     f"{e2e['ratio_dense_vs_bm25']:.1f} x"))
     lines = [f"retrieval benchmark: {r['passages']} passages, {r['queries']} queries, k={r['k']}, "
              f"{r['cpus']} CPUs; build: bm25 {r['bm25_build_s']:.1f} s"
              + (f", lucene {r['lucene_build_s']:.1f} s" if lucene else ""),
@@ -253,10 +304,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                                           flag_values=values)
     as_json = flags.DEFINE_boolean("json", False, "print one JSON object instead of a table",
                                    flag_values=values)
+    api_flags = chat_api.define_flags(values)
     cli.parse(values, argv, __doc__)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True))
+    api = chat_api.config_from_flags(api_flags)
     result = run(passages.value, queries.value, seed.value, clients.value, encoder.value,
-                 dense_passages.value, log)
+                 dense_passages.value, log, chat_rewriter(api) if api else None)
     print(json.dumps(result) if as_json.value else table(result))
 
 

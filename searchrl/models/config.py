@@ -14,6 +14,8 @@ from typing import Any, Callable
 from searchrl import cli
 from searchrl.model_families import FAMILIES
 
+VALUE_SUFFIX = "ForTokenClassification"  # a value model's architecture: transformers' head with num_labels=1
+
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
@@ -151,14 +153,16 @@ def _require(hf: dict[str, Any], fields: tuple[str, ...]) -> None:
 
 
 def _family(hf: dict[str, Any]) -> str:
-    """The family of a config.json: by its first architecture, else by its model_type."""
+    """The family of a config.json: by its first architecture, else by its model_type; a value model
+    (`<Arch>ForTokenClassification`, see `hf.save_hf(value=True)`) has its causal LM's."""
     archs = hf.get("architectures") or []
     if archs:
         names = {FAMILIES.get(name).architecture: name for name in FAMILIES}
-        if archs[0] not in names:
+        arch = archs[0].replace(VALUE_SUFFIX, "ForCausalLM")
+        if arch not in names:
             raise ValueError(f"unsupported architecture {archs[0]!r} in field 'architectures'; "
-                             f"supported: {', '.join(names)}")
-        return names[archs[0]]
+                             f"supported: {', '.join(names)} (or their {VALUE_SUFFIX} value models)")
+        return names[arch]
     model_type = hf.get("model_type")
     if model_type not in FAMILIES:
         raise ValueError(f"unsupported architecture: no 'architectures' field and model_type {model_type!r} "
@@ -352,6 +356,9 @@ OVERRIDABLE = {
 ModelSource = dataclasses.make_dataclass("ModelSource", [
     ("preset", str, "tiny"),
     ("path", str, ""),
+    # A value model written by `checkpoint export` (<out>/critic): a run's critic starts from it (verl's
+    # critic.model.path); empty: from the policy's backbone with a new value head.
+    ("critic_path", str, ""),
     ("param_dtype", str, "float32"),  # bfloat16 on accelerators; master weights stay float32 in the optimizer
     *((name, kind | None, None) for name, kind in OVERRIDABLE.items()),
 ], frozen=True)

@@ -25,7 +25,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from searchrl.models import bert, layout
-from searchrl.models.config import BertConfig, ModelConfig, bert_from_hf_config, read_hf_config, to_hf_config
+from searchrl.models.config import (VALUE_SUFFIX, BertConfig, ModelConfig, bert_from_hf_config,
+                                    read_hf_config, to_hf_config)
 from searchrl.models.decoder import param_table
 from searchrl.models.layout import ParamSpec, Table
 
@@ -166,12 +167,28 @@ def _load(path: Path, table: Table, dtype, shardings: dict | None = None,
             s.shape, sharding, _reader(ckpt, s, np_dtype)), specs, shardings)
 
 
-def load_hf(path: str | os.PathLike, dtype=jnp.float32, shardings: dict | None = None
+def load_hf(path: str | os.PathLike, dtype=jnp.float32, shardings: dict | None = None, *, value: bool = False
             ) -> tuple[ModelConfig, dict]:
     """(config, params) of a decoder from a HF checkpoint directory; params sharded by `shardings` when
-    given."""
+    given. `value=True`: a value model as `save_hf(value=True)` writes it (its head: `score.weight` [1, D]
+    and `score.bias` [1]), on the host."""
     cfg = read_hf_config(path)
-    return cfg, _load(Path(path), param_table(cfg), dtype, shardings)
+    if not value:
+        return cfg, _load(Path(path), param_table(cfg), dtype, shardings)
+    if shardings is not None:
+        raise ValueError("load_hf(value=True) reads a value model onto the host: place it afterwards")
+    table = param_table(cfg, value=True)
+    params = _load(Path(path), {k: s for k, s in table.items() if s.hf is not None}, dtype)
+    head = {}
+    with _Checkpoint(Path(path), str) as ckpt:
+        for ours, name, shape in (("kernel", "score.weight", (1, cfg.hidden_size)),
+                                  ("bias", "score.bias", (1,))):
+            if ckpt.shape(name) != shape:
+                raise ValueError(f"tensor {name!r} in {ckpt.file(name)} has shape {list(ckpt.shape(name))}, "
+                                 f"expected {list(shape)}")
+            head[ours] = jnp.asarray(np.asarray(ckpt.read(name, (slice(None),) * len(shape)), dtype)
+                                     .reshape(table["value_head", ours].shape))
+    return cfg, {**params, "value_head": head}
 
 
 def load_bert(path: str | os.PathLike, dtype=jnp.float32, *, classifier: bool = False
@@ -206,14 +223,18 @@ def _default_modes(directory: Path) -> None:
         path.chmod(0o666 & ~umask)
 
 
-def save_hf(cfg: ModelConfig, params: dict, path: str | os.PathLike) -> None:
+def save_hf(cfg: ModelConfig, params: dict, path: str | os.PathLike, *, value: bool = False) -> None:
     """Write config.json, generation_config.json and model.safetensors at `path`, atomically.
 
+    `value=True`: `params` is a value model (`value_params_from_policy`), written as transformers'
+    `<Arch>ForTokenClassification` with num_labels=1, verl's critic (the backbone under the decoder's names;
+    our head, kernel [D] and bias [], as `score.weight` [1, D] and `score.bias` [1]), which
+    `load_hf(value=True)` and `AutoModelForTokenClassification` read.
     Files go to a temporary sibling directory that is renamed into place, so `path` never holds a half-written
     checkpoint. In a multi-process run every process must call this; process 0 writes.
     """
     path = Path(path)
-    specs = layout.tree(param_table(cfg))
+    specs = layout.tree(param_table(cfg, value=value))
     keys = jax.tree_util.keystr
     expected = {keys(k) for k, _ in jax.tree_util.tree_leaves_with_path(specs)}
     got = {keys(k) for k, _ in jax.tree_util.tree_leaves_with_path(params)}
@@ -222,6 +243,8 @@ def save_hf(cfg: ModelConfig, params: dict, path: str | os.PathLike) -> None:
                          f"unexpected {sorted(got - expected)}")
     tensors: dict[str, np.ndarray] = {}
     for spec, array in zip(jax.tree.leaves(specs), jax.tree.leaves(params)):
+        if spec.hf is None:  # the value head, below
+            continue
         names = _hf_names(spec)
         if tuple(array.shape) != spec.shape:
             raise ValueError(f"param for {names[0]!r} has shape {list(array.shape)}, "
@@ -229,14 +252,22 @@ def save_hf(cfg: ModelConfig, params: dict, path: str | os.PathLike) -> None:
         host = _host(array)
         for i, name in enumerate(names):
             tensors[name] = _to_hf(spec, host[i] if spec.stacked else host)
+    if value:
+        head = params["value_head"]
+        tensors["score.weight"] = _host(head["kernel"]).reshape(1, -1)
+        tensors["score.bias"] = _host(head["bias"]).reshape(1)
     if jax.process_index() != 0:
         return
     dtype = str(jnp.dtype(params["embed"].dtype))
+    config = to_hf_config(cfg, dtype)
+    if value:
+        config.update(architectures=[a.replace("ForCausalLM", VALUE_SUFFIX) for a in config["architectures"]],
+                      num_labels=1)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(to_hf_config(cfg, dtype), indent=2) + "\n")
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         generation = {k: v for k, v in to_hf_config(cfg).items()
                       if k in ("bos_token_id", "eos_token_id", "pad_token_id") and v is not None}
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from searchrl import cli
 from searchrl.registry import Registry
+from searchrl.retrieval import record
 from searchrl.retrieval.corpus import MANIFEST, read_manifest, write_manifest
 from searchrl.retrieval.kinds import BM25_B, BM25_K1, INDEX_KINDS
 from searchrl.retrieval.types import Hit, Retriever
@@ -39,6 +40,10 @@ class RetrievalConfig:
     index_fingerprint: str = ""  # remote: refuse servers whose /health names another index ("": any)
     cache_path: str = ""  # a search engine: JSONL cache of ranked ids ("": no cache)
     rate_per_s: float = 0.0  # a search engine: requests per second (0: the engine's default)
+    # Recorded retrieval (`searchrl.retrieval.record`): append every search (query, results, time) to this
+    # JSONL record; or answer every search from one, with no index and no network ("": neither).
+    record: str = ""
+    replay: str = ""
 
 
 def existing_index(index_dir: str | os.PathLike) -> Path:
@@ -123,5 +128,13 @@ def remote_retriever(config: RetrievalConfig) -> Retriever:
 
 def make_retriever(config: RetrievalConfig) -> Retriever:
     """The retriever `config.retrieval` describes: its kind names an entry of RETRIEVERS (tasks register
-    theirs)."""
-    return RETRIEVERS.get(config.kind)(config)
+    theirs), recording its searches to `config.record` or replaced by the replay of `config.replay`."""
+    if config.record and config.replay:
+        raise ValueError(f"config.retrieval: record={config.record!r} and replay={config.replay!r}: give one")
+    build = RETRIEVERS.get(config.kind)
+    if config.replay:
+        return record.ReplayRetriever(config.replay, config.kind)
+    retriever = build(config)
+    if config.record:
+        return record.RecordingRetriever(retriever, config.record, config.kind, config.url or config.index_dir)
+    return retriever

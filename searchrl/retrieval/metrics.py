@@ -3,14 +3,53 @@
 Per query: `ranked` is the list of retrieved doc ids, best first; `qrels` maps doc id -> graded relevance
 (> 0 is relevant). nDCG uses gain = rel and discount log2(rank + 1) (trec_eval / pytrec_eval `ndcg_cut`);
 precision@k divides by k even when fewer were retrieved (trec_eval `P_k`).
+
+Answer matching for open-domain QA retrieval (H@N, "top-N accuracy"): `has_answer` is DPR's, as pyserini's
+`evaluate_dpr_retrieval.has_answers` computes it (Karpukhin et al. 2020; Ma et al. 2021).
 """
 from __future__ import annotations
 
 import math
 import os
+import unicodedata
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
+import regex
+
 Qrels = dict[str, dict[str, int]]
+# DPR's SimpleTokenizer (DrQA): a run of letters, digits and marks, or any one other non-space character.
+_DPR_TOKEN = regex.compile(r"([\p{L}\p{N}\p{M}]+)|([^\p{Z}\p{C}])",
+                           flags=regex.IGNORECASE | regex.UNICODE | regex.MULTILINE)
+
+
+def dpr_tokens(text: str) -> list[str]:
+    """The lower-cased tokens of DPR's SimpleTokenizer over the NFD form of `text` (each token lower-cased
+    alone, as `Tokens.words(uncased=True)` does)."""
+    return [m.group().lower() for m in _DPR_TOKEN.finditer(unicodedata.normalize("NFD", text))]
+
+
+def _holds(tokens: Sequence[str], answer: Sequence[str]) -> bool:
+    n = len(answer)
+    return any(tokens[i:i + n] == answer for i in range(len(tokens) - n + 1))
+
+
+def first_answer_rank(passages: Iterable[str], answers: Sequence[str]) -> int | None:
+    """1-based rank of the first passage that `has_answer`, or None; each answer is tokenised once."""
+    wanted = [dpr_tokens(a) for a in answers]
+    for rank, passage in enumerate(passages, 1):
+        tokens = dpr_tokens(passage)
+        if any(_holds(tokens, a) for a in wanted):
+            return rank
+    return None
+
+
+def has_answer(passage: str, answers: Sequence[str]) -> bool:
+    """True when some answer's DPR token sequence occurs in the passage's: pyserini's `has_answers(passage,
+    answers, SimpleTokenizer(), regex=False)`, byte for byte. Matching is on whole tokens after NFD and
+    lower-casing, with punctuation and articles kept ("the beatles" is not in "Beatles", "art" not in "party",
+    "U.S." is in "the U.S. army"). As in pyserini, an answer with no tokens (empty or blank) is in every
+    passage: the QA readers refuse empty answers."""
+    return first_answer_rank([passage], answers) == 1
 
 
 def _relevant(qrels: Mapping[str, int]) -> set[str]:

@@ -53,7 +53,11 @@ class OptimConfig:
 class TrainConfig:
     """`config.train`: the host loop's schedule."""
 
-    steps: int = 100  # RL iterations
+    steps: int = 100  # RL iterations (when epochs is 0)
+    # > 0: run this many passes over the training questions instead, verl's trainer.total_epochs: each pass is
+    # training questions // batch_size iterations (its train dataloader drops the last partial batch; searchrl
+    # makes as many updates, its data order running on across epoch boundaries).
+    epochs: int = 0
     batch_size: int = 8  # prompts per iteration (each sampled rl.responses_per_prompt times)
     log_every: int = 1
     eval_every: int = 0  # 0: no evaluation during training
@@ -76,12 +80,24 @@ class TrainConfig:
             raise ValueError(f"train.logger: unknown logger(s) {unknown}; known: {list(LOGGERS)}")
         if self.progress_every_s <= 0:
             raise ValueError(f"train.progress_every_s must be > 0, got {self.progress_every_s}")
+        if self.epochs < 0:
+            raise ValueError(f"train.epochs must be >= 0, got {self.epochs}")
 
     @property
     def loggers(self) -> tuple[str, ...]:
         """`logger` as names: "[console, wandb]", "console,wandb" -> ("console", "wandb")."""
         names = self.logger.strip().removeprefix("[").removesuffix("]").split(",")
         return tuple(name.strip().strip("'\"") for name in names if name.strip())
+
+    def num_steps(self, questions: int) -> int:
+        """`steps`, or with `epochs` set, epochs x (questions // batch_size): verl's total_training_steps
+        (len(train_dataloader) * total_epochs, the dataloader with drop_last=True)."""
+        if not self.epochs:
+            return self.steps
+        if questions < self.batch_size:
+            raise ValueError(f"train.epochs={self.epochs} over {questions} training questions: fewer than one "
+                             f"batch of train.batch_size={self.batch_size}")
+        return self.epochs * (questions // self.batch_size)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,6 +50,7 @@ from searchrl.rollout.engine import RolloutEngine
 from searchrl.rollout.rows import RolloutStats
 from searchrl.run_lock import WorkdirInUseError, WorkdirLock
 from searchrl.shapes import padded_width
+from searchrl.text.protocol import INVALID
 
 FINGERPRINT = "fingerprint"  # key of the run's fingerprint in a checkpoint's record
 
@@ -148,8 +149,13 @@ class Trainer:
 
     def __init__(self, config: TrainRun, model_cfg: models.ModelConfig, policy: dict, tokenizer: Any, env: Env,
                  train_examples: Sequence[dict], eval_examples: Sequence[dict] = (), workdir: str | None = None,
-                 hooks: Sequence[TrainHook] = ()):
+                 hooks: Sequence[TrainHook] = (), critic: dict | None = None):
+        """`critic`: the value model a new run's critic starts from (`experiment.load_critic`); None: the
+        policy's backbone with a new head. A resumed run takes its checkpoint's critic."""
         self.model_cfg, self.tokenizer, self.env, self.seed = model_cfg, tokenizer, env, config.seed
+        if critic is not None and not config.rl.use_critic:
+            raise ValueError("config.model.critic_path gives a critic, but rl.use_critic is False")
+        self.initial_critic = critic
         self.tokenizer_dir = tokenizer_dir(tokenizer)
         self.train_config, rl, mesh, rollout = config.train, config.rl, config.mesh, config.rollout
         self.train_examples, self.eval_examples = train_examples, list(eval_examples)
@@ -223,7 +229,7 @@ class Trainer:
 
     def _initial_state(self, policy: dict):
         return init_train_state(self.ppo.spec, self.mesh, policy, jax.random.fold_in(self.key, 0),
-                                kl_coef=self.ppo.rl.kl_coef)
+                                kl_coef=self.ppo.rl.kl_coef, critic=self.initial_critic)
 
     def _check_resume(self, record: Mapping[str, Any], step: int) -> None:
         """Raises ResumeMismatchError when checkpoint `step`'s record has another fingerprint than this run
@@ -295,7 +301,8 @@ class Trainer:
         return examples, group_ids
 
     def step(self) -> dict[str, float]:
-        """One RL iteration; returns its metrics (already written to the logs)."""
+        """One RL iteration; returns its metrics (already written to the logs), with its throughput and wall-clock
+        seconds (`perf/step_seconds`: rollout, rewards and update, RPL's Figure 4 training time)."""
         began = time.perf_counter()
         step = self.step_count
         examples, group_ids = self._next_batch()
@@ -319,11 +326,16 @@ class Trainer:
         metrics = {k: float(v) for k, v in jax.device_get(learned).items()}
         self.nonfinite_in_a_row = self.nonfinite_in_a_row + 1 if metrics["train/nonfinite"] else 0
         metrics["train/nonfinite_in_a_row"] = float(self.nonfinite_in_a_row)
+        # Every env's context consumption and retrieval turns (valid actions answered with an observation, not
+        # an invalid turn's feedback): RPL's Figure 4 for any agent.
         row_metrics = [
-            {"reward/mean": float(sum(rewards)), "rollout/response_tokens": float(length)}
+            {"reward/mean": float(sum(rewards)), "rollout/response_tokens": float(length),
+             "rollout/context_tokens": float(context), "rollout/retrieval_turns": float(sum(
+                 bool(t.observation) and t.action.kind != INVALID for t in turns))}
             | {f"env/{k}": v for k, v in numeric_metrics(env_metrics).items()}
-            for rewards, length, env_metrics in zip(turn_rewards, traj.response_lengths.tolist(),
-                                                    self.env.metrics(traj, examples))]
+            for rewards, length, context, turns, env_metrics in zip(
+                turn_rewards, traj.response_lengths.tolist(), traj.observation_tokens.tolist(), traj.turns,
+                self.env.metrics(traj, examples))]
         stats = self.engine.stats
         processes = distributed.all_processes([row_metrics, stats.host_fraction, stats.wall_s])
         metrics |= mean_metrics([row for process_rows, _, _ in processes for row in process_rows])
@@ -383,9 +395,10 @@ class Trainer:
                                        TOKENIZER: self.tokenizer_dir})
 
     def train(self, steps: int | None = None) -> list[dict[str, float]]:
-        """Runs until `steps` (default: train.steps) PPO iterations are done in total; returns their metrics."""
+        """Runs until `steps` (default: `train.num_steps`, train.steps or train.epochs over the training set)
+        PPO iterations are done in total; returns their metrics."""
         train = self.train_config
-        total = train.steps if steps is None else steps
+        total = train.num_steps(len(self.train_examples)) if steps is None else steps
         history = []
         console = "console" in train.loggers and jax.process_index() == 0
         progress = Progress(total, self.step_count, train.progress_every_s) if console else None

@@ -50,9 +50,9 @@ def cover_em(prediction: str, golds: Golds) -> float:
 
 
 def has_answer(passage: str, golds: Golds) -> bool:
-    """True when some normalised gold answer occurs in the normalised passage on word boundaries.
-
-    Word boundaries follow DPR's `has_answer` (a token-sequence match), so "art" is not found in "party".
+    """True when some normalised gold answer occurs in the normalised passage on word boundaries, so "art"
+    is not found in "party". SQuAD normalisation drops punctuation and articles, so this is not DPR's
+    `has_answers` (H@N as the DPR line of work counts it is `searchrl.retrieval.metrics.has_answer`).
     """
     text = f" {normalize_answer(passage)} "
     return any(g and f" {g} " in text for g in map(normalize_answer, _gold_list(golds)))

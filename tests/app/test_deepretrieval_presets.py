@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from searchrl.configlib import from_config
-from searchrl.rl.config import SFTConfig
+from searchrl.rl.config import SFTConfig, TrainConfig
 from searchrl.rl.optim import learning_rate
 from tests.app.test_presets import ROOT, same, value
 
@@ -73,12 +73,20 @@ def data(source, dataset, split, fmt):
 
 
 NQ_MODEL = "deepretrieval_nq_step1800"  # the NQ run's actor and critic at global_step_1800
+
+
+def from_nq(name, line):
+    """The critic of TriviaQA and SQuAD: the NQ run's, as `checkpoint export` writes it beside the actor."""
+    return [(f"{TRAIN}{name}:{line}", "critic.model.path=.../nq_serini_3b/critic/global_step_1800",
+             "model.critic_path", f"/data/models/{NQ_MODEL}/critic")]
+
+
 PUBLIC_RUNS = {
     "evidence_nq": [*script("nq.sh", temperature=1.0), *data(TRAIN + "nq.sh", "nq", "test", "qa")],
-    "evidence_triviaqa": [*script("triviaqa.sh", response=350, model=NQ_MODEL),
+    "evidence_triviaqa": [*script("triviaqa.sh", response=350, model=NQ_MODEL), *from_nq("triviaqa.sh", 41),
                           *data(TRAIN + "triviaqa.sh", "triviaqa", "test", "qa")],
     "evidence_squad": [*script("squad.sh", batch=72, minibatch=18, response=350, temperature=1.0,
-                              model=NQ_MODEL),
+                              model=NQ_MODEL), *from_nq("squad.sh", 40),
                        *data(TRAIN + "squad.sh", "squad", "dev", "qa")],
     "classic_msmarco": [*script("msmarco_beir.sh", batch=512, minibatch=128),
                         *data(DR + "src/eval/BM25/msmarco_beir.py", "msmarco", "test", "beir")],
@@ -101,17 +109,7 @@ PUBLIC_RUNS = {
 }
 # ppo_mini_batch_size=128 over a batch of 64: verl's batch.split(128) makes one minibatch of the 64.
 SCIFACT_MINIBATCH = (TRAIN + "scifact.sh", "ppo_mini_batch_size=128 > train_batch_size=64", 64)
-EPOCHS = {  # trainer.total_epochs=<n> in the preset's script
-    "evidence_nq": ("nq.sh", 5), "evidence_triviaqa": ("triviaqa.sh", 5), "evidence_squad": ("squad.sh", 5),
-    "classic_msmarco": ("msmarco_beir.sh", 10), "classic_msmarco_dense": ("dense/msmarco_beir.sh", 10),
-    "classic_nfcorpus": ("nfcorpus.sh", 10), "classic_nfcorpus_dense": ("dense/nfcorpus.sh", 30),
-    "classic_fever": ("fever.sh", 10), "classic_fever_dense": ("dense/fever.sh", 10),
-    "classic_hotpotqa": ("hotpotqa.sh", 10), "classic_hotpotqa_dense": ("dense/hotpotqa.sh", 10),
-    "classic_scifact": ("scifact.sh", 100), "classic_scifact_dense": ("dense/scifact.sh", 50),
-    **{f"classic_msmarco_{d}": ("msmarco.sh", 5) for d in ("health", "science", "tech")},
-    **{f"classic_msmarco_{d}_dense": ("msmarco_dense.sh", 5) for d in ("health", "science", "tech")},
-    "sql": ("spider.sh", 5), "sql_bird": ("bird.sh", 5),
-}
+PUBLIC_SCRIPTS = os.path.join(ROOT, "tests", "data", "deepretrieval_public_scripts.json")  # lines, verbatim
 DENSE = DR + "verl/utils/reward_score_dense/"
 ENCODERS = {  # dataset: (source, what it says, encoder, pooling)
     **{d: (f"{DENSE}{f}.py", "faiss-flat.*.bge-base-en-v1.5 index", "BAAI/bge-base-en-v1.5", "cls")
@@ -159,9 +157,36 @@ def test_dataset_preset_matches_its_public_script(preset):
     assert not wrong, "\n".join(wrong)
 
 
-def test_every_dataset_preset_is_pinned_with_its_epochs():
-    assert set(deepretrieval.DATASETS) | {"sql", "sql_bird"} == set(PUBLIC_RUNS)
-    assert deepretrieval.EPOCHS == {preset: epochs for preset, (_, epochs) in EPOCHS.items()}
+def public_line(path: str) -> str:
+    """The line `path` (file:line under code/) of pat-jj/DeepRetrieval, as tests/data holds it verbatim."""
+    with open(PUBLIC_SCRIPTS, encoding="utf-8") as f:
+        return json.load(f)["lines"][f"code/{path}"]
+
+
+@pytest.mark.parametrize("preset", sorted(set(deepretrieval.PRESETS) - {"tiny"}))
+def test_every_preset_runs_the_epochs_of_its_cited_script_line(preset):
+    """The length of each paper preset is the trainer.total_epochs of the script line it cites; tiny presets
+    count steps."""
+    config = deepretrieval.get_config(preset)
+    if preset.startswith("tiny_"):
+        assert config.train.epochs == 0 and config.train.steps == 2
+        return
+    epochs, cited = deepretrieval.EPOCHS[deepretrieval.EPOCHS_OF.get(preset, preset)]
+    line = public_line(f"scripts/train/{cited}")
+    assert re.search(r"trainer\.total_epochs=(\d+)\b", line).group(1) == str(epochs) == str(config.train.epochs)
+
+
+def test_epochs_count_updates_as_verls_drop_last_dataloader():
+    """ray_trainer.py: len(train_dataloader) * total_epochs, the dataloader dropping the last partial batch."""
+    assert "drop_last=True" in public_line("verl/trainer/ppo/ray_trainer.py:587")
+    assert "len(self.train_dataloader) * self.config.trainer.total_epochs" in public_line(
+        "verl/trainer/ppo/ray_trainer.py:610")
+    train = from_config(TrainConfig, deepretrieval.get_config("literature").train, "config.train")
+    assert (train.epochs, train.batch_size) == (10, 64)
+    assert train.num_steps(12801) == 10 * 200  # Table 4: 12,801 PubMed training queries
+    assert from_config(TrainConfig, deepretrieval.get_config("sql").train, "config.train").num_steps(8659) == 5 * 135
+    with pytest.raises(ValueError, match="train.epochs=10 over 63 training questions"):
+        train.num_steps(63)
 
 
 @pytest.mark.parametrize("dataset", sorted(ENCODERS))

@@ -219,3 +219,31 @@ def test_two_processes_mutate_and_distill_like_one(tmp_path, monkeypatch):
     assert sorted(saved) == sorted(want)
     for name, tensor in want.items():
         np.testing.assert_allclose(saved[name], tensor, rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_figures_4_and_5_from_the_tiny_runs_metrics(trainer, tmp_path):
+    """RPL's Figures 4 and 5 drawn from the tiny run's metrics.jsonl (one more step logs the step time too);
+    every number drawn is the run's own log, recomputed here."""
+    from searchrl.tasks.rpl import figures
+
+    trainer.train(trainer.step_count + 1)
+    rows = [r for r in read_metrics(f"{trainer.workdir}/metrics.jsonl") if "perf/step_seconds" in r]
+    # the trainer's context and retrieval-turn logs are the RPL env's own on every step
+    assert all(r["rollout/context_tokens"] == r["env/context_tokens"] for r in rows)
+    assert all(r["rollout/retrieval_turns"] == r["env/retrieval_turns"] for r in rows)
+    numbers = figures.write_figures({"rpl": trainer.workdir, "again": trainer.workdir}, tmp_path, "env")
+    assert (tmp_path / "figure4.png").stat().st_size > 1000 and (tmp_path / "figure5.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "figures.json").read_text())["figure4"] == numbers["figure4"]
+    for metric, _ in figures.EFFICIENCY:
+        values = [r[metric] for r in rows if metric in r]
+        assert values and numbers["figure4"][metric]["rpl"] == numbers["figure4"][metric]["again"]
+        mean, midpoint = sum(values) / len(values), (min(values) + max(values)) / 2
+        assert numbers["figure4"][metric]["rpl"]["mean"] == pytest.approx(mean)
+        # a metric that is 0 on every step (the untrained policy makes no retrieval turn) is left unscaled
+        assert numbers["figure4"][metric]["rpl"]["normalized"] == pytest.approx(mean / (midpoint or 1.0))
+    sparse = numbers["figure5"]["uses_sparse_retrieval"]["rpl"]
+    assert sparse == [(r["step"], 100 * r["env/uses_sparse_retrieval"]) for r in rows]
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n')
+    with pytest.raises(ValueError, match=r"other/metrics.jsonl \(other\) has no 'rollout/context_tokens'"):
+        figures.efficiency({"rpl": trainer.workdir, "other": str(tmp_path / "other")})

@@ -82,11 +82,11 @@ def test_read_spider(tmp_path):
     concert, pets = (str(root / "database" / db / f"{db}.sqlite") for db in ("concert", "pets"))
     assert records == [
         {"id": "dev_0", "question": "How many singers are there?", "db_id": "concert", "db_path": concert,
-         "gold_sql": "SELECT count(*) FROM singer", "knowledge": "", "schema": CONCERT_SCHEMA},
+         "gold_sql": "SELECT count(*) FROM singer", "knowledge": "", "schema": CONCERT_SCHEMA, "reasoning": ""},
         {"id": "dev_1", "question": "List every pet kind.", "db_id": "pets", "db_path": pets,
-         "gold_sql": "SELECT kind FROM pet", "knowledge": "", "schema": "\n\n".join(PETS_TABLES)},
+         "gold_sql": "SELECT kind FROM pet", "knowledge": "", "schema": "\n\n".join(PETS_TABLES), "reasoning": ""},
         {"id": "dev_2", "question": "Names of singers?", "db_id": "concert", "db_path": concert,
-         "gold_sql": "SELECT Name FROM singer", "knowledge": "", "schema": CONCERT_SCHEMA}]
+         "gold_sql": "SELECT Name FROM singer", "knowledge": "", "schema": CONCERT_SCHEMA, "reasoning": ""}]
 
 
 def test_spider_schema_from_db_id_sql(tmp_path):
@@ -103,9 +103,9 @@ def test_read_bird(tmp_path):
     assert retrieval_tasks.read_sql_task(root, "dev", "bird") == [
         {"id": "dev_0", "question": "What is the cheapest product?", "db_id": "shop", "db_path": db_path,
          "gold_sql": "SELECT id FROM product ORDER BY cost LIMIT 1",
-         "knowledge": "cheapest refers to MIN(cost)", "schema": schema},
+         "knowledge": "cheapest refers to MIN(cost)", "schema": schema, "reasoning": ""},
         {"id": "dev_1", "question": "How many orders?", "db_id": "shop", "db_path": db_path,
-         "gold_sql": "SELECT count(*) FROM `order`", "knowledge": "", "schema": schema}]
+         "gold_sql": "SELECT count(*) FROM `order`", "knowledge": "", "schema": schema, "reasoning": ""}]
 
 
 def test_database_found_under_split_databases_for_spider_too(tmp_path):
@@ -196,8 +196,8 @@ def test_unreadable_database_and_schema_file(tmp_path):
 _KEYS = {
     "literature": {"id", "question", "qrels", "max_date", "dataset"},
     "beir": {"id", "question", "qrels", "dataset"},
-    "spider": {"id", "question", "db_id", "db_path", "gold_sql", "knowledge", "schema", "dataset"},
-    "bird": {"id", "question", "db_id", "db_path", "gold_sql", "knowledge", "schema", "dataset"},
+    "spider": {"id", "question", "db_id", "db_path", "gold_sql", "knowledge", "schema", "reasoning", "dataset"},
+    "bird": {"id", "question", "db_id", "db_path", "gold_sql", "knowledge", "schema", "reasoning", "dataset"},
 }
 
 
@@ -241,3 +241,30 @@ def test_load_examples_errors(tmp_path):
         datasets.load_examples(str(tmp_path), "bird", "dev", "bird", "")
     with pytest.raises(FileNotFoundError, match=r"No train.jsonl for literature dataset 'pubmed'"):
         datasets.load_examples(str(tmp_path), "pubmed", "train", "literature", "")
+
+
+REASONING = "Count the rows of singer: every singer is one row, so count(*) over the table answers it."
+
+
+@pytest.mark.parametrize("reasoning", [True, False])
+def test_sql_cold_start_trains_on_the_records_reasoning(tmp_path, reasoning):
+    """The SFT target of a record holding a reasoning string is that text in <think>, then the gold SQL (the
+    no-reasoning variant: the gold SQL alone); a reasoning cold start on a record without one is refused."""
+    from searchrl.tasks.deepretrieval import env as qr
+
+    root = spider_dir(tmp_path, split="train")
+    items = json.loads((root / "train.json").read_text())
+    items[0]["reasoning"] = f"\n{REASONING}\n"
+    write_json(root / "train.json", items)
+    records = retrieval_tasks.read_sql_task(root, "train", "spider")
+    assert [r["reasoning"] for r in records] == [REASONING, "", ""]
+    env = qr.QueryRewriteEnv(qr.Config(task="sql", reasoning=reasoning), None)
+    full = env.template.assistant + env.reference_response(records[0])
+    if reasoning:
+        assert full == ("Let me write the SQL query with reasoning. \n<think>\n" + REASONING +
+                        '\n</think>\n<answer>\n{"sql": "SELECT count(*) FROM singer"}\n</answer>')
+        with pytest.raises(ValueError, match=r"SQL example 'train_1' .* no \"reasoning\": .* empty <think>"):
+            env.reference_response(records[1])
+    else:
+        assert full == 'Let me write the SQL query. \n<answer>\n{"sql": "SELECT count(*) FROM singer"}\n</answer>'
+        assert env.reference_response(records[1]).endswith('{"sql": "SELECT kind FROM pet"}\n</answer>')

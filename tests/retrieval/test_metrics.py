@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from searchrl.retrieval.metrics import evaluate, mrr_at_k, ndcg_at_k, precision_at_k, read_beir_qrels, \
-    read_qrels, read_trec_qrels, recall_at_k
+from searchrl.retrieval.metrics import dpr_tokens, evaluate, first_answer_rank, has_answer, mrr_at_k, \
+    ndcg_at_k, precision_at_k, read_beir_qrels, read_qrels, read_trec_qrels, recall_at_k
 
 RANKED = ["d1", "d2", "d3", "d4", "d5"]
 # Relevant: d1, d3, d6 (d6 is never retrieved); d7 is judged non-relevant.
@@ -118,3 +118,44 @@ def test_qrels_hazards_name_file_and_line(tmp_path, content, reason):
     bad.write_bytes(content)
     with pytest.raises(ValueError, match=rf"{bad}{reason}"):
         read_qrels(bad)
+
+
+# Answer matching (H@N) against pyserini's own `has_answers` (DPR's tokenizer), byte for byte.
+TRICKY = [  # (passage, answers), each where SQuAD normalisation, substring search or plain lower() differ
+    ("The Beatles were a band.", ["the Beatles"]), ("Beatles!", ["The Beatles"]), ("a party", ["art"]),
+    ("the U.S. army", ["U.S."]), ("the US army", ["U.S."]), ("rock-and-roll music", ["rock and roll"]),
+    ("rock and roll", ["rock-and-roll"]), ("it's 1,000 km", ["1000"]), ("it's 1,000 km", ["1,000"]),
+    ("O'Neil said", ["oneil"]), ("O'Neil said", ["O'Neil"]), ("Café de Flore", ["cafe\u0301"]),
+    ("Cafe de Flore", ["café"]), ("naïve", ["naive"]), ("ΟΔΟΣ ΣΟΦΙΑΣ", ["οδος"]), ("İstanbul", ["istanbul"]),
+    ("Straße", ["STRASSE"]), ("ﬁnal", ["final"]), ("东京是首都", ["东京"]), ("x\u200by", ["xy"]),
+    ("smile 😀 now", ["😀"]), ("$5.00 price", ["5.00"]), ("a\tb\nc", ["b c"]), ("", ["x"]), ("text", []),
+    ("anything", [""]), ("anything", [" \n"]), ("Mr. Smith", ["mr smith"]), ("e=mc²", ["mc2"]),
+    ("100%", ["100 %"]), ("C++ language", ["c+"]), ("Ⅻ chapter", ["xii"]), ("a b a b c", ["b c", "z"]),
+]
+
+
+def test_has_answer_is_pyserinis_has_answers_on_tricky_and_random_strings():
+    dpr = pytest.importorskip("pyserini.eval.evaluate_dpr_retrieval")
+    tokenizer = dpr.SimpleTokenizer()
+    cases = list(TRICKY)
+    rng = random.Random(0)
+    alphabet = list("aAbB eé\u0301.,'-!ΣσςİßﬁΩ1²\t\n\u200b😀东") + [" the ", " a "]
+    for _ in range(1500):
+        passage = "".join(rng.choices(alphabet, k=rng.randint(0, 30)))
+        start = rng.randint(0, len(passage))
+        answers = [passage[start:start + rng.randint(0, 6)], "".join(rng.choices(alphabet, k=rng.randint(0, 4)))]
+        cases.append((passage, answers))
+    ours = [has_answer(p, a) for p, a in cases]
+    theirs = [dpr.has_answers(p, a, tokenizer, regex=False) for p, a in cases]
+    assert ours == theirs
+    assert 0.2 < sum(ours) / len(ours) < 0.8  # both outcomes are well represented
+    assert [has_answer(p, a) for p, a in TRICKY[:4]] == [True, False, False, True]
+    assert [dpr_tokens(t) for t in ("U.S.", "Café", "1,000")] == [["u", ".", "s", "."], ["cafe\u0301"],
+                                                                ["1", ",", "000"]]
+
+
+def test_first_answer_rank_is_the_first_passage_holding_an_answer():
+    passages = ["The party was fun.", "Lyon is big.", "The Art of War is a book."]
+    assert first_answer_rank(passages, ["art"]) == 3  # "party" does not hold "art"
+    assert first_answer_rank(passages, ["Paris", "lyon"]) == 2
+    assert first_answer_rank(passages, ["Paris"]) is None

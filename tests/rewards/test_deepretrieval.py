@@ -94,12 +94,6 @@ def test_recall_tiers(value, score):
     assert dr.recall_score(value) == score
 
 
-def test_first_answer_rank():
-    passages = ["The party was fun.", "Lyon is big.", "The Art of War is a book."]
-    assert dr.first_answer_rank(passages, ["art"]) == 3  # "party" does not hold "art"
-    assert dr.first_answer_rank(passages, ["Paris"]) is None
-
-
 def test_recall_tier_of_a_retrieval():
     # 2 of the 4 relevant ids retrieved: recall 0.5 -> tier 4, reward 1 + 4.
     qrels = dict.fromkeys(["a", "c", "d", "e"], 1)

@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers
 
-from searchrl import checkpoint, models
+from searchrl import checkpoint, experiment, models
 from searchrl.text import tokenizer as tokenizer_lib
 from searchrl.rl import kl, train_state
 from searchrl.rl.config import OptimConfig
@@ -120,7 +120,7 @@ def test_partial_save_is_ignored_and_cleaned_up(saved, tmp_path):
 KILLED_SAVER = textwrap.dedent("""
     import sys, time
     import jax, numpy as np
-    from searchrl import checkpoint, models
+    from searchrl import checkpoint, experiment, models
     from searchrl.rl.kl import KLState
     from searchrl.rl.train_state import TrainState
     cfg = models.ModelConfig("qwen3", 65536, 128, 512, 2, 4, 2, 32, qk_norm=True, tie_word_embeddings=True)
@@ -173,6 +173,35 @@ def test_export_cli_gives_transformers_the_same_logits(saved, tmp_path, capsys):
                                               rules=models.TRAIN_RULES, attention=ATTENTION), atol=1e-3)
 
 
+def test_export_writes_the_critic_that_transformers_and_a_new_run_restore(saved, tmp_path):
+    """The critic of step 1 (trunk and value head) lands in <out>/critic: transformers' token-classification
+    model over it gives our values, `load_critic` restores it exactly, and a new run's state starts from it."""
+    directory, states = saved
+    out = tmp_path / "hf"
+    checkpoint.export_hf(directory, 1, out)
+    critic = states[1].critic
+    tokens = np.random.default_rng(0).integers(0, CFG.vocab_size, (2, 11)).astype(np.int32)
+    positions, mask = np.broadcast_to(np.arange(11), (2, 11)), np.ones((2, 11), bool)
+    ours = np.asarray(models.values(CFG, critic, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask),
+                                    rules=models.TRAIN_RULES, attention=ATTENTION, remat=False))
+    model = transformers.AutoModelForTokenClassification.from_pretrained(
+        out / checkpoint.CRITIC_DIR, attn_implementation="eager").float().eval()
+    with torch.no_grad():
+        theirs = model(input_ids=torch.from_numpy(tokens).long()).logits.numpy()
+    assert theirs.shape == (2, 11, 1) and np.abs(ours).max() > 0.05
+    np.testing.assert_allclose(theirs[..., 0], ours, atol=1e-4, rtol=0)
+
+    source = models.ModelSource(path=str(out), critic_path=str(out / checkpoint.CRITIC_DIR))
+    restored = experiment.load_critic(source, CFG)
+    jax.tree.map(np.testing.assert_array_equal, restored, critic)
+    carried = train_state.init_train_state(SPEC, MESH, states[1].policy, jax.random.key(5), kl_coef=0.05,
+                                           critic=restored)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(carried.critic), critic)
+    wider = dataclasses.replace(CFG, hidden_size=2 * CFG.hidden_size)
+    with pytest.raises(ValueError, match=r"config.model.critic_path .* another shape"):
+        experiment.load_critic(source, wider)
+
+
 @pytest.fixture(scope="module")
 def run_with_tokenizer(tmp_path_factory) -> tuple[Path, models.ModelConfig, dict]:
     """A run workdir whose one checkpoint (step 5: a tiny policy) records the tokenizer the run used."""
@@ -192,6 +221,7 @@ def test_export_of_a_workdir_loads_and_generates_in_transformers(run_with_tokeni
     out = tmp_path / "hf"
     checkpoint.main(["export", "--checkpoint", str(workdir), "--out", str(out)])
     assert "exported step 5" in capsys.readouterr().out
+    assert not (out / checkpoint.CRITIC_DIR).exists()  # the run had no critic
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     model = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").float().eval()
     prompt = tokenizer("the quick brown", return_tensors="pt")

@@ -65,13 +65,33 @@ def make_config(workdir, **rl):
     return config
 
 
-def make_trainer(config, tokenizer):
-    cfg = dataclasses.replace(models.get_preset("tiny"), vocab_size=len(tokenizer),
-                              eos_token_id=tokenizer.eos_token_id)
+def tiny_config(tokenizer):
+    return dataclasses.replace(models.get_preset("tiny"), vocab_size=len(tokenizer),
+                               eos_token_id=tokenizer.eos_token_id)
+
+
+def make_trainer(config, tokenizer, critic=None):
+    cfg = tiny_config(tokenizer)
     policy = models.init_params(cfg, jax.random.key(0))
     examples = [{"word": w} for w in "red green blue cyan magenta yellow black white".split()] * 4
     env = LowTokensEnv(cfg.vocab_size)
-    return trainer_lib.Trainer(run_config.parse(config), cfg, policy, tokenizer, env, examples, examples[:8])
+    return trainer_lib.Trainer(run_config.parse(config), cfg, policy, tokenizer, env, examples, examples[:8],
+                               critic=critic)
+
+
+def test_a_new_run_starts_its_critic_from_the_one_given(tmp_path, tokenizer):
+    """A carried-over critic (`config.model.critic_path`, e.g. an export's critic/) is the new run's; a run
+    without a critic refuses one."""
+    cfg = tiny_config(tokenizer)
+    critic = models.init_params(cfg, jax.random.key(7), value=True)
+    trainer = make_trainer(make_config(tmp_path / "a"), tokenizer, critic=critic)
+    try:
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(trainer.state.critic), critic)
+    finally:
+        trainer.close()
+    with pytest.raises(ValueError, match="critic_path gives a critic, but rl.use_critic is False"):
+        make_trainer(make_config(tmp_path / "b", advantage="grpo", use_critic=False, responses_per_prompt=4),
+                     tokenizer, critic=critic)
 
 
 @pytest.mark.parametrize("algo", [
@@ -110,6 +130,7 @@ def test_resume_is_exact(tmp_path, tokenizer):
 
     a = {row["step"]: row for row in read_metrics(tmp_path / "a" / "metrics.jsonl")}
     b = {row["step"]: row for row in read_metrics(tmp_path / "b" / "metrics.jsonl")}
+    assert all(row["perf/step_seconds"] > 0 for row in a.values())  # RPL's Figure 4 training time
     for step in (3, 4):
         for name in ("reward/mean", "actor/pg_loss", "critic/vf_loss", "actor/grad_norm"):
             np.testing.assert_allclose(b[step][name], a[step][name], rtol=1e-6, err_msg=f"{name} at {step}")

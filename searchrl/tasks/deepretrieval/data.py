@@ -6,7 +6,10 @@ Every record has "id" and "question" (the user's text, shown to the policy and u
   "max_date", PubMed's publication-date cut-off "YYYY/MM/DD" ("" for none). Rows give "question" or a
   "pico" object rendered as DeepRetrieval's data_preprocess/pubmed.py `convert_dict_to_str` does.
 - spider / bird (text-to-SQL database search, the original <split>.json lists): "db_id", "db_path",
-  "gold_sql", "knowledge" (BIRD's evidence, "" for Spider) and "schema", the schema prompt text.
+  "gold_sql", "knowledge" (BIRD's evidence, "" for Spider), "schema", the schema prompt text, and
+  "reasoning", the item's optional "reasoning" string ("" when it has none): the thinking a reasoning cold
+  start trains on before the gold SQL (the paper's SFT distilled it from GPT-4o, Appendix "Other Training
+  details"; pat-jj/DeepRetrieval code/src/cold_start/sql/generate_data.py).
 Databases are only ever opened read-only and immutable, so reading a schema never writes anything.
 """
 from __future__ import annotations
@@ -55,6 +58,7 @@ class SqlRecord(TypedDict):
     gold_sql: str
     knowledge: str
     schema: str
+    reasoning: str
 
 
 def read_beir_task(root: str | pathlib.Path, split: str) -> list[RetrievalRecord]:
@@ -216,7 +220,7 @@ def json_list(path: pathlib.Path) -> list[Any]:
 
 def read_sql_task(root: str | pathlib.Path, split: str, format: str) -> list[SqlRecord]:
     """The questions of root/<split>.json (Spider: db_id, question, query; BIRD: db_id, question, evidence,
-    SQL), each with its database (see `database_dirs`) and schema prompt; ids are "<split>_<index>"."""
+    SQL; either: an optional reasoning), each with its database (see `database_dirs`) and schema prompt; ids are "<split>_<index>"."""
     if format not in SQL_FORMATS:
         raise ValueError(f"unknown SQL format {format!r}; known: {SQL_FORMATS}")
     sql_field, knowledge_field = _SQL_FIELDS[format]
@@ -229,12 +233,14 @@ def read_sql_task(root: str | pathlib.Path, split: str, format: str) -> list[Sql
         question = string_field(item, "question", location).strip()
         gold_sql = string_field(item, sql_field, location)
         knowledge = string_field(item, knowledge_field, location, allow_empty=True) if knowledge_field else ""
+        reasoning = string_field(item, "reasoning", location, required=False).strip()
         db_id = string_field(item, "db_id", location)
         db_path = find_database(dirs, db_id, location)
         if db_path not in schemas:
             schemas[db_path] = schema_prompt(db_path, db_id, format)
         records.append(SqlRecord(id=f"{split}_{i}", question=question, db_id=db_id, db_path=str(db_path),
-                                 gold_sql=gold_sql, knowledge=knowledge, schema=schemas[db_path]))
+                                 gold_sql=gold_sql, knowledge=knowledge, schema=schemas[db_path],
+                                 reasoning=reasoning))
     return records
 
 

@@ -129,11 +129,18 @@ class QueryRewriteEnv(Env):
         return response
 
     def reference_response(self, example: Mapping[str, Any]) -> str | None:
-        """An example's supervised response for a cold start: the SQL tasks write the gold SQL (after the
-        example's "reasoning", when it has one); the retrieval tasks have no reference query (None)."""
+        """An example's supervised response for a cold start: the SQL tasks write the gold SQL after the
+        example's "reasoning" (with `reasoning` off, the gold SQL alone, as the public SFT's wo_reasoning
+        keeps only the answer); the retrieval tasks have no reference query (None). A reasoning cold start
+        on an example without reasoning is an error: it would train an empty `<think>`."""
         if self.config.task != "sql":
             return None
-        return self.target_response(example["gold_sql"], example.get("reasoning", ""))
+        reasoning = example.get("reasoning", "") if self.config.reasoning else ""
+        if self.config.reasoning and not reasoning:
+            raise ValueError(f"SQL example {example.get('id')!r} ({example.get('dataset', '?')}) has no "
+                             "\"reasoning\": a cold start with reasoning would train an empty <think>; add the "
+                             "data's reasoning or use the preset's ,no_reasoning variant.")
+        return self.target_response(example["gold_sql"], reasoning)
 
     def parse_action(self, turn_text: str, turn_index: int) -> Action:
         parsed = self.parse(turn_text)
@@ -191,7 +198,7 @@ class QueryRewriteEnv(Env):
             return score, {"execution_accuracy": float(score == 1.0)}
         ids = [hit.id for hit in hits]
         if task == "evidence":
-            rank = dr.first_answer_rank([hit.contents for hit in hits], example["golden_answers"])
+            rank = ir.first_answer_rank([hit.contents for hit in hits], example["golden_answers"])
             return dr.answer_rank_score(rank, cfg), {f"hit@{k}": float(rank is not None and rank <= k)
                                                      for k in _HIT_KS}
         qrels = example["qrels"]

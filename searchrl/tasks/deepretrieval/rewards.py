@@ -10,13 +10,16 @@ text-to-SQL). The env parses the answer, runs the retriever or the database, and
   valid JSON) plus the metric (NDCG@k, execution match) when the metric is positive; a well-formed answer
   with a zero metric scores 0.
 
+The answer-rank reward and the evidence metrics (H@N) match answers with DPR's `has_answers`
+(`searchrl.retrieval.metrics.has_answer`: DPR's simple tokenizer, token sequences), the matcher of the public
+reward (squad.py, nq_serini.py, triviaqa.py) and evaluation (src/eval/BM25/{nq,squad,triviaqa}.py), so H@N is
+the H@N of the paper's Table 1; not the SQuAD-normalised `qa.has_answer`.
 Recall and NDCG@k (gain = rel, log2 discount, ideal from the qrels) come from `searchrl.retrieval.metrics`:
 recall over everything retrieved is `recall_at_k(ids, qrels, len(ids))`. The public tables change from
 dataset to dataset; every value lives in `RewardConfig`.
 
 Differences from the public code, on purpose: code fences around the JSON are tolerated; an empty query
-is a parse error (the public code scores it as format-only); answers are matched on word boundaries
-(`qa.has_answer`, as DPR's has_answers); the ideal NDCG ranking sorts the qrels by relevance (the public
+is a parse error (the public code scores it as format-only); the ideal NDCG ranking sorts the qrels by relevance (the public
 code takes them in the given order); an SQL query that runs out of time is an error scoring 0 (the public
 code compares an empty result, which can match an empty gold result).
 
@@ -32,10 +35,9 @@ import json
 import pathlib
 import re
 import reprlib
-from typing import Sequence
 
 from searchrl.tasks.deepretrieval import sql_sandbox
-from searchrl.text import protocol, qa, tags
+from searchrl.text import protocol, tags
 
 _FENCE = "```"
 _FENCE_LANGUAGE = re.compile(r"[\w-]*")  # anchored at the text's start: linear time
@@ -186,9 +188,6 @@ def gated_reward(parsed: ParsedAnswer, metric_score: float | None,
     return cfg.format_reward + metric_score if metric_score > 0 else 0.0
 
 
-def first_answer_rank(passages: Sequence[str], golds: qa.Golds) -> int | None:
-    """1-based rank of the first passage that holds a gold answer, or None."""
-    return next((i + 1 for i, p in enumerate(passages) if qa.has_answer(p, golds)), None)
 
 
 def answer_rank_score(rank: int | None, cfg: RewardConfig = RewardConfig()) -> float:

@@ -26,8 +26,6 @@ import concurrent.futures
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
 from searchrl.episode import Action, Env, Observation, Trajectory, Turn, outcome_reward
 from searchrl.retrieval import RetrievalConfig, is_dense, load_retriever, make_retriever
 from searchrl.retrieval.types import Hit, search_or_explain
@@ -266,7 +264,7 @@ class ProgramEnv(Env):
         """Per episode: the answer, the task type (a GlobalQA type or "qa") and its scores, the context tokens
         consumed (observation tokens), retrieval calls, retrieval turns (programs or searches), program errors
         and, per SDK function, whether a turn called it (1 / 0)."""
-        context = context_tokens(trajectory)
+        context = trajectory.observation_tokens
         rows = []
         for b, (turns, example) in enumerate(zip(trajectory.turns, examples)):
             programs = [t for t in turns if t.action.kind == self.tool]
@@ -296,13 +294,6 @@ def _observation(shown: Sequence[Hit], retrieval_calls: int, primitives: tuple[s
     if first_number is not None:
         info["first_number"] = first_number
     return Observation(f"\n\n{tags.block(tags.INFORMATION, text or 'nothing was shown')}\n\n", info)
-
-
-def context_tokens(trajectory: Trajectory) -> np.ndarray:
-    """Tokens each row took in that the policy did not write: its observations (prompt excluded)."""
-    slots = np.arange(trajectory.tokens.shape[1])[None, :]
-    after_prompt = (slots >= trajectory.prompt_lengths[:, None]) & trajectory.attention_mask
-    return (after_prompt & (trajectory.loss_mask == 0)).sum(axis=1)
 
 
 def make(config: Config, retrieval: RetrievalConfig) -> ProgramEnv:
