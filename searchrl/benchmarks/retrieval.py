@@ -2,7 +2,7 @@
 /retrieve server under concurrent clients, all on one seeded synthetic corpus in one run.
 
   python -m searchrl.benchmarks.retrieval [--json] [--passages 100000] [--queries 1000] [--encoder DIR]
-                                          [--dense_passages 500] [--api_base_url URL --api_model M ...]
+                                          [--dense_passages 500]
 
 The corpus draws words from a Zipfian vocabulary (wiki-like passage lengths); each query is 4 words of a
 random passage. In-process figures search all queries in one batched call at k=10, one thread per CPU for
@@ -10,10 +10,10 @@ every backend. The server runs as its own process (`python -m searchrl.serving.s
 threads send one-query requests through RemoteRetriever.
 
 End to end (DeepRetrieval's runtime comparison, its 34x of BM25 over dense: query generation plus retrieval,
-identical settings but the retriever): the same queries are rewritten once by a rewriter on a chat endpoint
-(the --api_* flags, e.g. a vLLM server of a DeepRetrieval policy, with the public MS MARCO prompt), then BM25
-and dense each retrieve the rewrites over the same passages (the dense row's subset); each backend's seconds
-are the rewriting's plus its own retrieval's, and the row states dense / BM25. Without an endpoint the
+identical settings but the retriever): the same queries are rewritten once by a rewriter (with
+`python -m searchrl.tasks.deepretrieval.end_to_end`: a chat endpoint given the public MS MARCO prompt), then
+BM25 and dense each retrieve the rewrites over the same passages (the dense row's subset); each backend's
+seconds are the rewriting's plus its own retrieval's, and the row states dense / BM25. Without a rewriter the
 rewrite is the query itself and the row says so (retrieval only).
 """
 from __future__ import annotations
@@ -32,7 +32,6 @@ from absl import flags
 import numpy as np
 
 from searchrl import cli
-from searchrl.eval import chat_api
 
 K = 10
 Rewrite = Callable[[list[str]], list[str]]
@@ -183,22 +182,6 @@ def bench_lucene(corpus: Path, work: Path, queries: list[str], warmup: list[str]
         return {"lucene_skipped": reason}
 
 
-def chat_rewriter(api: chat_api.ChatAPIConfig) -> Rewrite:
-    """Queries rewritten by a chat endpoint: DeepRetrieval's public MS MARCO prompt (`api_rewrites`' layout),
-    its answer read as the public post-processing reads it."""
-    from searchrl.tasks.deepretrieval import api_rewrites, prompts  # noqa: PLC0415 (only with an endpoint)
-    from searchrl.tasks.deepretrieval.env import plain_text  # noqa: PLC0415
-    from searchrl.text import chat  # noqa: PLC0415
-
-    generate, template = chat_api.ChatGenerate(chat_api.ChatClient(api)), prompts.PROMPTS["classic", True]
-
-    def rewrite(queries: list[str]) -> list[str]:
-        texts = generate([chat.messages("", plain_text("", prompts.fill(
-            template.user, {"question": q}), template.assistant)) for q in queries], ())
-        return [api_rewrites.api_value(text, "query")[0] or q for text, q in zip(texts, queries)]
-    return rewrite
-
-
 def bench_end_to_end(queries: list[str], rewrite: Rewrite | None, retrievers: dict[str, Any]
                      ) -> dict[str, Any]:
     """Seconds to rewrite `queries` once (none without a rewriter) and for each backend to retrieve the
@@ -291,8 +274,9 @@ def table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    values = flags.FlagValues()
+def define_flags(values: flags.FlagValues) -> Callable[[Rewrite | None], None]:
+    """Defines the benchmark's flags in `values`; returns what runs it, once they are parsed, with a rewriter
+    (None: retrieval only) and prints its table (or JSON)."""
     passages = flags.DEFINE_integer("passages", 100_000, "passages in the corpus", flag_values=values)
     queries = flags.DEFINE_integer("queries", 1000, "queries searched per backend", flag_values=values)
     clients = flags.DEFINE_integer("clients", 32, "concurrent client threads against the server",
@@ -304,13 +288,20 @@ def main(argv: Sequence[str] | None = None) -> None:
                                           flag_values=values)
     as_json = flags.DEFINE_boolean("json", False, "print one JSON object instead of a table",
                                    flag_values=values)
-    api_flags = chat_api.define_flags(values)
+
+    def run_and_print(rewrite: Rewrite | None) -> None:
+        log = (lambda msg: print(msg, file=sys.stderr, flush=True))
+        result = run(passages.value, queries.value, seed.value, clients.value, encoder.value,
+                     dense_passages.value, log, rewrite)
+        print(json.dumps(result) if as_json.value else table(result))
+    return run_and_print
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    values = flags.FlagValues()
+    run_and_print = define_flags(values)
     cli.parse(values, argv, __doc__)
-    log = (lambda msg: print(msg, file=sys.stderr, flush=True))
-    api = chat_api.config_from_flags(api_flags)
-    result = run(passages.value, queries.value, seed.value, clients.value, encoder.value,
-                 dense_passages.value, log, chat_rewriter(api) if api else None)
-    print(json.dumps(result) if as_json.value else table(result))
+    run_and_print(None)
 
 
 if __name__ == "__main__":

@@ -9,17 +9,18 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "searchrl"
 
 # Bottom to top. Parts on one level do not import each other.
 LAYERS = [
-    {"configlib", "cli", "shapes", "metric_writer", "registry", "episode", "run_lock", "generated"},
+    {"configlib", "cli", "shapes", "metric_writer", "registry", "episode", "run_lock", "generated", "progress"},
     {"model_families"},  # what text (chat markers) and models (config.json) read of a decoder family
     {"text", "models"},
     {"retrieval", "checkpoint", "distributed"},
     {"data", "serving", "task", "rollout"},
     {"rl"},
     {"run_config"},
-    {"experiment"},
+    {"experiment", "run_record"},
     {"eval", "benchmarks"},
-    {"demo", "main"},
+    {"demo", "main", "check", "curves"},
     {"tasks"},  # one package per paper, on top of the task-free substrate
+    {"__main__"},  # the `searchrl` command: runs the entry points by module name
 ]
 BASELINE = "search_r1"  # the task the others may build on
 LEVEL = {part: level for level, parts in enumerate(LAYERS) for part in parts}
@@ -34,7 +35,8 @@ def imported_parts(path: pathlib.Path, package: str = "searchrl") -> set[str]:
                  else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
         if isinstance(node, ast.ImportFrom) and node.module == package:
             names = [f"{package}.{a.name}" for a in node.names]
-        out |= {n.split(".")[depth] for n in names if n.startswith(f"{package}.")}
+        out |= {n.split(".")[depth] for n in names if n.startswith(f"{package}.")
+                and not n.split(".")[depth].startswith("__")}  # the package's own attributes (__version__)
     return out
 
 

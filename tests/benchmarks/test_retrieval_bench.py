@@ -29,6 +29,7 @@ def test_end_to_end_bm25_vs_dense_rewrites_once_and_states_the_ratio(tmp_path):
     cores, and the composition does not depend on the backend.)"""
     from searchrl.eval import chat_api
     from searchrl.retrieval.bm25 import BM25Retriever
+    from searchrl.tasks.deepretrieval import end_to_end
     from tests.eval.test_chat_api import FakeEndpoint
 
     corpus = tmp_path / "corpus.jsonl"
@@ -47,7 +48,7 @@ def test_end_to_end_bm25_vs_dense_rewrites_once_and_states_the_ratio(tmp_path):
     backends = {"bm25": Counting(BM25Retriever(tmp_path / "bm25")),
                 "dense": Counting(BM25Retriever(tmp_path / "bm25"))}
     with FakeEndpoint(lambda body: '<answer>{"query": "rewritten words"}</answer>') as fake:
-        rewrite = retrieval.chat_rewriter(chat_api.ChatAPIConfig(base_url=fake.url, model="policy"))
+        rewrite = end_to_end.chat_rewriter(chat_api.ChatAPIConfig(base_url=fake.url, model="policy"))
         out = retrieval.bench_end_to_end(queries, rewrite, backends)
     assert len(fake.requests) == 6 and backends["bm25"].asked == backends["dense"].asked == [
         ["rewritten words"] * 6]
