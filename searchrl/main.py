@@ -85,7 +85,6 @@ def sft(config: RunConfig) -> None:
     if not examples:
         raise app.UsageError(f"{type(built.env).__name__} has no reference responses for a cold start "
                              f"(config.env: {config.env}).")
-    mesh = models.mesh_of(config.mesh)
     # save_hf replaces a directory whole, so the epochs wait beside <workdir>/sft until it is written.
     out, staged = os.path.join(config.workdir, "sft"), os.path.join(config.workdir, "sft_epochs")
 
@@ -99,8 +98,7 @@ def sft(config: RunConfig) -> None:
             save(params, os.path.join(staged, f"epoch_{epoch}"))
 
     params, losses = sft_lib.fine_tune(built.model_cfg, built.policy, built.tokenizer, examples, config.sft,
-                                       mesh, models.rules_named(config.mesh.train_rules), config.mesh.attention,
-                                       on_epoch_end=at_epoch_end)
+                                       models.placement_of(config.mesh), on_epoch_end=at_epoch_end)
     save(params, out)
     if jax.process_index() == 0 and config.sft.save_epochs:
         for n in config.sft.save_epochs:

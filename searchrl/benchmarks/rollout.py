@@ -69,6 +69,7 @@ _NO_EOS = np.asarray([-2], np.int32)
 _TRAIN_RULES = models.rules_named(models.MeshConfig().train_rules)
 _SAMPLE_RULES = models.rules_named(models.MeshConfig().sample_rules)
 _ATTENTION = models.MeshConfig().attention
+_PLACEMENT = models.Placement(None, _TRAIN_RULES, _SAMPLE_RULES, _ATTENTION)
 
 
 def _generation(cfg: models.ModelConfig, batch: int, prompt_len: int, new_tokens: int, slots: int = 0,
@@ -308,7 +309,7 @@ def bench_long_tail(preset: str, episodes: int, rows: int, extend_rows: int, par
     env = LongTailEnv(SlowRetriever(bm25, latency_ms / 1000), topk=3)
     config = _long_tail_config(rows, extend_rows, parked_rows)
     engines = {schedule: RolloutEngine(cfg, tokenizer, env, dataclasses.replace(config, schedule=schedule),
-                                       rules=_SAMPLE_RULES, attention=_ATTENTION)
+                                       placement=_PLACEMENT)
                for schedule in ("continuous", "lockstep")}
     out, trajectories = _timed_engines(engines, params, examples, rounds, "long_tail")
     traj = trajectories["continuous"]  # the same episodes under either schedule
@@ -324,7 +325,7 @@ def bench_intermediate_answers(preset: str, episodes: int, rows: int, extend_row
     retriever = SlowRetriever(bm25, latency_ms / 1000)
     config = _long_tail_config(rows, extend_rows, parked_rows)
     engines = {name: RolloutEngine(cfg, tokenizer, LongTailEnv(retriever, topk=3, intermediate_answers=n),
-                                   config, rules=_SAMPLE_RULES, attention=_ATTENTION)
+                                   config, placement=_PLACEMENT)
                for name, n in (("answers", tokens), ("plain", 0))}
     out, trajectories = _timed_engines(engines, params, examples, rounds, "answers")
     traj = trajectories["answers"]
@@ -362,7 +363,7 @@ def bench_search_rollout(preset: str, batch: int, passages: int, turns: int, rol
         env = SearchEveryTurnEnv(retriever, topk=3, max_turns=turns)
         config = RolloutConfig(max_prompt_tokens=64, max_len=64 + (turns + 1) * (48 + 160), max_turn_tokens=48,
                                max_obs_tokens=160, obs_buckets=(64, 160), chunk_steps=16)
-        engine = RolloutEngine(cfg, tokenizer, env, config, rules=_SAMPLE_RULES, attention=_ATTENTION)
+        engine = RolloutEngine(cfg, tokenizer, env, config, placement=_PLACEMENT)
         batches = [[{"question": q} for q in questions[i * batch:(i + 1) * batch]] for i in range(rollouts + 1)]
         engine.warmup(params, batch)
         compiled = generate.compiled_programs()

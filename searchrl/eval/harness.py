@@ -122,8 +122,7 @@ def _check_inputs(env: Env, datasets: Mapping[str, Sequence[dict]], batch_size: 
 def evaluate_policy(model_cfg: models.ModelConfig, params, tokenizer, env: Env,
                     datasets: Mapping[str, Sequence[dict]], rollout: RolloutConfig, batch_size: int,
                     budgets: Sequence[int] | None = None, side_branch: bool = True, warmup: bool = True,
-                    spec: Report = Report(), *, rules: models.ShardingRules,
-                    attention: models.AttentionConfig, mesh: Mesh | None = None,
+                    spec: Report = Report(), *, placement: models.Placement,
                     budget_questions: int | None = None) -> dict[str, Any]:
     """Greedy evaluation of `params` on each dataset; returns `report.aggregate`'s summaries plus "meta" and
     "predictions" (the main run's question rows).
@@ -131,22 +130,22 @@ def evaluate_policy(model_cfg: models.ModelConfig, params, tokenizer, env: Env,
     rollout: its sampling is replaced by greedy decoding. budgets: extra runs at env.max_turns = b each (the
     accuracy-vs-budget curve). budget_questions: those runs roll out only each dataset's first this many
     questions (a budget run costs a whole evaluation; None: all). side_branch: run the env's side branch in
-    the main run. spec: what the task adds to the report (`searchrl.task.Report`). rules: the sampling layout
-    (`MeshConfig.sample_rules`); attention: how attention is computed (`MeshConfig.attention`). mesh: roll
-    out on it, across its processes (`rollout_rows`); batch_size is then rounded up to a multiple of its
-    data-parallel size.
+    the main run. spec: what the task adds to the report (`searchrl.task.Report`). placement: its sampling
+    layout and attention; on its mesh (if any), the rollout runs across the mesh's processes (`rollout_rows`)
+    and batch_size is rounded up to a multiple of its data-parallel size.
     """
+    mesh = placement.mesh
     budgets = sorted(set(budgets or ()))
     _check_inputs(env, datasets, batch_size, budgets, budget_questions)
     rollout = dataclasses.replace(rollout, sampling=SamplingParams(temperature=0.0))
     batch_size = mesh_batch_size(batch_size, mesh)
-    params = placed_params(model_cfg, params, mesh, rules)
+    params = placed_params(model_cfg, params, mesh, placement.sample_rules)
     examples = tagged_examples(datasets)
 
     def run(run_env: Env, with_branch: bool, desc: str, questions: list[dict[str, Any]]
             ) -> list[dict[str, Any]]:
-        engine = RolloutEngine(model_cfg, tokenizer, run_env, rollout, side_branch=with_branch, mesh=mesh,
-                               rules=rules, attention=attention)
+        engine = RolloutEngine(model_cfg, tokenizer, run_env, rollout, side_branch=with_branch,
+                               placement=placement)
         if warmup:
             mine = process_rows(batch_size, mesh)
             engine.warmup(params, mine.stop - mine.start)
@@ -215,9 +214,7 @@ def evaluate_checkpoint(config: RunConfig, checkpoint: str = "", *, step: int | 
     built = experiment.build(config, train_data=False, checkpoint=checkpoint, step=step)
     results = evaluate_policy(built.model_cfg, built.policy, built.tokenizer, built.env, data, built.rollout,
                               batch_size or config.train.batch_size, budgets, side_branch,
-                              spec=task.get(config.task).report,
-                              rules=models.rules_named(config.mesh.sample_rules),
-                              attention=config.mesh.attention, mesh=models.mesh_of(config.mesh),
+                              spec=task.get(config.task).report, placement=models.placement_of(config.mesh),
                               budget_questions=budget_questions)
     results["meta"] = {**built.source, "split": split, **results["meta"]}
     return results, built.source

@@ -12,13 +12,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from searchrl.models.config import MeshConfig
+from searchrl.models.config import AttentionConfig, MeshConfig
 
 MESH_AXES = ("data", "fsdp", "tensor")
 LOGICAL_AXES = ("batch", "length", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers")
@@ -70,6 +71,33 @@ def rules_named(name: str) -> ShardingRules:
 def mesh_of(config: MeshConfig) -> Mesh:
     """The mesh `config.mesh` asks for, over every device."""
     return make_mesh(config.data, config.fsdp, config.tensor)
+
+
+class Placement(NamedTuple):
+    """Where and how a policy computes, as a run's `config.mesh` says (`placement_of`, built once): the device
+    mesh (None: the default device, unsharded), the training and sampling layouts (`MeshConfig.train_rules`,
+    `sample_rules`) and the attention implementation of both (`MeshConfig.attention`)."""
+
+    mesh: Mesh | None
+    train_rules: ShardingRules
+    sample_rules: ShardingRules
+    attention: AttentionConfig
+
+    @classmethod
+    def default(cls, mesh: Mesh | None = None, attention: AttentionConfig = AttentionConfig()) -> Placement:
+        """The default layouts (`TRAIN_RULES`, `SAMPLE_RULES`: `MeshConfig`'s) and `attention` on `mesh`
+        (None: the default device)."""
+        return cls(mesh, TRAIN_RULES, SAMPLE_RULES, attention)
+
+    def on_one_device(self) -> Placement:
+        """The same layouts and attention on the default device alone (no mesh)."""
+        return self._replace(mesh=None)
+
+
+def placement_of(config: MeshConfig) -> Placement:
+    """The placement `config` describes, on its mesh over every device (`mesh_of`)."""
+    return Placement(mesh_of(config), rules_named(config.train_rules), rules_named(config.sample_rules),
+                     config.attention)
 
 
 def mesh_sizes(data: int, fsdp: int, tensor: int, count: int) -> tuple[int, int, int]:

@@ -139,9 +139,10 @@ def train(cfg: models.ModelConfig, params: dict, tokens: np.ndarray, loss_mask: 
 
 
 def fine_tune(cfg: models.ModelConfig, params: dict, tokenizer: Any, examples: Sequence[Segments],
-              config: SFTConfig, mesh: Mesh, rules: models.ShardingRules, attention: models.AttentionConfig,
+              config: SFTConfig, placement: models.Placement,
               on_epoch_end: Callable[[int, dict], None] | None = None) -> tuple[dict, list[float]]:
-    """`train` on `examples` as `encode` tokenises them (`config.max_len` tokens each): the params and the
-    loss per step."""
+    """`train` on `examples` as `encode` tokenises them (`config.max_len` tokens each), on the placement's
+    mesh in its training layout: the params and the loss per step."""
     tokens, loss_mask = encode(tokenizer, examples, config.max_len)
-    return train(cfg, params, tokens, loss_mask, config, mesh, rules, attention, on_epoch_end)
+    return train(cfg, params, tokens, loss_mask, config, placement.mesh, placement.train_rules,
+                 placement.attention, on_epoch_end)

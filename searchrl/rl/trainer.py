@@ -160,8 +160,9 @@ class Trainer:
         self.train_config, rl, mesh, rollout = config.train, config.rl, config.mesh, config.rollout
         self.train_examples, self.eval_examples = train_examples, list(eval_examples)
         self.workdir = workdir or config.workdir
-        self.mesh, self.mesh_config = models.mesh_of(mesh), mesh
-        self.ppo = ppo.PPOConfig.create(rl, model_cfg, models.rules_named(mesh.train_rules), mesh.attention)
+        self.placement = models.placement_of(mesh)
+        self.mesh = self.placement.mesh
+        self.ppo = ppo.PPOConfig.create(rl, model_cfg, self.placement.train_rules, self.placement.attention)
         self.batch_rows = batch_rows(self.train_config, rl)
         self.shards = shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         if self.batch_rows % shards or self.batch_rows % rl.minibatch_size:
@@ -198,9 +199,7 @@ class Trainer:
         """A rollout engine of this run (its mesh and layouts, sampling in the dtype the update scores in) with
         `settings` and `env` (default: the training engine's)."""
         return RolloutEngine(self.model_cfg, self.tokenizer, env or self.env, settings,
-                             side_branch=side_branch, mesh=self.mesh, dtype=self.ppo.rl.compute_dtype,
-                             rules=models.rules_named(self.mesh_config.sample_rules),
-                             attention=self.mesh_config.attention)
+                             side_branch=side_branch, dtype=self.ppo.rl.compute_dtype, placement=self.placement)
 
     def __enter__(self) -> Trainer:
         return self
@@ -283,8 +282,7 @@ class Trainer:
 
     def _fine_tune(self, segments: Sequence[sft.Segments], config: SFTConfig) -> tuple[dict, list[float]]:
         """`RunHandle.fine_tune`: SFT of the current policy on this run's mesh and training layout."""
-        return sft.fine_tune(self.model_cfg, self.policy, self.tokenizer, segments, config, self.mesh,
-                             self.ppo.spec.rules, self.ppo.attention)
+        return sft.fine_tune(self.model_cfg, self.policy, self.tokenizer, segments, config, self.placement)
 
     @property
     def step_count(self) -> int:

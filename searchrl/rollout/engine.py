@@ -37,7 +37,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, PartitionSpec
 
 from searchrl import models
 from searchrl.episode import Action, Env, Observation, SideBranch, Trajectory, Turn
@@ -58,20 +58,19 @@ class RolloutEngine:
     """Runs batches of multi-turn episodes of one environment with one model.
 
     `side_branch=False` skips the env's side branch (the trajectories are the same; the turns lack its
-    output). With a `mesh`, the rollout is sharded: rows data-parallel over its data and fsdp axes, heads
-    and the MLP over its tensor axis (`rules`: `MeshConfig.sample_rules`; attention computed by `attention`:
-    `MeshConfig.attention`), the KV cache created in
-    that layout, and the params moved into it once per rollout, device to device (`sampling_params`). A mesh
-    over several processes is the training mesh: each process rolls out its own rows on its block of it
-    (`models.process_mesh`). Host arrays reach the device only through explicit transfers. With a `dtype`
+    output). On the `placement`'s mesh, the rollout is sharded: rows data-parallel over its data and fsdp
+    axes, heads and the MLP over its tensor axis (its sampling layout; attention computed as its attention
+    says), the KV cache created in that layout, and the params moved into it once per rollout, device to
+    device (`sampling_params`); with no mesh, on the default device. A mesh over several processes is the
+    training mesh: each process rolls out its own rows on its block of it (`models.process_mesh`). Host arrays reach the device only through explicit transfers. With a `dtype`
     (the trainer's compute dtype), the rollout samples with the params cast to it, as the trainer scores
     them, and keeps its KV cache in it.
     """
 
     def __init__(self, cfg: models.ModelConfig, tokenizer: Any, env: Env, config: RolloutConfig,
-                 side_branch: bool = True, mesh: Mesh | None = None, dtype: str | None = None, *,
-                 rules: models.ShardingRules, attention: models.AttentionConfig):
+                 side_branch: bool = True, dtype: str | None = None, *, placement: models.Placement):
         self.cfg, self.tokenizer, self.env, self.config = cfg, tokenizer, env, config
+        mesh, rules, attention = placement.mesh, placement.sample_rules, placement.attention
         self.train_mesh, self.mesh = mesh, mesh if mesh is None else models.process_mesh(mesh)
         self.dtype, self.rules, self.attention = dtype, rules, attention
         self.eos_set = _eos_ids(tokenizer, cfg)

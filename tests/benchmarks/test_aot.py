@@ -111,8 +111,8 @@ def test_the_rollout_programs_hold_the_engines_pool_and_rows(module, parked):
     cfg, mesh = models.config_from_source(run.model), models.make_mesh(1, 8, 1)
     env = (AutoSearchEnv if module is autosearch else SearchEnv)(None, run.env)  # no retriever: not searched
     tokenizer = train_bpe_tokenizer(["search for the answer"] * 20, vocab_size=300)
-    engine = RolloutEngine(cfg, tokenizer, env, run.rollout, mesh=mesh, dtype=run.rl.compute_dtype,
-                           rules=models.rules_named(run.mesh.sample_rules), attention=run.mesh.attention)
+    engine = RolloutEngine(cfg, tokenizer, env, run.rollout, dtype=run.rl.compute_dtype,
+                           placement=models.placement_of(run.mesh)._replace(mesh=mesh))
     assert (aot.side_branch(run) is not None) == (env.side_branch is not None) == (module is autosearch)
     inputs = aot.rollout_inputs(run, cfg, mesh)
     _, _, pool, state, *_ = inputs["decode"][1]

@@ -371,7 +371,7 @@ def test_an_episode_in_the_public_mode_answers_from_the_separate_prompt(chat_tok
 
     def run(mode: str):
         env = AlwaysSearches(CountingRetriever(), dataclasses.replace(config, intermediate_answer_mode=mode))
-        engine = RolloutEngine(cfg, chat_tokenizer, env, rollout, rules=models.SAMPLE_RULES, attention=ATTENTION)
+        engine = RolloutEngine(cfg, chat_tokenizer, env, rollout, placement=models.Placement.default(attention=ATTENTION))
         return env, engine.run(params, examples, jax.random.key(0))
 
     env, traj = run(autosearch_env.PUBLIC_PROMPT)

@@ -37,10 +37,9 @@ def evaluation(root: Path, mesh: Mesh | None, batch_size: int) -> dict[str, Any]
     config, cfg, params, env, data = always_search_setup(root, tokenizer)
     rollout = rollout_config(config)
     results = harness.evaluate_policy(cfg, params, tokenizer, env, data, rollout, batch_size, budgets=[1],
-                                      spec=analysis.REPORT, rules=models.SAMPLE_RULES, attention=ATTENTION,
-                                      mesh=mesh)
-    generate = baselines.Generator(cfg, params, tokenizer, rollout, batch_size, models.SAMPLE_RULES,
-                                   ATTENTION, mesh)
+                                      spec=analysis.REPORT, placement=models.Placement.default(mesh, ATTENTION))
+    generate = baselines.Generator(cfg, params, tokenizer, rollout, batch_size,
+                                   models.Placement.default(mesh, ATTENTION))
     return {"results": results, "texts": generate(PROMPTS, (".",))}
 
 

@@ -280,7 +280,7 @@ def test_evaluate_policy_budgets_and_depth(world):
     config, cfg, params, env, data = always_search_setup(root, tokenizer)
     results = harness.evaluate_policy(cfg, params, tokenizer, env, data, rollout_config(config), batch_size=4,
                                       budgets=[2, 0, 1], spec=autosearch_analysis.REPORT,
-                                      rules=models.SAMPLE_RULES, attention=ATTENTION)
+                                      placement=models.Placement.default(attention=ATTENTION))
     sizes = {name: len(qs) for name, qs in QUESTIONS.items()}
     predictions = results["predictions"]
     assert [p["dataset"] for p in predictions] == ["world"] * 5 + ["trivia"] * 3  # padded rows dropped
@@ -313,7 +313,7 @@ def test_evaluate_policy_budgets_and_depth(world):
     # intermediate answers run on a side branch: without them the trajectories and answers are the same
     plain = harness.evaluate_policy(cfg, params, tokenizer, env, data, rollout_config(config), batch_size=4,
                                     side_branch=False, warmup=False, spec=autosearch_analysis.REPORT,
-                                    rules=models.SAMPLE_RULES, attention=ATTENTION)
+                                    placement=models.Placement.default(attention=ATTENTION))
     for field in ("response", "answer"):
         assert [p[field] for p in plain["predictions"]] == [p[field] for p in predictions]
     assert plain["depth"] is None and "depth" not in plain["predictions"][0]
@@ -382,7 +382,7 @@ def reference(world):
                                   config.data.tfds_dir)
     direct = harness.evaluate_policy(cfg, params, tokenizer, env, {"world": data["world"][:3]},
                                      rollout_config(config), batch_size=4, side_branch=False,
-                                     rules=models.SAMPLE_RULES, attention=ATTENTION)
+                                     placement=models.Placement.default(attention=ATTENTION))
     return cfg, params, config, direct["predictions"]
 
 
@@ -448,10 +448,10 @@ def test_bad_inputs_are_named(world, tmp_path):
     rollout = rollout_config(config)
     with pytest.raises(ValueError, match="'world' has no questions"):
         harness.evaluate_policy(cfg, params, tokenizer, env, {"world": []}, rollout, 4,
-                                rules=models.SAMPLE_RULES, attention=ATTENTION)
+                                placement=models.Placement.default(attention=ATTENTION))
     with pytest.raises(ValueError, match="budgets must be integers >= 0"):
         harness.evaluate_policy(cfg, params, tokenizer, env, {"w": [{}]}, rollout, 4, budgets=[-1],
-                                rules=models.SAMPLE_RULES, attention=ATTENTION)
+                                placement=models.Placement.default(attention=ATTENTION))
     with pytest.raises(ValueError, match="unknown key.*'topk_'"):
         bad = make_config(root)
         bad.env.topk_ = 3

@@ -74,8 +74,8 @@ def test_pilot_on_a_mesh_equals_one_device(world):
 
     def runs(mesh):
         return pilot.forced_depth_runs(cfg, params, tokenizer, build_env(config), data,
-                                       rollout_config(config), 4, [0, 1, 2], models.SAMPLE_RULES, ATTENTION,
-                                       mesh)
+                                       rollout_config(config), 4, [0, 1, 2],
+                                       models.Placement.default(mesh, ATTENTION))
 
     want, got = runs(None), runs(models.make_mesh(2, 2, 2))
     assert [r["searches"] for r in want[2]] == [2] * 5
@@ -92,8 +92,8 @@ def test_baselines_on_a_mesh_equal_one_device(world):
     retriever = BM25Retriever(root / "index")
 
     def results(mesh):
-        generate = baselines.Generator(cfg, params, tokenizer, rollout_config(config), 4, models.SAMPLE_RULES,
-                                       ATTENTION, mesh)
+        generate = baselines.Generator(cfg, params, tokenizer, rollout_config(config), 4,
+                                       models.Placement.default(mesh, ATTENTION))
         return baselines.evaluate_baselines(generate, retriever, data, ["direct", "rag"])
 
     want, got = results(None), results(models.make_mesh(2, 2, 2))

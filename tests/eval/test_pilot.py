@@ -135,7 +135,7 @@ def test_forced_depth_makes_exactly_k_searches(world):
     rollout = rollout_config(config)
     for depth in (0, 2):
         rows = harness.evaluate_policy(cfg, params, tokenizer, ForcedDepthEnv(env, depth), data, rollout,
-                                       batch_size=4, rules=models.SAMPLE_RULES, attention=ATTENTION)["predictions"]
+                                       batch_size=4, placement=models.Placement.default(attention=ATTENTION))["predictions"]
         assert len(rows) == 8
         for r in rows:  # a random policy rarely searches: the env makes its turns searches
             assert r["searches"] == depth and len(r["forced"]) == depth and r["finish_reason"] == "done"

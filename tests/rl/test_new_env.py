@@ -156,7 +156,7 @@ def test_the_calculator_task_adds_its_own_tables_to_an_evaluation(tmp_path):
                             obs_buckets=(8,), chunk_steps=8)
     results = harness.evaluate_policy(cfg, models.init_params(cfg, jax.random.key(0)), tokenizer, env,
                                       {"sums": examples}, rollout, batch_size=8, spec=spec,
-                                      rules=models.SAMPLE_RULES, attention=ATTENTION)
+                                      placement=models.Placement.default(attention=ATTENTION))
     assert "b" not in results["table"][0]  # a label of the question, not a metric
     assert [(r["b"], r["n"]) for r in results["by"]["b"]] == [(2, 4), (5, 3), (7, 1)]
     calls = {r["calls"]: r["questions"] for r in results["calls"]}

@@ -99,8 +99,8 @@ def make_engine(model, tokenizer, env, side_branch=True, mesh=None, dtype=None, 
     cfg, _ = model
     config = RolloutConfig(max_prompt_tokens=16, max_len=96, max_turn_tokens=6, max_obs_tokens=24,
                            obs_buckets=(8, 16, 32), chunk_steps=4, sampling=SamplingParams(temperature=1.0))
-    return RolloutEngine(cfg, tokenizer, env, dataclasses.replace(config, **overrides), side_branch, mesh,
-                         dtype, rules=models.SAMPLE_RULES, attention=ATTENTION)
+    return RolloutEngine(cfg, tokenizer, env, dataclasses.replace(config, **overrides), side_branch, dtype,
+                         placement=models.Placement.default(mesh, ATTENTION))
 
 
 EXAMPLES = [{"q": w} for w in WORDS[:6]]

@@ -54,7 +54,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 from absl import flags
-from jax.sharding import Mesh
 
 from searchrl import cli, distributed, experiment, models, run_config, task
 from searchrl.episode import Action, Env
@@ -123,17 +122,16 @@ def fit_prompt(tokenizer: Any, text: str, max_tokens: int) -> str:
 class Generator:
     """`Generate` with the rollout engine: greedy, prompts rendered (`chat.render`) and fitted to
     `rollout.max_prompt_tokens`, in batches of exactly `batch_size`; one engine per set of stop strings.
-    With a `mesh`, on it and across its processes as the evaluation harness rolls out (`harness.rollout_rows`:
-    each process its rows of every batch, every process gets all texts); batch_size is then rounded up to a
-    multiple of its data-parallel size."""
+    On the `placement`'s mesh (if any), across its processes as the evaluation harness rolls out
+    (`harness.rollout_rows`: each process its rows of every batch, every process gets all texts); batch_size
+    is then rounded up to a multiple of its data-parallel size."""
 
     def __init__(self, model_cfg: models.ModelConfig, params, tokenizer: Any, rollout: RolloutConfig,
-                 batch_size: int, rules: models.ShardingRules, attention: models.AttentionConfig,
-                 mesh: Mesh | None = None):
-        self.model_cfg, self.tokenizer, self.mesh = model_cfg, tokenizer, mesh
-        self.batch_size = harness.mesh_batch_size(batch_size, mesh)
-        self.rules, self.attention = rules, attention
-        self.params = harness.placed_params(model_cfg, params, mesh, rules)
+                 batch_size: int, placement: models.Placement):
+        self.model_cfg, self.tokenizer, self.placement = model_cfg, tokenizer, placement
+        self.mesh = placement.mesh
+        self.batch_size = harness.mesh_batch_size(batch_size, self.mesh)
+        self.params = harness.placed_params(model_cfg, params, self.mesh, placement.sample_rules)
         self.rollout = dataclasses.replace(
             rollout, max_len=rollout.max_prompt_tokens + rollout.max_turn_tokens,
             sampling=SamplingParams(temperature=0.0))
@@ -144,7 +142,7 @@ class Generator:
         if stops not in self.engines:
             env = PromptEnv(stops)
             self.engines[stops] = RolloutEngine(self.model_cfg, self.tokenizer, env, self.rollout,
-                                                mesh=self.mesh, rules=self.rules, attention=self.attention)
+                                                placement=self.placement)
         return self.engines[stops]
 
     def __call__(self, prompts: Sequence[chat.Prompt], stops: tuple[str, ...] = ()) -> list[str]:
@@ -358,8 +356,7 @@ def evaluate_baselines_checkpoint(config: RunConfig, checkpoint: str = "", *,
     built = experiment.build(config, train_data=False, checkpoint=checkpoint, step=step)
     retriever = getattr(built.env, "retriever", None) or make_retriever(config.retrieval)
     generate = Generator(built.model_cfg, built.policy, built.tokenizer, built.rollout,
-                         batch_size or config.train.batch_size, models.rules_named(config.mesh.sample_rules),
-                         config.mesh.attention, models.mesh_of(config.mesh))
+                         batch_size or config.train.batch_size, models.placement_of(config.mesh))
     options = Options(topk=getattr(config.env, "topk", Options.topk), chat=use_chat, thinking=thinking)
     check_thinking(built.tokenizer, options)
     results = evaluate_baselines(generate, retriever, data, methods, options)

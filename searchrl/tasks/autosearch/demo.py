@@ -135,11 +135,11 @@ def cold_start(config: RunConfig, built: experiment.Experiment) -> tuple[Any, di
                                    built.env.config.answer_prompt)
     stages = (("prefixes", scripted.turn_prefixes(segments, 2), demo.prefix_sft),
               ("trajectories", segments + early, config.sft))
-    mesh = models.mesh_of(config.mesh)
+    placement = models.placement_of(config.mesh)
     policy, losses = built.policy, {}
     for stage, examples, sft_config in stages:
-        policy, stage_losses = sft.fine_tune(built.model_cfg, policy, built.tokenizer, examples, sft_config, mesh,
-                                             models.rules_named(config.mesh.train_rules), config.mesh.attention)
+        policy, stage_losses = sft.fine_tune(built.model_cfg, policy, built.tokenizer, examples, sft_config,
+                                             placement)
         losses[stage] = [stage_losses[0], stage_losses[-1]]
         print(f"seed {config.seed}: SFT on {stage}: loss {stage_losses[0]:.3f} -> {stage_losses[-1]:.3f}")
     return policy, losses
@@ -164,8 +164,7 @@ def run_seed(config: RunConfig) -> dict[str, Any]:
         results = harness.evaluate_policy(
             built.model_cfg, params, built.tokenizer, built.env, test, built.rollout, config.train.batch_size,
             budgets=list(demo.budgets), spec=analysis.REPORT,
-            rules=models.rules_named(config.mesh.sample_rules), attention=config.mesh.attention,
-            budget_questions=demo.budget_questions)
+            placement=models.placement_of(config.mesh).on_one_device(), budget_questions=demo.budget_questions)
         report.write_report(results, out_dir, analysis.REPORT)
         return summarize(results)
 

@@ -20,7 +20,6 @@ from typing import Any, Mapping, Sequence
 
 import jax
 from absl import flags
-from jax.sharding import Mesh
 
 from searchrl import cli, distributed, experiment, models, run_config
 from searchrl.eval import harness, report, selection
@@ -47,14 +46,13 @@ def at_depth(row: Mapping[str, Any], k: int) -> dict[str, Any]:
 
 def forced_depth_runs(model_cfg: models.ModelConfig, params, tokenizer, env: AutoSearchEnv,
                       datasets: Mapping[str, Sequence[dict]], rollout: RolloutConfig, batch_size: int,
-                      depths: Sequence[int], rules: models.ShardingRules, attention: models.AttentionConfig,
-                      mesh: Mesh | None = None) -> dict[int, Rows]:
-    """The pilot rows at each forced depth: one greedy evaluation (`harness.evaluate_policy`, on `mesh` when
-    given) at depth 0 and one at the deepest depth, whose intermediate answers give every depth in between."""
+                      depths: Sequence[int], placement: models.Placement) -> dict[int, Rows]:
+    """The pilot rows at each forced depth: one greedy evaluation (`harness.evaluate_policy`, on the
+    placement's mesh if any) at depth 0 and one at the deepest depth, whose intermediate answers give every
+    depth in between."""
     def run(depth: int) -> Rows:
         return harness.evaluate_policy(model_cfg, params, tokenizer, ForcedDepthEnv(env, depth), datasets,
-                                       rollout, batch_size, rules=rules, attention=attention,
-                                       mesh=mesh)["predictions"]
+                                       rollout, batch_size, placement=placement)["predictions"]
 
     depths = sorted(set(depths))
     shallow = run(0) if depths[0] == 0 else []
@@ -98,15 +96,14 @@ def run_pilot(config: RunConfig, checkpoints: Sequence[str], depths: Sequence[in
     depth}."""
     data, split = harness.load_eval_data(config, datasets, split, limit)
     depths = sorted(set(depths)) or list(range(config.env.max_turns + 1))
-    summaries, predictions, mesh = [], [], models.mesh_of(config.mesh)
+    summaries, predictions, placement = [], [], models.placement_of(config.mesh)
     for label, checkpoint in zip(model_labels(checkpoints), checkpoints):
         built = experiment.build(config, train_data=False, checkpoint=checkpoint)
         if not isinstance(built.env, AutoSearchEnv):
             raise ValueError(f"The pilot forces the searches of the autosearch env; config.env.name is "
                              f"{config.task!r}.")
         runs = forced_depth_runs(built.model_cfg, built.policy, built.tokenizer, built.env, data,
-                                 built.rollout, batch_size or config.train.batch_size, depths,
-                                 models.rules_named(config.mesh.sample_rules), config.mesh.attention, mesh)
+                                 built.rollout, batch_size or config.train.batch_size, depths, placement)
         summaries.append(model_summary(label, runs) | {"source": built.source})
         predictions += [{"model": label, "forced_depth": k, **row}
                         for k, rows in runs.items() for row in rows]

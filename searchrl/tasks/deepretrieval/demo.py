@@ -89,17 +89,15 @@ def run_seed(config: RunConfig) -> dict[str, Any]:
     built = experiment.build(config)
     test = datasets.load_examples(config.data.dir, DATASET, "test", config.data.format, config.data.tfds_dir)
     examples = cold_start_examples(world, built, demo.sft_samples, config.seed)
-    mesh = models.mesh_of(config.mesh)
-    policy, losses = sft.fine_tune(built.model_cfg, built.policy, built.tokenizer, examples, config.sft, mesh,
-                                   models.rules_named(config.mesh.train_rules), config.mesh.attention)
+    placement = models.placement_of(config.mesh)
+    policy, losses = sft.fine_tune(built.model_cfg, built.policy, built.tokenizer, examples, config.sft, placement)
     print(f"seed {config.seed}: SFT loss {losses[0]:.3f} -> {losses[-1]:.3f} "
           f"({time.perf_counter() - start:.0f}s)")
 
     def evaluate(params, name):
         results = harness.evaluate_policy(built.model_cfg, params, built.tokenizer, built.env, test,
                                           built.rollout, config.train.batch_size, spec=analysis.REPORT,
-                                          rules=models.rules_named(config.mesh.sample_rules),
-                                          attention=config.mesh.attention)
+                                          placement=placement.on_one_device())
         report.write_report(results, os.path.join(config.workdir, f"eval_{name}"), analysis.REPORT)
         return held_out_metrics(results)
 

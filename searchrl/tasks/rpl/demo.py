@@ -185,11 +185,11 @@ def cold_start(configs: Sequence[RunConfig], prefix_tasks: Sequence[Mapping[str,
               ("trajectories", [s for b in built
                                 for s in scripted_trajectories(b.train_examples, b.env, b.tokenizer, demo)],
                configs[0].sft))
-    mesh = models.mesh_of(configs[0].mesh)
+    placement = models.placement_of(configs[0].mesh)
     policy = built[0].policy
     for stage, segments, sft_config in stages:
-        policy, losses = sft.fine_tune(built[0].model_cfg, policy, built[0].tokenizer, segments, sft_config, mesh,
-                                       models.rules_named(configs[0].mesh.train_rules), configs[0].mesh.attention)
+        policy, losses = sft.fine_tune(built[0].model_cfg, policy, built[0].tokenizer, segments, sft_config,
+                                       placement)
         print(f"cold start on {len(segments)} {stage}: SFT loss {losses[0]:.3f} -> "
               f"{losses[-1]:.3f}")
     return built, policy
@@ -201,8 +201,7 @@ def held_out(config: RunConfig, built: experiment.Experiment, params: dict,
     the share of episodes calling each SDK function."""
     results = harness.evaluate_policy(built.model_cfg, params, built.tokenizer, built.env, test,
                                       built.rollout, config.train.batch_size, spec=analysis.REPORT,
-                                      rules=models.rules_named(config.mesh.sample_rules),
-                                      attention=config.mesh.attention)
+                                      placement=models.placement_of(config.mesh).on_one_device())
     report.write_report(results, os.path.join(config.workdir, f"eval_{name}"), analysis.REPORT)
     row = next(r for r in results["table"] if r["dataset"] == DATASET)
     return {m: row[m] for m in METRICS} | {k: v for k, v in row.items() if k.startswith("uses_")}
