@@ -330,8 +330,8 @@ def test_budget_runs_roll_out_the_first_questions(world, monkeypatch):
 
     question_rows = harness.question_rows
     monkeypatch.setattr(harness, "question_rows", counting_question_rows)
-    common = dict(side_branch=False, warmup=False, spec=autosearch_analysis.REPORT, rules=models.SAMPLE_RULES,
-                  attention=ATTENTION)
+    common = dict(side_branch=False, warmup=False, spec=autosearch_analysis.REPORT,
+                  placement=models.Placement.default(attention=ATTENTION))
     results = harness.evaluate_policy(cfg, params, tokenizer, env, data, rollout, batch_size=4,
                                       budgets=[0, 2], budget_questions=2, **common)
     first = {name: records[:2] for name, records in data.items()}
