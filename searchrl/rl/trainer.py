@@ -19,9 +19,11 @@ naming the first. Each checkpoint records the run's `fingerprint`, the config va
 and its state; resuming under other values is an error naming them, unless `config.resume` is "force" (then
 the run resumes, and a checkpoint of another state structure restores the arrays that still fit).
 
-A step whose rewards, losses or gradients are non-finite is skipped (`ppo.learn` applies no such value; the
-metrics train/nonfinite and train/nonfinite_in_a_row count them); `train.max_nonfinite_steps` such steps
-in a row stop the run with NonFiniteError. A non-finite state is never saved.
+A step whose rewards, losses, gradients or new params are non-finite is skipped (`ppo.learn` applies no such
+value; the metrics train/nonfinite and train/nonfinite_in_a_row count them); `train.max_nonfinite_steps`
+such steps in a row stop the run with NonFiniteError. A non-finite state is never saved.
+
+A run always ends with a checkpoint: every `train.checkpoint_every` steps and the last.
 """
 from __future__ import annotations
 
@@ -357,7 +359,7 @@ class Trainer:
                     evaluation = {f"eval/{k}": v for k, v in self.evaluate().items()}
                     self.writer.write(step, evaluation)
                     metrics |= evaluation
-                if train.checkpoint_every and (step % train.checkpoint_every == 0 or step == total):
+                if step % train.checkpoint_every == 0 or step == total:
                     self.save()
                 bar.update(1)
                 bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}",

@@ -119,6 +119,21 @@ def test_a_nonfinite_loss_stops_the_update_at_its_minibatch():
     assert test_ppo.max_abs_diff(test_ppo.host(state.policy), test_ppo.host(first_only.policy)) < 1e-6
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+def test_a_step_to_nonfinite_params_from_finite_gradients_is_not_applied():
+    """Issue 67: `lr=nan` once applied a NaN update with train/nonfinite 0, the guard reading the losses and
+    gradients only. A NaN rate is now refused by the config (tests/app/test_run_config.py); a rate finite in
+    Python that overflows float32 (1e39) makes the same update, and the new params are checked too."""
+    config = test_ppo.rl_config(use_critic=False, ppo_epochs=1, shuffle=False, actor__lr=1e39)
+    start = test_ppo.host(test_ppo.new_state(config, test_ppo.ONE))
+    state, metrics = _update(config, test_ppo.make_batch(config, test_ppo.make_data(3)))
+    assert bool(ppo.all_finite(state))  # the first of its two minibatches once made the params infinite
+    assert float(metrics["train/nonfinite"]) == 1.0 and np.isfinite(float(metrics["actor/grad_norm"]))
+    jax.tree.map(np.testing.assert_array_equal, test_ppo.host(state.policy), start.policy)
+    with pytest.raises(ValueError, match=r"lr=nan is out of range: allowed \[0, inf\)"):
+        test_ppo.rl_config(actor__lr=float("nan"))
+
+
 def test_the_critic_steps_before_a_nonfinite_actor_loss_of_its_minibatch():
     """The critic takes its step before the actor's gradients are made (`ppo._minibatch_step`): an actor loss
     that is non-finite in the second minibatch skips the actor's step there, not the critic's, whose loss

@@ -53,7 +53,7 @@ def make_config(workdir, **rl):
     config = run_config.experiment_config("search_r1")
     config.workdir = str(workdir)
     config.train.batch_size = 16
-    config.train.checkpoint_every = 0
+    config.train.checkpoint_every = 1000  # and the last step of each `train` call
     config.train.async_checkpoints = False
     config.rollout.update(dict(max_prompt_tokens=8, max_len=24, max_turn_tokens=8, max_obs_tokens=8,
                                obs_buckets=(8,), chunk_steps=8))
@@ -97,6 +97,7 @@ def test_resume_is_exact(tmp_path, tokenizer):
     straight = make_trainer(make_config(tmp_path / "a"), tokenizer)
     straight.train(4)
     straight.close()
+    assert straight.checkpointer.all_steps() == [4]  # checkpoint_every=1000: a run still ends with one
 
     config = make_config(tmp_path / "b")
     config.train.checkpoint_every = 2
