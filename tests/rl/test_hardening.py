@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import shutil
+import time
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ import pytest
 from searchrl import checkpoint, models
 from searchrl.metric_writer import MetricWriter, read_metrics
 from searchrl.rl import losses, ppo
+from searchrl.rl import trainer as trainer_lib
 from searchrl.rl.trainer import NonFiniteError
 from tests.rl import test_ppo
 from tests.rl.test_trainer import LowTokensEnv, make_config, make_trainer, tokenizer  # noqa: F401 (fixture)
@@ -237,19 +239,40 @@ def two_steps(tmp_path):
     return tmp_path / "ckpt"
 
 
-def test_checksums_are_written_once_the_async_save_finished(tmp_path):
+def test_a_step_is_sealed_the_moment_it_is_listed(tmp_path):
+    """Issue 67: checksums were written when the next save started, so a run killed after a save restored
+    its newest step unverified. A step's checksums are now in its directory before orbax renames it into
+    place: caught the moment it appears, mid-way through an asynchronous save, it verifies."""
     ckpt = checkpoint.Checkpointer(tmp_path, async_save=True)
     ckpt.save(1, small_state(1), model=CFG)
-    ckpt.save(2, small_state(2), model=CFG)  # waits for step 1's save, then checksums it
+    for _ in range(10_000):  # no wait: watch the directory while the save runs in the background
+        if (tmp_path / "1").is_dir():
+            break
+        time.sleep(0.001)
+    assert (tmp_path / "1" / checkpoint.CHECKSUMS).is_file()
     assert checkpoint.checksum_problems(tmp_path / "1", ("", "state", "meta")) == []
     ckpt.close()
-    sums = json.loads((tmp_path / "2" / checkpoint.CHECKSUMS).read_text())["sha256"]
-    assert {"_CHECKPOINT_METADATA", "meta/metadata", "state/_METADATA"} <= set(sums)
-    assert not any(name.startswith(checkpoint.CHECKSUMS) for name in sums)
+    sums = json.loads((tmp_path / "1" / checkpoint.CHECKSUMS).read_text())["sha256"]
+    assert {"meta/metadata", "state/_METADATA"} <= set(sums)
+    assert not set(sums) & {checkpoint.CHECKSUMS, *checkpoint.COMMIT_RECORDS}  # orbax rewrites those later
     with checkpoint.Checkpointer(tmp_path) as reopened:
-        restored, record = reopened.restore(abstract(small_state(2)))
-    jax.tree.map(np.testing.assert_array_equal, restored, small_state(2))
-    assert checkpoint.checksum_problems(tmp_path / "2", ("", "state", "meta")) == []
+        restored, record = reopened.restore(abstract(small_state(1)))
+    jax.tree.map(np.testing.assert_array_equal, restored, small_state(1))
+
+
+def test_a_state_the_caller_refuses_falls_back_to_the_previous_step(tmp_path, caplog):
+    """A step whose bytes restore as a non-finite state (which the trainer never saves) is damaged, whatever
+    its checksums say: the trainer's `validate` sets it aside and resumes from the step before it."""
+    with checkpoint.Checkpointer(tmp_path) as ckpt:
+        ckpt.save(1, small_state(1), model=CFG, record={"data_position": 1})
+        broken = {**small_state(2), "w": jnp.full((64, 32), jnp.nan)}
+        ckpt.save(2, broken, model=CFG, record={"data_position": 2})
+    with checkpoint.Checkpointer(tmp_path) as ckpt, caplog.at_level(logging.WARNING, "searchrl.checkpoint"):
+        restored, record = ckpt.restore(abstract(small_state(1)), validate=trainer_lib._not_finite)
+        assert record["data_position"] == 1 and ckpt.all_steps() == [1]
+    jax.tree.map(np.testing.assert_array_equal, restored, small_state(1))
+    assert "checkpoint step 2" in caplog.text and "not all finite" in caplog.text
+    assert (tmp_path / "2.corrupt").is_dir()
 
 
 @pytest.mark.parametrize("corrupt", [truncate, garbage_metadata, empty_state_dir, flip_64_bytes])

@@ -14,11 +14,15 @@ from searchrl.rl import trainer as trainer_lib
 from searchrl.text.tokenizer import train_bpe_tokenizer
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
+def toy_tokenizer():
     rng = np.random.default_rng(0)
     words = "red green blue cyan magenta yellow black white".split()
     return train_bpe_tokenizer([" ".join(rng.choice(words, 10)) for _ in range(200)], vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return toy_tokenizer()
 
 
 @dataclasses.dataclass
