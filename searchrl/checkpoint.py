@@ -27,7 +27,9 @@ array whose name and shape match (cast to the target's dtype), the rest from `ma
 
 Export accepts a checkpoint dir or the run workdir holding `checkpoints/` (as `searchrl.eval` does), refuses a
 non-empty --out unless --overwrite, and writes the run's tokenizer beside the weights (the one the checkpoint
-records, or --tokenizer), so the result loads in transformers and vLLM as it is.
+records, or --tokenizer), so the result loads in transformers and vLLM as it is. An --out that is the run
+(its workdir, or the checkpoint dir when it is in none), inside it or above it is always refused: replacing it
+would delete what the export reads, and the run's metrics and logs with it.
 """
 from __future__ import annotations
 
@@ -422,10 +424,25 @@ def steps_dir(path: str | os.PathLike) -> Path | None:
     return None
 
 
-def check_out_dir(out_dir: str | os.PathLike, overwrite: bool) -> None:
+def run_dir(steps: Path) -> Path:
+    """The run a checkpoint dir belongs to: the trainer's workdir when it is one's `checkpoints/`, else the
+    checkpoint dir itself."""
+    steps = steps.resolve()
+    return steps.parent if steps.name == "checkpoints" else steps
+
+
+def check_out_dir(out_dir: str | os.PathLike, overwrite: bool, source: str | os.PathLike | None = None
+                  ) -> None:
     """Raises FileExistsError when `out_dir` is a non-empty directory (or a file) and `overwrite` is off:
-    an export replaces its output directory whole, and must never delete what a user keeps there."""
+    an export replaces its output directory whole, and must never delete what a user keeps there. Raises
+    ValueError, overwrite or not, when `out_dir` is `source` (the run exported), inside it or above it."""
     out = Path(out_dir)
+    if source is not None:
+        run, target = Path(source).resolve(), out.resolve()
+        if target == run or run in target.parents or target in run.parents:
+            where = "is" if target == run else "is inside" if run in target.parents else "holds"
+            raise ValueError(f"--out {out} {where} the run it exports ({run}): writing there would replace "
+                             "the checkpoints it reads; choose an --out outside it.")
     if overwrite or not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return
     raise FileExistsError(f"{out} exists and is not an empty directory; pass --overwrite to replace it.")
@@ -438,13 +455,13 @@ def export_hf(checkpoint_dir: str | os.PathLike, step: int | None, out_dir: str 
     of `tokenizer_dir` (default: the one the checkpoint records, if any); returns (step, tokenizer dir or None).
 
     `checkpoint_dir` is a checkpoint dir or a run workdir; the model config comes from the checkpoint's record
-    unless given. A non-empty `out_dir` is refused unless `overwrite`.
+    unless given. A non-empty `out_dir` is refused unless `overwrite`, one that overlaps the run always.
     """
     directory = steps_dir(checkpoint_dir)
     if directory is None:
         raise FileNotFoundError(f"{str(checkpoint_dir)!r} is not a searchrl checkpoint directory (<step>/ "
                                 "subdirectories) or a run workdir with checkpoints/.")
-    check_out_dir(out_dir, overwrite)
+    check_out_dir(out_dir, overwrite, source=run_dir(directory))
     with Checkpointer(directory, max_to_keep=None, read_only=True) as checkpointer:
         step = checkpointer._resolve(step)
         record = checkpointer.record(step)
@@ -481,7 +498,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         exported, tokenizer_dir = export_hf(checkpoint.value, step.value, out.value,
                                             tokenizer_dir=tokenizer.value, overwrite=overwrite.value)
-    except (FileExistsError, FileNotFoundError) as error:
+    except (FileExistsError, FileNotFoundError, ValueError) as error:
         cli.fail(str(error))
     note = f"with the tokenizer of {tokenizer_dir}" if tokenizer_dir else "without a tokenizer (pass --tokenizer)"
     print(f"exported step {exported} of {checkpoint.value} to {out.value} {note}")
