@@ -51,7 +51,6 @@ from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
-from orbax.checkpoint._src.path import atomicity
 
 from searchrl import cli, models
 
@@ -204,7 +203,7 @@ def _listed(problems: Sequence[str], limit: int = 5) -> str:
     return "; ".join(problems[:limit]) + more
 
 
-class _SealedStep(atomicity.AtomicRenameTemporaryPath):
+class _SealedStep(ocp.path.atomicity.AtomicRenameTemporaryPath):
     """orbax's atomic rename, with the step's checksums written into its temporary directory first (process
     0): the step appears complete and sealed at once. The items' own temporary directories (`state`, `meta`),
     renamed before the step's, are written the same way as orbax's."""
