@@ -280,7 +280,8 @@ def _tiny(config):
     config.rl.update(dict(compute_dtype="float32", remat=False, minibatch_size=8, micro_batch_size=8))
     config.rl.actor.lr = config.rl.critic.lr = 1e-4
     config.rollout.update(dict(max_prompt_tokens=512, max_turn_tokens=24, max_len=512 + 24, chunk_steps=8))
-    config.train.update(dict(steps=2, batch_size=8, checkpoint_every=0, eval_every=0,
+    # a checkpoint every 100 steps and at the last (a miniature's workdir starts over: it never resumes one)
+    config.train.update(dict(steps=2, batch_size=8, checkpoint_every=100, eval_every=0,
                              async_checkpoints=False))
     config.mesh.update(dict(data=-1, fsdp=1, tensor=1))
     return config

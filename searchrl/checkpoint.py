@@ -9,12 +9,14 @@ previous checkpoints intact and the partial one is never listed (and is removed 
 `Checkpointer` opens the directory). Saves are asynchronous: the arrays are copied to host, then written in
 the background; call `wait_until_finished` (or `close`) before exiting.
 
-Once a save has finished, `<step>/checksums.json` records the sha256 of each of its files (written when the
-next save starts, or by `wait_until_finished` / `close`; atomically). Restores verify them. Restoring the
-latest step falls back to the newest intact one, with a logged warning, when newer ones are corrupt (changed
-or missing files) or fail to restore; a writable Checkpointer renames those `<step>.corrupt` (kept for
-inspection, no longer listed) so that the run can save those steps again. A step without checksums (saved
-before they existed, or by a run that crashed before writing them) restores unverified, with a warning.
+A step is sealed as it completes: `<step>/checksums.json`, the sha256 of each of its files, is written into
+the temporary directory before orbax renames it into place (`_SealedStep`), so a step that is listed is a
+step that can be verified, whenever the process that saved it was killed. Restores verify them. Restoring
+the latest step falls back to the newest intact one, with a logged warning, when newer ones are corrupt
+(changed or missing files), fail to restore or are refused by the caller's `validate`; a writable
+Checkpointer renames those `<step>.corrupt` (kept for inspection, no longer listed) so that the run can save
+those steps again. A step without checksums (saved before steps were sealed) restores unverified, with a
+warning.
 
 A step saved under another state structure, other shapes or other dtypes (another model, critic or reference
 on or off, another compute dtype) is not corrupt: restoring it raises CheckpointMismatchError naming the
@@ -25,10 +27,13 @@ array whose name and shape match (cast to the target's dtype), the rest from `ma
 
 Export accepts a checkpoint dir or the run workdir holding `checkpoints/` (as `searchrl.eval` does), refuses a
 non-empty --out unless --overwrite, and writes the run's tokenizer beside the weights (the one the checkpoint
-records, or --tokenizer), so the result loads in transformers and vLLM as it is.
+records, or --tokenizer), so the result loads in transformers and vLLM as it is. An --out that is the run
+(its workdir, or the checkpoint dir when it is in none), inside it or above it is always refused: replacing it
+would delete what the export reads, and the run's metrics and logs with it.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import hashlib
@@ -54,6 +59,8 @@ MODEL_CONFIG = "model_config"  # key of the ModelConfig in the JSON record
 TOKENIZER = "tokenizer"  # key of the run's tokenizer directory (absolute) in the JSON record
 CRITIC_DIR = "critic"  # an export's critic, beside the policy's files
 CHECKSUMS = "checksums.json"  # in each step directory: {"sha256": {relative path: hex digest}}
+# orbax's own records of a step's commit, rewritten as it renames the step into place (after the seal)
+COMMIT_RECORDS = ("_CHECKPOINT_METADATA", "commit_success.txt")
 CORRUPT = ".corrupt"  # suffix of a step directory set aside as unusable
 PARTIAL = ".orbax-checkpoint-tmp-"  # in the name of a step directory orbax has not finished writing
 
@@ -120,8 +127,9 @@ def _sha256(path: Path) -> str:
 
 
 def write_checksums(step_dir: Path) -> None:
-    """Writes `step_dir`/checksums.json, the sha256 of each file under `step_dir`, atomically."""
-    own = {step_dir / CHECKSUMS, step_dir / f"{CHECKSUMS}.tmp"}
+    """Writes `step_dir`/checksums.json, the sha256 of each file under `step_dir` but orbax's commit records
+    (`COMMIT_RECORDS`), atomically."""
+    own = {step_dir / name for name in (CHECKSUMS, f"{CHECKSUMS}.tmp", *COMMIT_RECORDS)}
     files = sorted(p for p in step_dir.rglob("*") if p.is_file() and p not in own)
     sums = {p.relative_to(step_dir).as_posix(): _sha256(p) for p in files}
     tmp = step_dir / f"{CHECKSUMS}.tmp"
@@ -196,6 +204,18 @@ def _listed(problems: Sequence[str], limit: int = 5) -> str:
     return "; ".join(problems[:limit]) + more
 
 
+class _SealedStep(ocp.path.atomicity.AtomicRenameTemporaryPath):
+    """orbax's atomic rename, with the step's checksums written into its temporary directory first (process
+    0): the step appears complete and sealed at once. The items' own temporary directories (`state`, `meta`),
+    renamed before the step's, are written the same way as orbax's."""
+
+    async def finalize(self):
+        step_dir = Path(self.get())
+        if Path(self.get_final()).name.isdigit() and jax.process_index() == 0:
+            await asyncio.to_thread(write_checksums, step_dir)
+        await super().finalize()
+
+
 def _remove_partial_saves(directory: Path) -> None:
     """Deletes the step directories a crash left half-written (process 0; orbax never lists them)."""
     if jax.process_index() != 0 or not directory.is_dir():
@@ -216,27 +236,23 @@ class Checkpointer:
                  read_only: bool = False):
         """`read_only`: only restore (export, evaluation next to a running trainer): no saves, no cleanup."""
         options = _read_only_options() if read_only else ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, enable_async_checkpointing=async_save)
+            max_to_keep=max_to_keep, enable_async_checkpointing=async_save, temporary_path_class=_SealedStep)
         self.directory = Path(directory).absolute()
-        self._read_only, self._async = read_only, async_save and not read_only
+        self._read_only = read_only
         if not read_only:
             _remove_partial_saves(self.directory)
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=(STATE, META))
-        self._unsealed: list[int] = []  # saved steps without checksums yet
 
     def save(self, step: int, state: Any, *, model: models.ModelConfig,
              record: Mapping[str, Any] | None = None) -> None:
-        """Starts writing `state` and the JSON `record` (+ the model config) as checkpoint `step`."""
-        self._seal()
+        """Starts writing `state` and the JSON `record` (+ the model config) as checkpoint `step` (sealed with
+        its checksums as it completes)."""
         meta = {**_jsonable(dict(record or {})), MODEL_CONFIG: model_config_to_json(model)}
-        if self._manager.save(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(state),
-                                                               META: ocp.args.JsonSave(meta)})):
-            self._unsealed.append(step)
-        if not self._async:
-            self._seal()
+        self._manager.save(step, args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(state),
+                                                            META: ocp.args.JsonSave(meta)}))
 
-    def restore(self, target: Any, step: int | None = None, *, fallback: Callable[[], Any] | None = None
-                ) -> tuple[Any, dict]:
+    def restore(self, target: Any, step: int | None = None, *, fallback: Callable[[], Any] | None = None,
+                validate: Callable[[Any], str | None] | None = None) -> tuple[Any, dict]:
         """(state, record) of `step` (default: the newest usable step), with arrays placed as `target`'s
         shardings say; see the module docstring for corrupt steps.
 
@@ -244,13 +260,15 @@ class Checkpointer:
         that saved it. A given `step` that is corrupt raises CorruptCheckpointError. A step saved under other
         array names, shapes or dtypes raises CheckpointMismatchError, unless `fallback` is given (it makes a
         state like `target`, called only then): the arrays that match are restored, the others taken from it.
+        `validate(state)` says why a restored state is unusable (None: it is usable), e.g. arrays that are
+        not finite where only finite states are saved: such a step is corrupt.
         """
         if step is not None:
-            return self._restore_step(target, self._resolve(step), fallback)
+            return self._restore_step(target, self._resolve(step), fallback, validate)
         failed: list[tuple[int, Exception]] = []
         for candidate in reversed(self.all_steps()):
             try:
-                restored = self._restore_step(target, candidate, fallback)
+                restored = self._restore_step(target, candidate, fallback, validate)
             except CheckpointMismatchError:
                 raise
             except Exception as error:  # orbax and tensorstore raise many types for unreadable files
@@ -265,8 +283,14 @@ class Checkpointer:
         reasons = "; ".join(f"step {bad}: {error}" for bad, error in failed)
         raise CorruptCheckpointError(f"no usable checkpoint in {self.directory}: {reasons}") from failed[0][1]
 
-    def _restore_step(self, target: Any, step: int, fallback: Callable[[], Any] | None = None
-                      ) -> tuple[Any, dict]:
+    def _restore_step(self, target: Any, step: int, fallback: Callable[[], Any] | None = None,
+                      validate: Callable[[Any], str | None] | None = None) -> tuple[Any, dict]:
+        state, record = self._read_step(target, step, fallback)
+        if validate is not None and (problem := validate(state)):
+            raise CorruptCheckpointError(f"checkpoint step {step} in {self.directory} is corrupt: {problem}")
+        return state, record
+
+    def _read_step(self, target: Any, step: int, fallback: Callable[[], Any] | None) -> tuple[Any, dict]:
         self._verify(step, ("", STATE, META))
         saved = array_specs(self._state_metadata(step))
         if problems := state_mismatch(saved, array_specs(target)):
@@ -350,12 +374,11 @@ class Checkpointer:
         return sorted(self._manager.all_steps())
 
     def wait_until_finished(self) -> None:
-        """Waits for the save in flight and writes its checksums."""
-        self._seal()
+        """Waits for the save in flight (sealed as it completes)."""
+        self._manager.wait_until_finished()
 
     def close(self) -> None:
-        """Waits for pending saves and writes their checksums, then releases the manager."""
-        self._seal()
+        """Waits for pending saves, then releases the manager."""
         self._manager.close()
 
     def __enter__(self) -> Checkpointer:
@@ -366,16 +389,6 @@ class Checkpointer:
 
     def _step_dir(self, step: int) -> Path:
         return self.directory / str(step)
-
-    def _seal(self) -> None:
-        """Waits for the save in flight, then writes the checksums of the steps saved since the last call
-        (process 0; a step may already be gone, rotated out by orbax)."""
-        self._manager.wait_until_finished()
-        steps, self._unsealed = self._unsealed, []
-        if jax.process_index() == 0:
-            for step in steps:
-                if self._step_dir(step).is_dir():
-                    write_checksums(self._step_dir(step))
 
     def _verify(self, step: int, items: Sequence[str]) -> None:
         """Raises CorruptCheckpointError if the files of `items` in `step` do not match their checksums."""
@@ -426,10 +439,25 @@ def steps_dir(path: str | os.PathLike) -> Path | None:
     return None
 
 
-def check_out_dir(out_dir: str | os.PathLike, overwrite: bool) -> None:
+def run_dir(steps: Path) -> Path:
+    """The run a checkpoint dir belongs to: the trainer's workdir when it is one's `checkpoints/`, else the
+    checkpoint dir itself."""
+    steps = steps.resolve()
+    return steps.parent if steps.name == "checkpoints" else steps
+
+
+def check_out_dir(out_dir: str | os.PathLike, overwrite: bool, source: str | os.PathLike | None = None
+                  ) -> None:
     """Raises FileExistsError when `out_dir` is a non-empty directory (or a file) and `overwrite` is off:
-    an export replaces its output directory whole, and must never delete what a user keeps there."""
+    an export replaces its output directory whole, and must never delete what a user keeps there. Raises
+    ValueError, overwrite or not, when `out_dir` is `source` (the run exported), inside it or above it."""
     out = Path(out_dir)
+    if source is not None:
+        run, target = Path(source).resolve(), out.resolve()
+        if target == run or run in target.parents or target in run.parents:
+            where = "is" if target == run else "is inside" if run in target.parents else "holds"
+            raise ValueError(f"--out {out} {where} the run it exports ({run}): writing there would replace "
+                             "the checkpoints it reads; choose an --out outside it.")
     if overwrite or not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return
     raise FileExistsError(f"{out} exists and is not an empty directory; pass --overwrite to replace it.")
@@ -444,13 +472,13 @@ def export_hf(checkpoint_dir: str | os.PathLike, step: int | None, out_dir: str 
     `config.model.critic_path` starts a later run's critic from (verl's critic.model.path).
 
     `checkpoint_dir` is a checkpoint dir or a run workdir; the model config comes from the checkpoint's record
-    unless given. A non-empty `out_dir` is refused unless `overwrite`.
+    unless given. A non-empty `out_dir` is refused unless `overwrite`, one that overlaps the run always.
     """
     directory = steps_dir(checkpoint_dir)
     if directory is None:
         raise FileNotFoundError(f"{str(checkpoint_dir)!r} is not a searchrl checkpoint directory (<step>/ "
                                 "subdirectories) or a run workdir with checkpoints/.")
-    check_out_dir(out_dir, overwrite)
+    check_out_dir(out_dir, overwrite, source=run_dir(directory))
     with Checkpointer(directory, max_to_keep=None, read_only=True) as checkpointer:
         step = checkpointer._resolve(step)
         record = checkpointer.record(step)
@@ -490,7 +518,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         exported, tokenizer_dir = export_hf(checkpoint.value, step.value, out.value,
                                             tokenizer_dir=tokenizer.value, overwrite=overwrite.value)
-    except (FileExistsError, FileNotFoundError) as error:
+    except (FileExistsError, FileNotFoundError, ValueError) as error:
         cli.fail(str(error))
     note = f"with the tokenizer of {tokenizer_dir}" if tokenizer_dir else "without a tokenizer (pass --tokenizer)"
     print(f"exported step {exported} of {checkpoint.value} to {out.value} {note}")

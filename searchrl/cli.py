@@ -29,6 +29,8 @@ from typing import NoReturn
 
 from absl import app, flags, logging
 
+from searchrl.configlib import ConfigError
+
 QUIET = logging.WARNING  # absl verbosity of the tools unless --verbosity says otherwise (INFO is 0, DEBUG 1)
 
 
@@ -226,22 +228,23 @@ def _program_name_only(argv: list[str]) -> list[str]:
 
 def run(main: Callable[[list[str]], object]) -> None:
     """Runs a tool's `main` under `absl.app` (logging, `app.UsageError` handling) on the command line after
-    the program name, library logs at WARNING unless its --verbosity says otherwise; a `MissingInput` or
-    `Damaged` ends it with its one line; `main`'s return value is not an exit status."""
+    the program name, library logs at WARNING unless its --verbosity says otherwise; a `MissingInput`, a
+    `Damaged` or a `ConfigError` ends it with its one line; `main`'s return value is not an exit status."""
     def main_of_command_line(argv: list[str]) -> None:
         logging.set_verbosity(QUIET)
         main(argv[1:])
 
-    app.run(_failing_on_missing_input(main_of_command_line), flags_parser=_program_name_only)
+    app.run(_failing_on_bad_input(main_of_command_line), flags_parser=_program_name_only)
 
 
-def _failing_on_missing_input(main: Callable[[list[str]], object]) -> Callable[[list[str]], object]:
-    """`main` ending the tool with `fail` on a `MissingInput` or `Damaged`: its one line, no traceback."""
+def _failing_on_bad_input(main: Callable[[list[str]], object]) -> Callable[[list[str]], object]:
+    """`main` ending the tool with `fail` on a `MissingInput`, a `Damaged` or a `ConfigError`: its one line,
+    no traceback."""
     @functools.wraps(main)
     def failing(argv: list[str]) -> object:
         try:
             return main(argv)
-        except (MissingInput, Damaged) as e:
+        except (MissingInput, Damaged, ConfigError) as e:
             fail(str(e))
     return failing
 
@@ -270,9 +273,9 @@ def _parse_quietly(argv: list[str]) -> list[str]:
 def run_app(main: Callable[[list[str]], object]) -> None:
     """`absl.app.run(main)` for an entry point on absl's global flags (`searchrl.main`, `.eval`, `.demo`):
     --help, --helpshort and --helpfull exit 0, library logs stay at WARNING unless --verbosity (-v) raises
-    them, and a `MissingInput` or `Damaged` ends it with its one line."""
+    them, and a `MissingInput`, a `Damaged` or a `ConfigError` ends it with its one line."""
     app.define_help_flags()
     for name in ("help", "helpshort", "helpfull"):
         flag = flags.FLAGS[name]
         flag.parse = _exits_zero(flag.parse)
-    app.run(_failing_on_missing_input(main), flags_parser=_parse_quietly)
+    app.run(_failing_on_bad_input(main), flags_parser=_parse_quietly)

@@ -47,10 +47,7 @@ def initialize(dist: DistributedConfig) -> None:
 def set_memory_fraction(fraction: float) -> None:
     """Has JAX preallocate `fraction` of each GPU's memory (XLA_PYTHON_CLIENT_MEM_FRACTION, read when the
     GPU backend starts: so before anything touches a device); 0 keeps JAX's default (0.75). A value already
-    in the environment wins: the user's own setting."""
-    if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"config.distributed.memory_fraction={fraction}: expected a share of GPU memory in "
-                         "(0, 1), or 0 for JAX's default")
+    in the environment wins: the user's own setting. (`DistributedConfig` holds `fraction` in [0, 1).)"""
     if fraction:
         os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", str(fraction))
 

@@ -4,7 +4,7 @@ batch (`Trajectory`), and the `Env` protocol the rollout engine drives.
 An environment owns everything task-specific: its prompt, the kinds of action that exist, when an episode ends
 (`Action.done`), what each action returns, its per-turn data (`Turn.info`) and its rewards and metrics. It
 never touches tokens or arrays: the engine does the tokenising, batching and caching. This module imports
-nothing else from searchrl, so every layer above can use it.
+nothing else from searchrl but the config helpers, so every layer above can use it.
 """
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import dataclasses
 from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
+
+from searchrl.configlib import group, ranged
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,13 +36,13 @@ class Observation:
     info: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-@dataclasses.dataclass(frozen=True)
+@group
 class SamplingParams:
     """Static sampling settings (hashable: part of the compiled program)."""
 
-    temperature: float = 1.0  # 0 = greedy
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
+    temperature: float = ranged(1.0, "[0, inf)")  # 0 = greedy
+    top_k: int = ranged(0, "[0, inf)")  # 0 = off
+    top_p: float = ranged(1.0, "(0, 1]")  # 1 = off
 
     @property
     def logprob_temperature(self) -> float:

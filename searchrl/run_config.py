@@ -16,7 +16,7 @@ from typing import Any
 import ml_collections
 
 from searchrl import task
-from searchrl.configlib import from_config, to_config
+from searchrl.configlib import ConfigError, from_config, to_config
 from searchrl.data.config import DataConfig
 from searchrl.models.config import DistributedConfig, MeshConfig, ModelSource
 from searchrl.retrieval import RetrievalConfig
@@ -93,31 +93,36 @@ def preset_workdir(config: ml_collections.ConfigDict, config_file: str, preset: 
 def parse(config: ml_collections.ConfigDict) -> RunConfig:
     """The `RunConfig` of an experiment config: every group becomes its dataclass, the env group its task's
     `Config` and `config.demo` the task's `demo_config`. A missing group of `experiment_config`, an unknown
-    key or a value a dataclass refuses is an error naming where it is (e.g. "config.rl")."""
+    key, a value out of its field's range (`searchrl.configlib.ranged`) or one a dataclass refuses is a
+    ConfigError, one line naming where it is (e.g. "config.rl.actor.lr=nan is out of range: allowed
+    [0, inf)"); the entry points end on it with that line."""
     values = config.to_dict()
     missing = [name for name in ("env", "data", "retrieval", "rollout", "train", "rl", "model")
                if name not in values]
     if missing:
-        raise ValueError(f"The config has no {missing} group(s): start experiment configs from "
-                         "searchrl.run_config.experiment_config().")
+        raise ConfigError(f"The config has no {missing} group(s): start experiment configs from "
+                          "searchrl.run_config.experiment_config().")
     unknown = sorted(set(values) - set(GROUPS))
     if unknown:
-        raise ValueError(f"config: unknown key(s) {unknown}; known: {sorted(set(GROUPS) - {'task'})}")
+        raise ConfigError(f"config: unknown key(s) {unknown}; known: {sorted(set(GROUPS) - {'task'})}")
     env = dict(values.pop("env"))
     if "name" not in env:
-        raise ValueError("config.env: no name (the task it configures)")
+        raise ConfigError("config.env: no name (the task it configures)")
     name = env.pop("name")
-    spec = task.get(name)
+    try:
+        spec = task.get(name)
+    except ValueError as e:  # an unknown name: the registry's message lists the tasks
+        raise ConfigError(str(e)) from None
     fields: dict[str, Any] = {"task": name, "env": from_config(spec.config, env, "config.env")}
     demo = values.pop("demo", None)
     if demo is not None:
         if spec.demo_config is None:
-            raise ValueError(f"config.demo: task {name!r} has no demo")
+            raise ConfigError(f"config.demo: task {name!r} has no demo")
         fields["demo"] = from_config(spec.demo_config, demo, "config.demo")
     for group, value in values.items():
         kind = GROUPS[group]
         is_group = dataclasses.is_dataclass(kind)
         fields[group] = from_config(kind, value, f"config.{group}") if is_group else value
     if fields.get("resume", "") not in RESUME_MODES:
-        raise ValueError(f"config.resume must be one of {RESUME_MODES}, got {fields['resume']!r}")
+        raise ConfigError(f"config.resume must be one of {RESUME_MODES}, got {fields['resume']!r}")
     return RunConfig(**fields)

@@ -2,15 +2,20 @@
 second run on the same workdir stops with an error naming the holder instead of resuming from the first run's
 checkpoint, replacing its metrics file and racing its saves.
 
-The lock file is created exclusively (`O_EXCL`). A lock left by a process of this host that no longer exists
-(a crashed or killed run) is stale: it is taken over, with a warning. A lock held by another host cannot be
-checked from here and is never taken over: remove the file by hand once that run is known to be gone.
-Acquiring holds an `fcntl.flock` on `<workdir>/run.lock.guard` so that two runs taking over one stale lock at
-the same moment cannot both win.
+Whether the holder still runs is the kernel's to say, not its pid's: the holder keeps an exclusive
+`fcntl.flock` on `<workdir>/run.lock.guard` for as long as it holds the workdir, and the kernel drops that
+lock when the process ends, however it ends (SIGKILL included). A pid says nothing after a restart: a
+restarted container runs in a fresh PID namespace, where the new trainer is pid 1 again, the pid its dead
+predecessor's lock names. So a lock whose guard is free is stale, whatever pid it names, and is taken over
+with a warning; a lock whose guard is held belongs to a live run, in this container or another one on this
+host. A lock written on another host is never taken over (its holder's flock may not reach this host's
+kernel): remove the file by hand once that run is known to be gone.
+
+The guard file is never deleted (a lock on a file that a path no longer names would guard nothing), and it is
+closed in a process forked from the holder, so that only the holder keeps the workdir.
 """
 from __future__ import annotations
 
-import contextlib
 import datetime
 import fcntl
 import json
@@ -18,7 +23,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +31,16 @@ LOCK = "run.lock"
 GUARD = "run.lock.guard"
 
 log = logging.getLogger(__name__)
+_HELD: set[int] = set()  # this process's guard descriptors, closed in its forked children
+
+
+def _close_in_child() -> None:
+    for fd in _HELD:
+        os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
 
 
 class WorkdirInUseError(RuntimeError):
@@ -45,23 +60,6 @@ def describe(holder: Mapping[str, Any]) -> str:
             f"(started {holder.get('started', '?')})")
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process `pid` exists on this host (one of another user's counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def is_stale(holder: Mapping[str, Any], host: str) -> bool:
-    """A lock is stale when it was taken on `host` (this one) by a process that no longer exists."""
-    pid = holder.get("pid")
-    return holder.get("host") == host and isinstance(pid, int) and pid > 0 and not pid_alive(pid)
-
-
 def read_holder(path: Path) -> dict[str, Any] | None:
     """The holder recorded in the lock file `path`; None when it is gone; {} when it cannot be parsed."""
     try:
@@ -75,63 +73,62 @@ def read_holder(path: Path) -> dict[str, Any] | None:
     return holder if isinstance(holder, dict) else {}
 
 
-@contextlib.contextmanager
-def _guard(workdir: Path) -> Iterator[None]:
-    with open(workdir / GUARD, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _create(path: Path, holder: Mapping[str, Any]) -> bool:
-    """Writes `holder` to a new file `path`; False if the file exists."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
+def _write(path: Path, holder: Mapping[str, Any]) -> None:
+    """Writes `holder` to `path` atomically (a reader sees the old file or the new one, never a torn one)."""
+    tmp = path.with_name(f"{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
         json.dump(dict(holder), f)
         f.flush()
         os.fsync(f.fileno())
-    return True
+    os.replace(tmp, path)
 
 
 class WorkdirLock:
     """The lock of one run on `workdir`, held from `acquire` until `release`."""
 
-    def __init__(self, workdir: str | os.PathLike, holder: Mapping[str, Any]):
+    def __init__(self, workdir: str | os.PathLike, holder: Mapping[str, Any], guard: int | None = None):
         self.path = Path(workdir) / LOCK
         self.holder = dict(holder)
+        self._guard = guard  # the descriptor holding the flock on GUARD while the workdir is this run's
 
     @classmethod
     def acquire(cls, workdir: str | os.PathLike) -> WorkdirLock:
         """Takes `workdir` for this process (creating it), taking over a stale lock with a warning; raises
-        WorkdirInUseError naming the holder if another run holds it."""
+        WorkdirInUseError naming the holder if another live run holds it (or one on another host may)."""
         directory = Path(workdir)
         directory.mkdir(parents=True, exist_ok=True)
-        lock = cls(directory, holder_info())
-        with _guard(directory):
-            while not _create(lock.path, lock.holder):
-                other = read_holder(lock.path)
-                if other is None:  # released in between
-                    continue
-                if not is_stale(other, lock.holder["host"]):
-                    who = describe(other) if other else "a run whose lock file is unreadable"
-                    raise WorkdirInUseError(
-                        f"workdir {directory} is in use by {who}: {lock.path} names it. Two runs on one "
-                        "workdir would resume from each other's checkpoints and overwrite each other's "
-                        f"metrics. Use another --config.workdir, or delete {lock.path} if that run is gone.")
+        path, holder = directory / LOCK, holder_info()
+        guard = os.open(directory / GUARD, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            try:
+                fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                other, live = read_holder(path), False
+            except BlockingIOError:
+                other, live = read_holder(path) or {}, True
+            if live or (other is not None and other.get("host") != holder["host"]):
+                who = describe(other) if other else "a run whose lock file is unreadable"
+                raise WorkdirInUseError(
+                    f"workdir {directory} is in use by {who}: {path} names it. Two runs on one workdir "
+                    "would resume from each other's checkpoints and overwrite each other's metrics. Use "
+                    f"another --config.workdir, or delete {path} if that run is gone.")
+            if other is not None:
                 log.warning("workdir %s: taking over the stale lock of %s, which no longer runs", directory,
                             describe(other))
-                lock.path.unlink()
-        return lock
+            _write(path, holder)
+        except BaseException:
+            os.close(guard)  # drops the flock, if it was taken
+            raise
+        _HELD.add(guard)
+        return cls(directory, holder, guard)
 
     def release(self) -> None:
-        """Removes the lock file if it is still this run's (never another run's)."""
+        """Removes the lock file if it is still this run's (never another run's), then lets the workdir go."""
         if read_holder(self.path) == self.holder:
             self.path.unlink(missing_ok=True)
+        if self._guard is not None:
+            _HELD.discard(self._guard)
+            os.close(self._guard)
+            self._guard = None
 
     def __enter__(self) -> WorkdirLock:
         return self

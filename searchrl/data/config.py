@@ -2,10 +2,10 @@
 instant)."""
 from __future__ import annotations
 
-import dataclasses
+from searchrl.configlib import group, ranged
 
 
-@dataclasses.dataclass(frozen=True)
+@group
 class DataConfig:
     """`config.data`: where the datasets are and which ones a run uses."""
 
@@ -14,6 +14,6 @@ class DataConfig:
     train_split: str = "train"
     eval: str = "nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle"
     eval_split: str = "test"
-    eval_limit: int = 0  # > 0: the first N questions of each eval set (quick looks)
+    eval_limit: int = ranged(0, "[0, inf)")  # > 0: the first N questions of each eval set (quick looks)
     format: str = "qa"  # a name in searchrl.data.datasets.FORMATS
     tfds_dir: str = ""  # where the datasets are prepared for reading (TFDS ArrayRecord); "": <dir>/.tfds

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from searchrl import cli
+from searchrl.configlib import check_ranges, group, ranged
 from searchrl.model_families import FAMILIES
 
 VALUE_SUFFIX = "ForTokenClassification"  # a value model's architecture: transformers' head with num_labels=1
@@ -349,6 +350,12 @@ OVERRIDABLE = {
     "num_heads": int, "num_kv_heads": int, "head_dim": int, "rope_theta": float, "rms_norm_eps": float,
     "tie_word_embeddings": bool, "attention_bias": bool, "qk_norm": bool, "max_position_embeddings": int,
 }
+_OVERRIDE_RANGES = {int: "[1, inf)", float: "(0, inf)"}  # the values an overriding number allows, by type
+
+
+def _override_field(name: str, kind: type) -> tuple:
+    """ModelSource's field overriding ModelConfig's `name`: None (unset) by default."""
+    return (name, kind | None, ranged(None, _OVERRIDE_RANGES[kind]) if kind in _OVERRIDE_RANGES else None)
 
 
 # `config.model`: which decoder a run uses. `path` (a local HF directory: its config.json) wins over `preset`
@@ -360,8 +367,8 @@ ModelSource = dataclasses.make_dataclass("ModelSource", [
     # critic.model.path); empty: from the policy's backbone with a new value head.
     ("critic_path", str, ""),
     ("param_dtype", str, "float32"),  # bfloat16 on accelerators; master weights stay float32 in the optimizer
-    *((name, kind | None, None) for name, kind in OVERRIDABLE.items()),
-], frozen=True)
+    *(_override_field(name, kind) for name, kind in OVERRIDABLE.items()),
+], frozen=True, namespace={"__post_init__": check_ranges})
 ModelSource.__module__ = __name__  # picklable (a run's config goes to the processes that run its seeds)
 
 
@@ -372,7 +379,7 @@ def config_from_source(model: ModelSource) -> ModelConfig:
     return dataclasses.replace(cfg, **overrides)
 
 
-@dataclasses.dataclass(frozen=True)
+@group
 class AttentionConfig:
     """`config.mesh.attention`: how the decoder computes attention on this backend (not what: every
     implementation computes the same function). `impl` is a name in `searchrl.models.attention.ATTENTION`:
@@ -386,40 +393,39 @@ class AttentionConfig:
     attention for rows without a cache, "blockwise" otherwise (TPU)."""
 
     impl: str = "reference"
-    block_size: int = 512  # key slots per block of "blockwise"
-    kernel_block: int = 64  # queries and key slots per tile of "pallas", "pallas_mha" (2^n; >= 16 on a GPU)
+    block_size: int = ranged(512, "[1, inf)")  # key slots per block of "blockwise"
+    # queries and key slots per tile of "pallas", "pallas_mha" (2^n; >= 16 on a GPU)
+    kernel_block: int = ranged(64, "[1, inf)")
     interpret: bool = False  # run the Pallas kernels in Pallas' interpret mode (what CPU can run)
     paged: str = "reference"  # which implementation of attention over the paged KV cache (PAGED_ATTENTION)
 
     def __post_init__(self):
-        if self.block_size < 1:
-            raise ValueError(f"attention.block_size must be >= 1, got {self.block_size}")
-        if self.kernel_block < 1 or self.kernel_block & (self.kernel_block - 1):
+        if self.kernel_block & (self.kernel_block - 1):
             raise ValueError(f"attention.kernel_block must be a power of two, got {self.kernel_block}")
 
 
-@dataclasses.dataclass(frozen=True)
+@group
 class MeshConfig:
     """`config.mesh`: the (data, fsdp, tensor) device mesh (one size may be -1: the devices left over), the
     sharding rules of training and of sampling (names in `sharding.RULES`) and the attention implementation
     of both: how the programs compute on the hardware."""
 
-    data: int = -1
-    fsdp: int = 1
-    tensor: int = 1
+    data: int = ranged(-1, "-1 or [1, inf)")
+    fsdp: int = ranged(1, "-1 or [1, inf)")
+    tensor: int = ranged(1, "-1 or [1, inf)")
     train_rules: str = "train"
     sample_rules: str = "sample"
     attention: AttentionConfig = AttentionConfig()
 
 
-@dataclasses.dataclass(frozen=True)
+@group
 class DistributedConfig:
     """`config.distributed`: JAX's runtime, its processes and its share of GPU memory (see
     `searchrl.distributed.initialize`)."""
 
     enabled: bool = False  # jax.distributed.initialize() from the cluster environment
     coordinator_address: str = ""  # host:port; empty = auto-detect (SLURM, TPU pod, ...)
-    num_processes: int = -1
-    process_id: int = -1
+    num_processes: int = ranged(-1, "-1 or [1, inf)")  # -1: from the cluster environment
+    process_id: int = ranged(-1, "-1 or [0, inf)")
     # The share of each GPU's memory JAX preallocates (XLA_PYTHON_CLIENT_MEM_FRACTION); 0: JAX's own, 0.75.
-    memory_fraction: float = 0.0
+    memory_fraction: float = ranged(0.0, "[0, 1)")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from searchrl import cli
+from searchrl.configlib import group, ranged
 from searchrl.registry import Registry
 from searchrl.retrieval import record
 from searchrl.retrieval.corpus import MANIFEST, read_manifest, write_manifest
@@ -22,7 +23,7 @@ __all__ = ["Hit", "Retriever", "RetrievalConfig", "MANIFEST", "read_manifest", "
            "BM25_K1", "BM25_B"]
 
 
-@dataclasses.dataclass(frozen=True)
+@group
 class RetrievalConfig:
     """`config.retrieval`: a local index dir, a Search-R1 `/retrieve` server, or a retriever a task registers
     (a search engine, whose url, options, cache and rate are the fields below)."""
@@ -33,13 +34,15 @@ class RetrievalConfig:
     #   a search engine: its API's
     url: str = ""  # remote: http://HOST:PORT/retrieve, or replicas' urls joined by commas (a batch is spread
     #   over them); a search engine: its base URL ("": the real one)
-    timeout_s: float = 30.0
-    retries: int = 3
-    batch_size: int = 256  # remote: queries per request
-    max_hits: int = 100_000  # remote: queries x topk per request (the server's --max_hits)
+    timeout_s: float = ranged(30.0, "(0, inf)")
+    retries: int = ranged(3, "[0, inf)")  # tries after the first
+    batch_size: int = ranged(256, "[1, inf)")  # remote: queries per request
+    # remote: queries x topk per request (the server's --max_hits)
+    max_hits: int = ranged(100_000, "[1, inf)")
     index_fingerprint: str = ""  # remote: refuse servers whose /health names another index ("": any)
     cache_path: str = ""  # a search engine: JSONL cache of ranked ids ("": no cache)
-    rate_per_s: float = 0.0  # a search engine: requests per second (0: the engine's default)
+    # a search engine: requests per second (0: the engine's default)
+    rate_per_s: float = ranged(0.0, "[0, inf)")
     # Recorded retrieval (`searchrl.retrieval.record`): append every search (query, results, time) to this
     # JSONL record; or answer every search from one, with no index and no network ("": neither).
     record: str = ""

@@ -22,12 +22,13 @@ own and scales it by 1 / (micro-batches per minibatch): the same result with one
 a result that depends on the micro-batch size with more.
 
 Non-finite values are never applied: non-finite rewards skip the whole update, and the first minibatch whose
-losses or gradients are non-finite skips its optimizer steps and every later one of the update (the earlier
-minibatches stay applied: undoing them would need a copy of the whole state, twice its memory). A minibatch
-steps the critic before it computes the actor's gradients (`_minibatch_step`), so a critic step is skipped
-for its own non-finite values, the actor's for either model's. verl skips a non-finite step per model and
-goes on with the next minibatch; searchrl stops the update there. The step counter and RNG advance either
-way; the metric `train/nonfinite` is 1 on such a step.
+losses, gradients or stepped params (a non-finite learning rate, an overflow) are non-finite skips its
+optimizer steps and every later one of the update (the earlier minibatches stay applied: undoing them would
+need a copy of the whole state, twice its memory). A minibatch steps the critic before it computes the
+actor's gradients (`_minibatch_step`), so a critic step is skipped for its own non-finite values, the
+actor's for either model's. verl skips a non-finite step per model and goes on with the next minibatch;
+searchrl stops the update there. The step counter and RNG advance either way; the metric `train/nonfinite`
+is 1 on such a step.
 """
 from __future__ import annotations
 
@@ -290,7 +291,8 @@ def _accumulated_grads(loss: Callable, params: dict, micro: dict) -> tuple[dict,
 def _minibatch_step(config: PPOConfig, temperature, lrs, tokens: jax.Array, carry, micro: dict):
     """Accumulates gradients over the minibatch's micro-batches (`micro`: [micro-batches, ...] each, packed
     rows of the batch's `tokens` or rows of their own), then takes one optimizer step per model, unless this
-    or an earlier minibatch of the update (or the rewards) were non-finite: `carry` ends with that flag.
+    or an earlier minibatch of the update (or the rewards) were non-finite: `carry` ends with that flag. A
+    step whose new params are not finite (from finite gradients: a non-finite rate) is not kept either.
 
     The critic goes first: its gradients are applied, and freed, before the actor's are made, so one model's
     float32 gradients live at a time (what lets a 3B policy and critic train on two 80 GB GPUs). Its step
@@ -309,14 +311,14 @@ def _minibatch_step(config: PPOConfig, temperature, lrs, tokens: jax.Array, carr
             lambda params, x: _critic_loss(config, params, x, share(x), tokens), critic, micro)
         stepped = apply_gradients(make_optimizer(config.spec.critic), critic, grads, critic_opt, lrs[1])
         metrics["critic/grad_norm"] = stepped[2]
-        ok = ok & all_finite(metrics)
+        ok = ok & all_finite(metrics) & all_finite(stepped[0])
         critic, critic_opt = _keep_if(ok, stepped[:2], (critic, critic_opt))
         policy, critic = jax.lax.optimization_barrier((policy, critic))  # the actor's pass after this step
     grads, actor_metrics = _accumulated_grads(
         lambda params, x: _actor_loss(config, params, x, temperature, share(x), tokens), policy, micro)
     stepped = apply_gradients(make_optimizer(config.spec.actor), policy, grads, actor_opt, lrs[0])
     actor_metrics["actor/grad_norm"] = stepped[2]
-    ok = ok & all_finite(actor_metrics)
+    ok = ok & all_finite(actor_metrics) & all_finite(stepped[0])
     policy, actor_opt = _keep_if(ok, stepped[:2], (policy, actor_opt))
     return (policy, critic, actor_opt, critic_opt, ok), metrics | actor_metrics
 

@@ -19,9 +19,16 @@ naming the first. Each checkpoint records the run's `fingerprint`, the config va
 and its state; resuming under other values is an error naming them, unless `config.resume` is "force" (then
 the run resumes, and a checkpoint of another state structure restores the arrays that still fit).
 
-A step whose rewards, losses or gradients are non-finite is skipped (`ppo.learn` applies no such value; the
-metrics train/nonfinite and train/nonfinite_in_a_row count them); `train.max_nonfinite_steps` such steps
-in a row stop the run with NonFiniteError. A non-finite state is never saved.
+A step whose rewards, losses, gradients or new params are non-finite is skipped (`ppo.learn` applies no such
+value; the metrics train/nonfinite and train/nonfinite_in_a_row count them); `train.max_nonfinite_steps`
+such steps in a row stop the run with NonFiniteError. A non-finite state is never saved, and a checkpoint
+that restores as one is damaged: the resume falls back to the step before it.
+
+A run always ends with a checkpoint: every `train.checkpoint_every` steps and the last. SIGTERM (a scheduler
+preempting the job) stops the loop after the step in progress: that step is saved if it is not already, the
+save finished, and `train` raises Terminated, which ends the process with SIGTERM's status once the callers'
+`finally` clauses have run (`close` gives the workdir up); a second SIGTERM ends the process at once, which
+loses no checkpoint either (a save in flight is never listed).
 """
 from __future__ import annotations
 
@@ -30,6 +37,8 @@ import functools
 import json
 import logging
 import os
+import signal
+import threading
 import time
 from typing import Any, Iterator, Mapping, Protocol, Sequence
 
@@ -65,7 +74,52 @@ class ResumeMismatchError(ValueError):
     """The workdir's checkpoint was saved under a config that shapes data order or state differently."""
 
 
+class Terminated(SystemExit):
+    """The run was told to stop (SIGTERM) and stopped cleanly, its last step checkpointed: it ends the process
+    with status 128 + SIGTERM, as the signal would have (a SystemExit: no traceback, and no `except Exception`
+    keeps the run going)."""
+
+    def __init__(self, message: str):
+        super().__init__(128 + signal.SIGTERM)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 _all_finite = jax.jit(ppo.all_finite)
+
+
+def _not_finite(state: Any) -> str | None:
+    """Why a restored training state is unusable: the trainer never saves a non-finite one."""
+    if bool(jax.device_get(_all_finite(state))):
+        return None
+    return "its arrays are not all finite (the trainer never saves such a state)"
+
+
+class _StopRequests:
+    """SIGTERM's handler while the loop runs (installed from the main thread only): the first SIGTERM asks
+    the loop to stop after the step in progress, a second one ends the process at once (the default
+    action)."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _StopRequests:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        log.warning("SIGTERM: stopping after the step in progress, once it is checkpointed (another SIGTERM "
+                    "ends the process now)")
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
 
 
 class TrainRun(Protocol):
@@ -221,7 +275,7 @@ class Trainer:
             self._check_resume(latest_record, latest)  # before reading any array
         initial = functools.partial(self._initial_state, policy) if self.resume == "force" else None
         state, record = self.checkpointer.restore(abstract_train_state(self.ppo.spec, self.mesh),
-                                                  fallback=initial)
+                                                  fallback=initial, validate=_not_finite)
         if latest_record is None or int(jax.device_get(state.step)) != latest:  # an older step, unchecked
             self._check_resume(record, int(jax.device_get(state.step)))
         return state, int(record["data_position"])
@@ -394,33 +448,49 @@ class Trainer:
 
     def train(self, steps: int | None = None) -> list[dict[str, float]]:
         """Runs until `steps` (default: `train.num_steps`, train.steps or train.epochs over the training set)
-        PPO iterations are done in total; returns their metrics."""
+        PPO iterations are done in total; returns their metrics. Checkpoints every `train.checkpoint_every`
+        steps and the last; on SIGTERM, checkpoints the last step done and raises Terminated (module
+        docstring)."""
         train = self.train_config
         total = train.num_steps(len(self.train_examples)) if steps is None else steps
         history = []
         console = "console" in train.loggers and jax.process_index() == 0
         progress = Progress(total, self.step_count, train.progress_every_s) if console else None
         try:
-            while self.step_count < total:
-                for hook in self.hooks:
-                    if hooked := hook.before_step(self.handle()):
-                        self.writer.write(self.step_count, hooked)
-                metrics = self.step()
-                history.append(metrics)
-                step = self.step_count
-                if train.eval_every and step % train.eval_every == 0:
-                    evaluation = {f"eval/{k}": v for k, v in self.evaluate().items()}
-                    self.writer.write(step, evaluation)
-                    metrics |= evaluation
-                if train.checkpoint_every and (step % train.checkpoint_every == 0 or step == total):
-                    self.save()
-                if progress is not None:
-                    progress.update(step, metrics)
+            with _StopRequests() as stop:
+                while self.step_count < total:
+                    if any(distributed.all_processes(stop.requested)):  # every process stops at the same step
+                        self._stop()
+                    for hook in self.hooks:
+                        if hooked := hook.before_step(self.handle()):
+                            self.writer.write(self.step_count, hooked)
+                    metrics = self.step()
+                    history.append(metrics)
+                    step = self.step_count
+                    if train.eval_every and step % train.eval_every == 0:
+                        evaluation = {f"eval/{k}": v for k, v in self.evaluate().items()}
+                        self.writer.write(step, evaluation)
+                        metrics |= evaluation
+                    if step % train.checkpoint_every == 0 or step == total:
+                        self.save()
+                    if progress is not None:
+                        progress.update(step, metrics)
         finally:
             if progress is not None:
                 progress.close()
         self.checkpointer.wait_until_finished()
         return history
+
+    def _stop(self) -> None:
+        """Checkpoints the last step done (unless it is), waits for the save, raises Terminated."""
+        step = self.step_count
+        if self.checkpointer.latest_step() != step:
+            self.save()
+        self.checkpointer.wait_until_finished()
+        stopped = Terminated(f"stopped by SIGTERM after step {step}, checkpointed in "
+                             f"{self.checkpointer.directory}; the same command resumes the run")
+        log.warning("%s", stopped)
+        raise stopped
 
     def close(self) -> None:
         """Finishes pending saves, closes the logs and gives the workdir up."""

@@ -2,8 +2,7 @@
 building a config stays instant."""
 from __future__ import annotations
 
-import dataclasses
-
+from searchrl.configlib import group, ranged
 from searchrl.episode import SamplingParams, SideBranch
 
 
@@ -11,16 +10,17 @@ SCHEDULES = ("continuous", "lockstep")
 BRANCH_PROMPT_ROOM = 64  # tokens a side branch's prompt may take, appended after an observation
 
 
-@dataclasses.dataclass(frozen=True)
+@group
 class RolloutConfig:
     """Token budgets and sampling of a rollout."""
 
-    max_prompt_tokens: int = 256
-    max_len: int = 1024  # total slots a row may use: prompt + turns + observations
-    max_turn_tokens: int = 128  # sampled tokens per policy turn
-    max_obs_tokens: int = 256  # tokens per observation, after truncation
-    obs_buckets: tuple[int, ...] = (64, 128, 256)  # observation chunks are right-padded to one of these
-    chunk_steps: int = 32  # decode steps per jitted chunk
+    max_prompt_tokens: int = ranged(256, "[1, inf)")
+    max_len: int = ranged(1024, "[1, inf)")  # total slots a row may use: prompt + turns + observations
+    max_turn_tokens: int = ranged(128, "[1, inf)")  # sampled tokens per policy turn
+    max_obs_tokens: int = ranged(256, "[1, inf)")  # tokens per observation, after truncation
+    # observation chunks are right-padded to one of these
+    obs_buckets: tuple[int, ...] = ranged((64, 128, 256), "[1, inf)")
+    chunk_steps: int = ranged(32, "[1, inf)")  # decode steps per jitted chunk
     # Prefill prompts in chunks of the widest observation bucket, as observations are appended, not in one
     # call: the same rollout, with the prefill's attention scores bounded by that width, not the prompt's.
     chunked_prefill: bool = False
@@ -29,23 +29,25 @@ class RolloutConfig:
     # its episode ends and appends each observation when it arrives; "lockstep" runs the rows' turns together
     # (a row waits for the batch's slowest) and refills only once every row is free. Episodes are the same.
     schedule: str = "continuous"
-    decode_rows: int = 0  # rows decoded at once (the compiled batch); 0: one row per episode of a rollout
-    env_workers: int = 8  # host threads running the env's `parse_action` / `observe` calls concurrently
+    # rows decoded at once (the compiled batch); 0: one row per episode of a rollout
+    decode_rows: int = ranged(0, "[0, inf)")
+    # host threads running the env's `parse_action` / `observe` calls concurrently
+    env_workers: int = ranged(8, "[1, inf)")
     # Rows per append call (observations, prompts): the rows ready go in calls of this many (the last one
     # filled up with rows that append nothing), each computing only its rows; 0: every decode row, one call.
-    extend_rows: int = 8
+    extend_rows: int = ranged(8, "[0, inf)")
     # Continuous schedule: rows whose episodes wait for the env are copied into up to this many parked rows
     # (a second cache, on device) while episodes wait for a decode row, so that the row decodes another
     # episode; a parked episode moves back into a free row when its observation is in. 0: none.
-    parked_rows: int = 0
+    parked_rows: int = ranged(0, "[0, inf)")
     # The paged KV cache (`searchrl.rollout.pages`). 16 slots a page: vLLM's default block size, a multiple
     # of the Pallas kernels' tiles, and at most 15 slots of a row's last page unused.
-    page_size: int = 16
+    page_size: int = ranged(16, "[1, inf)")
     # Pages per device (per block of rows): the KV memory of a rollout, whatever its rows and max_len. 0:
     # enough for every row (decode and parked) at its largest, so no row ever waits for pages. With fewer,
     # a row that finds none free waits (sits out a decode chunk; its observation or prompt waits a round)
     # while the oldest episode always goes on: nothing is dropped. At least one episode at its largest.
-    pool_pages: int = 0
+    pool_pages: int = ranged(0, "[0, inf)")
 
     def slots(self, widest_chunk: int) -> int:
         """Token slots per row: `max_len`, plus room for the widest chunk that may be appended at the last
@@ -55,17 +57,10 @@ class RolloutConfig:
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"rollout.schedule={self.schedule!r} is not one of {SCHEDULES}.")
-        if self.page_size < 1 or self.pool_pages < 0:
-            raise ValueError(f"rollout.page_size={self.page_size} must be >= 1 and rollout.pool_pages="
-                             f"{self.pool_pages} >= 0.")
         if self.pool_pages and self.parked_rows:
             raise ValueError(f"rollout.parked_rows={self.parked_rows} needs rollout.pool_pages=0 (a pool for "
                              "every row): a parked episode could wait for a decode row held by episodes "
                              "that wait for its pages.")
-        if min(self.decode_rows, self.extend_rows, self.parked_rows) < 0 or self.env_workers < 1:
-            raise ValueError(f"rollout.decode_rows={self.decode_rows}, rollout.extend_rows="
-                             f"{self.extend_rows} and rollout.parked_rows={self.parked_rows} must be >= 0 "
-                             f"and rollout.env_workers={self.env_workers} >= 1.")
         if max(self.obs_buckets) < self.max_obs_tokens:
             raise ValueError(f"rollout.obs_buckets {self.obs_buckets} must cover "
                              f"rollout.max_obs_tokens={self.max_obs_tokens}.")

@@ -50,7 +50,7 @@ def build_trainer(root: Path, mesh: tuple[int, int, int] | None = None) -> Train
     config.workdir = str(root / "run")
     config.env.update(dict(max_turns=1, prompt_template="{question}"))
     config.retrieval.index_dir = str(root / "index")
-    config.train.update(dict(steps=3, batch_size=8, checkpoint_every=0, async_checkpoints=False))
+    config.train.update(dict(steps=3, batch_size=8, checkpoint_every=1000, async_checkpoints=False))
     config.rollout.update(dict(max_prompt_tokens=16, max_turn_tokens=8, max_obs_tokens=16, obs_buckets=(16,),
                                max_len=16 + 8 + 16 + 8, chunk_steps=8))
     config.rl.update(dict(minibatch_size=8, micro_batch_size=8))

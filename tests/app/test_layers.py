@@ -9,7 +9,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "searchrl"
 
 # Bottom to top. Parts on one level do not import each other.
 LAYERS = [
-    {"configlib", "cli", "shapes", "metric_writer", "registry", "episode", "run_lock", "generated", "progress"},
+    {"configlib"},  # config groups and their ranges: what every layer's config dataclasses are made with
+    {"cli", "shapes", "metric_writer", "registry", "episode", "run_lock", "generated", "progress"},
     {"model_families"},  # what text (chat markers) and models (config.json) read of a decoder family
     {"text", "models"},
     {"retrieval", "checkpoint", "distributed"},

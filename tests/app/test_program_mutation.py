@@ -126,7 +126,7 @@ def test_the_best_of_several_answers_is_distilled(trainer, monkeypatch):
     assert [example[-1] for example in segments] == [(tries[1][0], True), (tries[1][1], True),
                                                      (tries[0][2], True), (tries[0][4], True)]
     assert [example[0][0].strip()[-4:] for example in segments] == ["arno", "beni", "cora", "arno"]
-    with pytest.raises(ValueError, match="answer_samples must be at least 1"):
+    with pytest.raises(ValueError, match=r"answer_samples=0 is out of range: allowed \[1, inf\)"):
         MutationConfig(answer_samples=0)
 
 

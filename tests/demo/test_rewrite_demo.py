@@ -58,7 +58,7 @@ def test_demo_pipeline_writes_its_results(tmp_path):
     config.demo.update(dict(concepts_per_kind=8, seeds=(3,)))
     config.sft.update(dict(steps=1, batch_size=16))  # a 2nd step compiles the SFT step again (sharding)
     config.sft.optim.update(dict(warmup_steps=0, decay_steps=1))
-    config.train.update(dict(steps=2, batch_size=8, checkpoint_every=0))
+    config.train.update(dict(steps=2, batch_size=8))
     config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
 
     rewrite.run(run_config.parse(config))

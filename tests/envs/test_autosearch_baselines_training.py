@@ -30,7 +30,7 @@ def small(preset: str, world: str, workdir: str):
     config.data.dir = world
     config.retrieval.index_dir = os.path.join(world, "index")
     config.rollout.obs_buckets = (64,)  # one observation width: fewer rollout programs to compile
-    config.train.update(dict(batch_size=BATCH, checkpoint_every=0))
+    config.train.update(dict(batch_size=BATCH, checkpoint_every=1000))
     config.rl.update(dict(minibatch_size=BATCH, micro_batch_size=BATCH))
     return config
 

@@ -224,7 +224,7 @@ def test_each_task_kind_trains_a_few_steps(index, tmp_path, examples):
     config.workdir = str(tmp_path)
     config.env.update(dict(max_turns=1, prompt_template="{question}"))
     config.retrieval.index_dir = str(index)
-    config.train.update(dict(batch_size=8, checkpoint_every=0, async_checkpoints=False))
+    config.train.update(dict(batch_size=8, checkpoint_every=1000, async_checkpoints=False))
     config.rollout.update(dict(max_prompt_tokens=24, max_turn_tokens=12, max_obs_tokens=32, obs_buckets=(32,),
                                max_len=24 + 12 + 32 + 12, chunk_steps=12))
     config.rl.update(dict(minibatch_size=8, micro_batch_size=8))

@@ -3,6 +3,7 @@ from pathlib import Path
 import dataclasses
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -249,6 +250,30 @@ def test_export_refuses_a_non_empty_dir_unless_told_to_overwrite(run_with_tokeni
     empty.mkdir()
     checkpoint.main(["export", "--checkpoint", str(workdir), "--out", str(empty)])  # an empty dir is fine
     assert (empty / "tokenizer.json").is_file()
+
+
+def test_export_never_overwrites_the_run_it_reads(run_with_tokenizer, tmp_path, capsys):
+    """Issue 67, cause 4: `--overwrite` with --out the run's workdir (or above it) replaced it whole:
+    checkpoints/, metrics.jsonl and tensorboard/ gone. An --out that is the run, inside it or above it is
+    refused with one line, overwrite or not, however the run is named (workdir, checkpoints/, a symlink)."""
+    root = tmp_path / "runs"
+    workdir = root / "work"
+    shutil.copytree(run_with_tokenizer[0], workdir)
+    (workdir / "metrics.jsonl").write_text('{"step": 5}\n')
+    (tmp_path / "link").symlink_to(workdir)
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    for source, out in [(workdir, workdir), (workdir, workdir / "checkpoints"), (workdir, root),
+                        (workdir, workdir / "export"), (workdir / "checkpoints", workdir),
+                        (workdir / "checkpoints", workdir / "tensorboard"), (workdir, tmp_path / "link"),
+                        (workdir / "checkpoints", workdir / "checkpoints" / "5")]:
+        with pytest.raises(SystemExit) as exit_info:
+            checkpoint.main(["export", "--checkpoint", str(source), "--out", str(out), "--overwrite"])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 1 and len(err.splitlines()) == 1, err
+        assert err.startswith(f"error: --out {out} ") and f"the run it exports ({workdir.resolve()})" in err
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before  # nothing written or deleted
+    checkpoint.main(["export", "--checkpoint", str(workdir), "--out", str(tmp_path / "hf"), "--overwrite"])
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
 
 
 def test_export_on_the_command_line_prints_one_line(run_with_tokenizer, tmp_path):

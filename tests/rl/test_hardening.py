@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import shutil
+import time
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ import pytest
 from searchrl import checkpoint, models
 from searchrl.metric_writer import MetricWriter, read_metrics
 from searchrl.rl import losses, ppo
+from searchrl.rl import trainer as trainer_lib
 from searchrl.rl.trainer import NonFiniteError
 from tests.rl import test_ppo
 from tests.rl.test_trainer import LowTokensEnv, make_config, make_trainer, tokenizer  # noqa: F401 (fixture)
@@ -119,6 +121,21 @@ def test_a_nonfinite_loss_stops_the_update_at_its_minibatch():
     assert test_ppo.max_abs_diff(test_ppo.host(state.policy), test_ppo.host(first_only.policy)) < 1e-6
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+def test_a_step_to_nonfinite_params_from_finite_gradients_is_not_applied():
+    """Issue 67: `lr=nan` once applied a NaN update with train/nonfinite 0, the guard reading the losses and
+    gradients only. A NaN rate is now refused by the config (tests/app/test_run_config.py); a rate finite in
+    Python that overflows float32 (1e39) makes the same update, and the new params are checked too."""
+    config = test_ppo.rl_config(use_critic=False, ppo_epochs=1, shuffle=False, actor__lr=1e39)
+    start = test_ppo.host(test_ppo.new_state(config, test_ppo.ONE))
+    state, metrics = _update(config, test_ppo.make_batch(config, test_ppo.make_data(3)))
+    assert bool(ppo.all_finite(state))  # the first of its two minibatches once made the params infinite
+    assert float(metrics["train/nonfinite"]) == 1.0 and np.isfinite(float(metrics["actor/grad_norm"]))
+    jax.tree.map(np.testing.assert_array_equal, test_ppo.host(state.policy), start.policy)
+    with pytest.raises(ValueError, match=r"lr=nan is out of range: allowed \[0, inf\)"):
+        test_ppo.rl_config(actor__lr=float("nan"))
+
+
 def test_the_critic_steps_before_a_nonfinite_actor_loss_of_its_minibatch():
     """The critic takes its step before the actor's gradients are made (`ppo._minibatch_step`): an actor loss
     that is non-finite in the second minibatch skips the actor's step there, not the critic's, whose loss
@@ -222,19 +239,40 @@ def two_steps(tmp_path):
     return tmp_path / "ckpt"
 
 
-def test_checksums_are_written_once_the_async_save_finished(tmp_path):
+def test_a_step_is_sealed_the_moment_it_is_listed(tmp_path):
+    """Issue 67: checksums were written when the next save started, so a run killed after a save restored
+    its newest step unverified. A step's checksums are now in its directory before orbax renames it into
+    place: caught the moment it appears, mid-way through an asynchronous save, it verifies."""
     ckpt = checkpoint.Checkpointer(tmp_path, async_save=True)
     ckpt.save(1, small_state(1), model=CFG)
-    ckpt.save(2, small_state(2), model=CFG)  # waits for step 1's save, then checksums it
+    for _ in range(10_000):  # no wait: watch the directory while the save runs in the background
+        if (tmp_path / "1").is_dir():
+            break
+        time.sleep(0.001)
+    assert (tmp_path / "1" / checkpoint.CHECKSUMS).is_file()
     assert checkpoint.checksum_problems(tmp_path / "1", ("", "state", "meta")) == []
     ckpt.close()
-    sums = json.loads((tmp_path / "2" / checkpoint.CHECKSUMS).read_text())["sha256"]
-    assert {"_CHECKPOINT_METADATA", "meta/metadata", "state/_METADATA"} <= set(sums)
-    assert not any(name.startswith(checkpoint.CHECKSUMS) for name in sums)
+    sums = json.loads((tmp_path / "1" / checkpoint.CHECKSUMS).read_text())["sha256"]
+    assert {"meta/metadata", "state/_METADATA"} <= set(sums)
+    assert not set(sums) & {checkpoint.CHECKSUMS, *checkpoint.COMMIT_RECORDS}  # orbax rewrites those later
     with checkpoint.Checkpointer(tmp_path) as reopened:
-        restored, record = reopened.restore(abstract(small_state(2)))
-    jax.tree.map(np.testing.assert_array_equal, restored, small_state(2))
-    assert checkpoint.checksum_problems(tmp_path / "2", ("", "state", "meta")) == []
+        restored, record = reopened.restore(abstract(small_state(1)))
+    jax.tree.map(np.testing.assert_array_equal, restored, small_state(1))
+
+
+def test_a_state_the_caller_refuses_falls_back_to_the_previous_step(tmp_path, caplog):
+    """A step whose bytes restore as a non-finite state (which the trainer never saves) is damaged, whatever
+    its checksums say: the trainer's `validate` sets it aside and resumes from the step before it."""
+    with checkpoint.Checkpointer(tmp_path) as ckpt:
+        ckpt.save(1, small_state(1), model=CFG, record={"data_position": 1})
+        broken = {**small_state(2), "w": jnp.full((64, 32), jnp.nan)}
+        ckpt.save(2, broken, model=CFG, record={"data_position": 2})
+    with checkpoint.Checkpointer(tmp_path) as ckpt, caplog.at_level(logging.WARNING, "searchrl.checkpoint"):
+        restored, record = ckpt.restore(abstract(small_state(1)), validate=trainer_lib._not_finite)
+        assert record["data_position"] == 1 and ckpt.all_steps() == [1]
+    jax.tree.map(np.testing.assert_array_equal, restored, small_state(1))
+    assert "checkpoint step 2" in caplog.text and "not all finite" in caplog.text
+    assert (tmp_path / "2.corrupt").is_dir()
 
 
 @pytest.mark.parametrize("corrupt", [truncate, garbage_metadata, empty_state_dir, flip_64_bytes])

@@ -113,7 +113,7 @@ TASKS.register("calculator")(Task(Config, make, report=Report(
 def make_trainer(tmp_path, tokenizer, **rl):
     config = run_config.experiment_config("calculator")  # the task registered above
     config.workdir = str(tmp_path)
-    config.train.update(dict(batch_size=16, checkpoint_every=0, async_checkpoints=False))
+    config.train.update(dict(batch_size=16, checkpoint_every=1000, async_checkpoints=False))
     config.rollout.update(dict(max_prompt_tokens=8, max_len=40, max_turn_tokens=6, max_obs_tokens=8,
                                obs_buckets=(8,), chunk_steps=8))
     config.rl.update(dict(minibatch_size=16, micro_batch_size=16, **rl))

@@ -296,7 +296,7 @@ def test_bad_batches_are_rejected_with_the_field_name():
                                                  old_values=short["advantages"]), config, ONE)
     with pytest.raises(ValueError, match="need a reference policy"):
         rl_config(kl_loss_coef=0.1)
-    with pytest.raises(ValueError, match=r"rl.logits_chunk must be >= 0 \(0: the whole sequence\), got -1"):
+    with pytest.raises(ValueError, match=r"RLConfig.logits_chunk=-1 is out of range: allowed \[0, inf\)"):
         rl_config(logits_chunk=-1)
     with pytest.raises(ValueError, match=r"rl.critic.decay='linear' needs rl.critic.decay_steps > "):
         RLConfig(critic=OptimConfig(lr=1e-5, decay="linear"))

@@ -6,9 +6,11 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +22,7 @@ from searchrl.metric_writer import read_metrics
 from searchrl.rl import trainer as trainer_lib
 from tests.rl.test_trainer import LowTokensEnv, make_config, tokenizer  # noqa: F401 (fixture)
 
+REPO = Path(__file__).resolve().parents[2]
 WORDS = "red green blue cyan magenta yellow black white".split()
 CFG = dataclasses.replace(models.get_preset("tiny"), vocab_size=128)
 
@@ -69,15 +72,96 @@ def test_a_stale_lock_of_a_dead_local_process_is_taken_over(tmp_path, caplog):
     assert not lock.path.exists()
 
 
-@pytest.mark.parametrize("holder", [
-    {"host": "another-host", "pid": 1, "started": "2020-01-01T00:00:00+00:00"},  # cannot be checked: kept
-    {"host": socket.gethostname(), "pid": os.getpid(), "started": "2020-01-01T00:00:00+00:00"},  # alive
-])
-def test_a_live_or_remote_lock_is_never_taken_over(tmp_path, holder):
+def test_a_remote_lock_is_never_taken_over(tmp_path):
+    holder = {"host": "another-host", "pid": 1, "started": "2020-01-01T00:00:00+00:00"}  # cannot be checked
     (tmp_path / run_lock.LOCK).write_text(json.dumps(holder))
-    with pytest.raises(run_lock.WorkdirInUseError, match=f"pid {holder['pid']} on host {holder['host']}"):
+    with pytest.raises(run_lock.WorkdirInUseError, match="pid 1 on host another-host"):
         run_lock.WorkdirLock.acquire(tmp_path)
     assert run_lock.read_holder(tmp_path / run_lock.LOCK) == holder
+
+
+def test_a_lock_naming_a_live_pid_that_holds_nothing_is_stale(tmp_path, caplog):
+    """Issue 67, cause 3: a restarted container's trainer is pid 1 again, the pid its dead predecessor's lock
+    names: a live pid is no proof of a live holder. Here the lock names this very process."""
+    stale = {"host": socket.gethostname(), "pid": os.getpid(), "started": "2020-01-01T00:00:00+00:00"}
+    (tmp_path / run_lock.LOCK).write_text(json.dumps(stale))
+    with caplog.at_level(logging.WARNING, logger="searchrl.run_lock"):
+        lock = run_lock.WorkdirLock.acquire(tmp_path)
+    assert f"taking over the stale lock of pid {os.getpid()}" in caplog.text
+    with pytest.raises(run_lock.WorkdirInUseError, match=f"pid {os.getpid()} on host"):
+        run_lock.WorkdirLock.acquire(tmp_path)  # now really held
+    lock.release()
+    assert not lock.path.exists() and (tmp_path / run_lock.GUARD).exists()  # the guard is never deleted
+
+
+HOLD = (sys.executable, "-m", "tests.rl.kill_processes", "hold")  # + WORKDIR: a process holding it
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def hold(workdir, *prefix: str) -> tuple[subprocess.Popen, int]:
+    """A process holding `workdir` (`prefix`: the command it runs under) and its pid as it sees it."""
+    process = subprocess.Popen([*prefix, *HOLD, str(workdir)], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    line = process.stdout.readline()
+    assert line.startswith("held "), process.communicate(timeout=60)[1][-3000:]
+    return process, int(line.split()[1])
+
+
+def killed(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+
+
+def test_a_killed_holder_is_stale_and_a_live_one_is_not(tmp_path, caplog):
+    workdir = tmp_path / "run"
+    holder, pid = hold(workdir)
+    try:
+        with pytest.raises(run_lock.WorkdirInUseError, match=f"pid {pid} on host"):
+            run_lock.WorkdirLock.acquire(workdir)
+    finally:
+        killed(holder)
+    with caplog.at_level(logging.WARNING, logger="searchrl.run_lock"):
+        run_lock.WorkdirLock.acquire(workdir).release()
+    assert f"taking over the stale lock of pid {pid}" in caplog.text
+
+
+def fresh_pid_namespace() -> list[str]:
+    """The command prefix that runs a process as pid 1 of a new PID namespace (a restarted container); the
+    test is skipped where this kernel or user may not make one."""
+    prefix = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child"]
+    try:
+        done = subprocess.run([*prefix, sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        pytest.skip("no unshare")
+    if done.returncode != 0 or done.stdout.strip() != "1":
+        pytest.skip(f"no new PID namespace here: {done.stderr.strip()}")
+    return prefix
+
+
+def test_a_restarted_container_takes_its_dead_runs_lock_back(tmp_path, caplog):
+    """Each container's trainer is pid 1 of its own PID namespace: a live one holds the workdir against the
+    others (and this process), and once it is killed the next one takes the lock over."""
+    prefix, workdir = fresh_pid_namespace(), tmp_path / "run"
+    first, pid = hold(workdir, *prefix)
+    assert pid == 1
+    try:
+        with pytest.raises(run_lock.WorkdirInUseError, match="pid 1 on host"):
+            run_lock.WorkdirLock.acquire(workdir)
+        rival = subprocess.run([*prefix, *HOLD, str(workdir)], cwd=REPO, env=ENV, capture_output=True,
+                               text=True, timeout=120)
+        assert rival.returncode != 0 and "WorkdirInUseError" in rival.stderr and "held" not in rival.stdout
+    finally:
+        killed(first)
+    restarted, pid = hold(workdir, *prefix)  # the restarted container: pid 1 again, as the lock names
+    try:
+        assert pid == 1 and run_lock.read_holder(workdir / run_lock.LOCK)["pid"] == 1
+        with pytest.raises(run_lock.WorkdirInUseError, match="pid 1 on host"):
+            run_lock.WorkdirLock.acquire(workdir)
+    finally:
+        killed(restarted)
+    _, err = restarted.communicate()
+    assert "taking over the stale lock of pid 1" in err
 
 
 def test_releasing_leaves_another_runs_lock_alone(tmp_path):

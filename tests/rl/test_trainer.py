@@ -14,11 +14,15 @@ from searchrl.rl import trainer as trainer_lib
 from searchrl.text.tokenizer import train_bpe_tokenizer
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
+def toy_tokenizer():
     rng = np.random.default_rng(0)
     words = "red green blue cyan magenta yellow black white".split()
     return train_bpe_tokenizer([" ".join(rng.choice(words, 10)) for _ in range(200)], vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return toy_tokenizer()
 
 
 @dataclasses.dataclass
@@ -53,7 +57,7 @@ def make_config(workdir, **rl):
     config = run_config.experiment_config("search_r1")
     config.workdir = str(workdir)
     config.train.batch_size = 16
-    config.train.checkpoint_every = 0
+    config.train.checkpoint_every = 1000  # and the last step of each `train` call
     config.train.async_checkpoints = False
     config.rollout.update(dict(max_prompt_tokens=8, max_len=24, max_turn_tokens=8, max_obs_tokens=8,
                                obs_buckets=(8,), chunk_steps=8))
@@ -117,6 +121,7 @@ def test_resume_is_exact(tmp_path, tokenizer):
     straight = make_trainer(make_config(tmp_path / "a"), tokenizer)
     straight.train(4)
     straight.close()
+    assert straight.checkpointer.all_steps() == [4]  # checkpoint_every=1000: a run still ends with one
 
     config = make_config(tmp_path / "b")
     config.train.checkpoint_every = 2

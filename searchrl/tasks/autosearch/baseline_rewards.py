@@ -52,25 +52,26 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from searchrl import configlib
 from searchrl.episode import Turn
 from searchrl.tasks.autosearch import rewards
 from searchrl.text import protocol, qa, tags
 
 
-@dataclasses.dataclass(frozen=True)
+@configlib.group
 class StepSearchConfig:
     """`config.env.stepsearch`: StepSearch's coefficients ([SS], module doc) and where examples hold its
     gold data."""
 
     # Per-step rewards' scale: RewardManager(step_reward_scale=0.6) [SS main_ppo.py], built with its default.
-    step_reward_scale: float = 0.6
+    step_reward_scale: float = configlib.ranged(0.6, "(-inf, inf)")
     # trainer.information_gain=true and trainer.redundancy_penalty=true [SS train.sh]: 1 on, 0 off.
-    information_gain_coef: float = 1.0
-    redundancy_coef: float = 1.0
+    information_gain_coef: float = configlib.ranged(1.0, "(-inf, inf)")
+    redundancy_coef: float = configlib.ranged(1.0, "(-inf, inf)")
     # search_keys_score=0.618 [SS qa_step.py], on with trainer.search_key_reward=true [SS train.sh].
-    search_key_coef: float = 0.618
+    search_key_coef: float = configlib.ranged(0.618, "(-inf, inf)")
     # 'score': -1 when the response does not end with an answer (answer_last_check) [SS qa_step.py].
-    format_penalty: float = -1.0
+    format_penalty: float = configlib.ranged(-1.0, "(-inf, inf)")
     # Example metadata fields: the sub-questions' search key groups (each a string or a list of its
     # expressions; [SS]'s ground_truth.search_keys), the gold passages as texts (strings or
     # {"paragraph_text": ...}; [SS]'s extra_info.support_docs) and as corpus ids.
@@ -79,14 +80,14 @@ class StepSearchConfig:
     support_ids_field: str = "supporting_ids"
 
 
-@dataclasses.dataclass(frozen=True)
+@configlib.group
 class HiPRAGConfig:
     """`config.env.hiprag`: HiPRAG's coefficients ([HP], module doc)."""
 
     # lambda_f: reward_model.structure_format_score=0.2 [HP train_ppo_format.sh], search_r1_format's weight.
-    format_weight: float = 0.2
+    format_weight: float = configlib.ranged(0.2, "(-inf, inf)")
     # lambda_p: 0.4 in compute_score_em [HP qa_em_format.py]; the paper's main runs use lambda_p = 0.4.
-    process_coef: float = 0.4
+    process_coef: float = configlib.ranged(0.4, "(-inf, inf)")
 
 
 # ---- StepSearch ----

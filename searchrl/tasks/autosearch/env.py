@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
+from searchrl.configlib import group, ranged
 from searchrl.episode import SamplingParams, SideBranch, Trajectory, Turn, outcome_reward
 from searchrl.retrieval import RetrievalConfig, make_retriever
 from searchrl.tasks.autosearch import baseline_rewards, rewards
@@ -40,7 +41,7 @@ PUBLIC_ANSWER_USER = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
+@group
 class Config(search_r1.Config):
     """`config.env` of `autosearch`: Search-R1's, with the intermediate answers and AutoSearch's reward."""
 
@@ -48,7 +49,7 @@ class Config(search_r1.Config):
     intermediate_answers: bool = True  # answer after every search on a side branch
     intermediate_answer_mode: str = CONTINUATION  # or PUBLIC_PROMPT (module doc)
     answer_prompt: str = ANSWER_PROMPT  # continuation: appended after a search's observation to elicit it
-    intermediate_answer_tokens: int = 32  # budget of one intermediate answer
+    intermediate_answer_tokens: int = ranged(32, "[1, inf)")  # budget of one intermediate answer
     intermediate_answer_sampling: SamplingParams = SamplingParams(temperature=0.0)  # greedy by default
     autosearch: rewards.RewardConfig = rewards.RewardConfig()
     stepsearch: baseline_rewards.StepSearchConfig = baseline_rewards.StepSearchConfig()  # reward="stepsearch"

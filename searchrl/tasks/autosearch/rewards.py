@@ -47,38 +47,39 @@ from typing import Sequence
 
 import numpy as np
 
+from searchrl.configlib import group, ranged
 from searchrl.text import protocol, qa
 
 # scikit-learn's TfidfVectorizer default tokens: lower-cased runs of two or more word characters.
 _TFIDF_TOKEN = re.compile(r"(?u)\b\w\w+\b")
 
 
-@dataclasses.dataclass(frozen=True)
+@group
 class RewardConfig:
     """AutoSearch reward coefficients (values from the public training code)."""
 
     # base: per search turn, +value for exact format and a new query, -value otherwise
     # (structure_format_score / 8 with structure_format_score = 0.2).
-    search_format_reward: float = 0.025
+    search_format_reward: float = ranged(0.025, "(-inf, inf)")
     # base: TF-IDF cosine above which a query repeats an earlier one.
-    redundancy_threshold: float = 0.8
+    redundancy_threshold: float = ranged(0.8, "[0, 1]")
     # base: answer turn format reward (final_format_score = 0.1) and penalty for a malformed answer turn.
-    answer_format_reward: float = 0.1
-    answer_format_penalty: float = -0.5
+    answer_format_reward: float = ranged(0.1, "(-inf, inf)")
+    answer_format_penalty: float = ranged(-0.5, "(-inf, inf)")
     # base: answer turn reward for a final answer that exactly matches a gold answer.
-    correct_answer_reward: float = 1.0
+    correct_answer_reward: float = ranged(1.0, "(-inf, inf)")
     # quality: scale of the per-step F1 gain of the intermediate answers.
-    quality_coef: float = 1.0
+    quality_coef: float = ranged(1.0, "(-inf, inf)")
     # efficiency: bonus shared by the needed steps; each needed step earns budget / depth - step_cost
     # (the public code's 0.5 * (0.4 / depth - 0.05)); a correct answer with no search earns the budget.
-    efficiency_budget: float = 0.2
-    efficiency_step_cost: float = 0.025
+    efficiency_budget: float = ranged(0.2, "(-inf, inf)")
+    efficiency_step_cost: float = ranged(0.025, "(-inf, inf)")
     # efficiency: penalty for each turn after the minimal sufficient depth d.
-    efficiency_overshoot_penalty: float = 0.05
+    efficiency_overshoot_penalty: float = ranged(0.05, "(-inf, inf)")
     # efficiency: small constant on each valid turn when the final answer is wrong (keeps searching alive).
-    efficiency_wrong_answer_reward: float = 0.0125
+    efficiency_wrong_answer_reward: float = ranged(0.0125, "(-inf, inf)")
     # efficiency: a fixed cost on every search turn (a step-penalty baseline, not AutoSearch's; 0 = off).
-    search_step_penalty: float = 0.0
+    search_step_penalty: float = ranged(0.0, "(-inf, inf)")
     # True: the public code's reward exactly (`public_rewards`): each turn after d gets exactly -penalty
     # (its base, quality and answer rewards erased), F1 and d against the first gold, and the rest of the
     # differences listed in the module docstring.

@@ -25,6 +25,7 @@ import dataclasses
 import json
 from typing import Any, Mapping, Sequence
 
+from searchrl.configlib import group, ranged
 from searchrl.episode import Action, Env, Observation, Trajectory, outcome_reward
 from searchrl.retrieval import make_retriever
 from searchrl.retrieval import metrics as ir
@@ -42,7 +43,7 @@ _SCORING_THREADS = 8  # rows scored at once (their SQL runs in that many sandbox
 DATE_FLOOR = "1970/01/01"  # a literature search's earliest publication date (the public code's mindate)
 
 
-@dataclasses.dataclass(frozen=True)
+@group
 class Config:
     """`config.env` of `query_rewrite` (with `name="query_rewrite"`)."""
 
@@ -54,9 +55,11 @@ class Config:
     user_template: str = ""
     system: str = ""
     assistant_prefix: str = ""
-    depth: int = 3000  # docs retrieved per query: the cut-off of the reward's recall, rank tiers and NDCG
+    # docs retrieved per query: the cut-off of the reward's recall, rank tiers and NDCG
+    depth: int = ranged(3000, "[1, inf)")
     compare_raw: bool = True  # metrics also score the user's own query (raw_*)
-    max_query_chars: int = MAX_QUERY_CHARS  # a longer rewrite is not searched: it retrieves nothing
+    # a longer rewrite is not searched: it retrieves nothing
+    max_query_chars: int = ranged(MAX_QUERY_CHARS, "[1, inf)")
     reward: dr.RewardConfig = dr.RewardConfig()
 
 

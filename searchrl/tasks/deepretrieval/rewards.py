@@ -36,6 +36,7 @@ import pathlib
 import re
 import reprlib
 
+from searchrl.configlib import group, ranged
 from searchrl.tasks.deepretrieval import sql_sandbox
 from searchrl.text import protocol, tags
 
@@ -44,24 +45,24 @@ _FENCE_LANGUAGE = re.compile(r"[\w-]*")  # anchored at the text's start: linear 
 _SQL_MAX_RESULT_BYTES = 128_000_000  # the default cap on the bytes of one query's fetched values
 
 
-@dataclasses.dataclass(frozen=True)
+@group
 class TieredConfig:
     """tiered: format term for well-formed / malformed tags, and the answer score of unparseable JSON."""
 
-    format_reward: float = 1.0
-    format_penalty: float = -4.0
-    parse_error_score: float = -4.0
+    format_reward: float = ranged(1.0, "(-inf, inf)")
+    format_penalty: float = ranged(-4.0, "(-inf, inf)")
+    parse_error_score: float = ranged(-4.0, "(-inf, inf)")
 
 
-@dataclasses.dataclass(frozen=True)
+@group
 class GatedConfig:
     """gated (BEIR, SQL): format term; the tags must be well formed and the JSON valid."""
 
-    format_reward: float = 0.1
-    format_penalty: float = -2.0
+    format_reward: float = ranged(0.1, "(-inf, inf)")
+    format_penalty: float = ranged(-2.0, "(-inf, inf)")
 
 
-@dataclasses.dataclass(frozen=True)
+@group
 class RewardConfig:
     """DeepRetrieval reward tables."""
 
@@ -69,25 +70,25 @@ class RewardConfig:
     gated: GatedConfig = GatedConfig()
     # (max 1-based rank, score), ascending: rank of the first retrieved passage that holds a gold answer
     # (squad.py); answer_rank_miss when no passage does.
-    answer_rank_tiers: tuple[tuple[int, float], ...] = ((5, 5.0), (20, 4.0), (50, 2.0), (100, 1.0),
-                                                        (1000, 0.5), (3000, 0.1))
-    answer_rank_miss: float = -3.5
+    answer_rank_tiers: tuple[tuple[int, float], ...] = ranged(
+        ((5, 5.0), (20, 4.0), (50, 2.0), (100, 1.0), (1000, 0.5), (3000, 0.1)), "(-inf, inf)")
+    answer_rank_miss: float = ranged(-3.5, "(-inf, inf)")
     # (min recall, score), descending (pubmed.py); recall_miss below the last threshold.
-    recall_tiers: tuple[tuple[float, float], ...] = ((0.7, 5.0), (0.5, 4.0), (0.4, 3.0), (0.3, 1.0),
-                                                     (0.1, 0.5), (0.05, 0.1))
-    recall_miss: float = -3.5
+    recall_tiers: tuple[tuple[float, float], ...] = ranged(
+        ((0.7, 5.0), (0.5, 4.0), (0.4, 3.0), (0.3, 1.0), (0.1, 0.5), (0.05, 0.1)), "(-inf, inf)")
+    recall_miss: float = ranged(-3.5, "(-inf, inf)")
     # NDCG cut-off for training rewards (msmarco_beir.py retrieves and scores the top 3000) and for
     # evaluation (the paper's NDCG@10).
-    ndcg_k: int = 3000
-    ndcg_k_eval: int = 10
+    ndcg_k: int = ranged(3000, "[1, inf)")
+    ndcg_k_eval: int = ranged(10, "[1, inf)")
     # gated SQL: the score of a predicted query that executes but returns other rows (bird.py: 0.3; spider.py:
     # 0, so a query that runs but is wrong scores like one that fails).
-    sql_executes_score: float = 0.0
+    sql_executes_score: float = ranged(0.0, "(-inf, inf)")
     # SQL execution: wall-clock limit per query, the most rows one query may return and the most bytes its
     # values may hold (as Python objects).
-    sql_timeout_s: float = 30.0
-    sql_max_rows: int = 100_000
-    sql_max_result_bytes: int = _SQL_MAX_RESULT_BYTES
+    sql_timeout_s: float = ranged(30.0, "(0, inf)")
+    sql_max_rows: int = ranged(100_000, "[1, inf)")
+    sql_max_result_bytes: int = ranged(_SQL_MAX_RESULT_BYTES, "[1, inf)")
 
 
 @dataclasses.dataclass(frozen=True)

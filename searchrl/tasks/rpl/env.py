@@ -26,6 +26,7 @@ import concurrent.futures
 import dataclasses
 from typing import Any, Mapping, Sequence
 
+from searchrl.configlib import group, ranged
 from searchrl.episode import Action, Env, Observation, Trajectory, Turn, outcome_reward
 from searchrl.retrieval import RetrievalConfig, is_dense, load_retriever, make_retriever
 from searchrl.retrieval.types import Hit, search_or_explain
@@ -64,14 +65,15 @@ GLOBALQA_HINTS = {  # per cite
     "rank": " (for questions about documents, the numbers of the documents, separated by commas)"}
 
 
-@dataclasses.dataclass(frozen=True)
+@group
 class Config:
     """`config.env` of `rpl`."""
 
     action_space: str = "sdk"  # one of ACTION_SPACES
-    max_turns: int = 2  # program (or search) turns; the turn after the last one must answer
+    # program (or search) turns; the turn after the last one must answer
+    max_turns: int = ranged(2, "[0, inf)")
     prompt_template: str = ""  # fields {question}, {functions}, {answer_hint}; "": the space's default prompt
-    search_top_k: int = 3  # passages per query in the `search` space (Search-R1's topk)
+    search_top_k: int = ranged(3, "[1, inf)")  # passages per query in the `search` space (Search-R1's topk)
     dense_index_dir: str = ""  # the dense index (config.retrieval's index is the sparse one)
     reranker_dir: str = ""  # a BERT cross-encoder (HF dir) for `rerank`; "": cosine with the dense encoder
     chat_template: bool = False  # render the prompt as a user message with the tokenizer's chat template

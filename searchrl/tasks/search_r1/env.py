@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
+from searchrl.configlib import group, ranged
 from searchrl.episode import Action, Env, Observation, SideBranch, Trajectory, Turn, outcome_reward
 from searchrl.registry import Registry
 from searchrl.retrieval import RetrievalConfig, make_retriever
@@ -33,14 +34,15 @@ INVALID_ACTION = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
+@group
 class Config:
     """`config.env` of `search_r1`."""
 
     reward: str = "search_r1"  # a name in REWARDS
-    topk: int = 3  # passages per search
-    max_query_chars: int = 4096  # longer queries are not searched: the observation says so (server's limit)
-    max_turns: int = 4  # search turns; the turn after the last one must answer
+    topk: int = ranged(3, "[1, inf)")  # passages per search
+    # longer queries are not searched: the observation says so (server's limit)
+    max_query_chars: int = ranged(4096, "[1, inf)")
+    max_turns: int = ranged(4, "[0, inf)")  # search turns; the turn after the last one must answer
     prompt_template: str = SEARCH_R1_PROMPT
     search_r1: rewards.RewardConfig = rewards.RewardConfig()  # reward="search_r1"'s scores
 

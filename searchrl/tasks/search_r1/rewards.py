@@ -5,19 +5,18 @@ prompt + response and skips the prompt's example answer by requiring at least tw
 """
 from __future__ import annotations
 
-import dataclasses
-
+from searchrl.configlib import group, ranged
 from searchrl.text import protocol, qa
 
 
-@dataclasses.dataclass(frozen=True)
+@group
 class RewardConfig:
     """The scores of `search_r1_reward` (Search-R1's reward_model.* settings); the defaults are those of the
     v0.3 script, scripts/nq_hotpotqa/v0.3/train_ppo_format.sh."""
 
-    structure_format_score: float = 0.2  # reward_model.structure_format_score=0.2
-    final_format_score: float = 0.1  # reward_model.final_format_score=0.1
-    retrieval_score: float = 0.0  # reward_model.retrieval_score=0
+    structure_format_score: float = ranged(0.2, "(-inf, inf)")  # reward_model.structure_format_score=0.2
+    final_format_score: float = ranged(0.1, "(-inf, inf)")  # reward_model.final_format_score=0.1
+    retrieval_score: float = ranged(0.0, "(-inf, inf)")  # reward_model.retrieval_score=0
 
 
 def search_r1_em_reward(response: str, golds: qa.Golds, *, score: float = 1.0,
