@@ -163,7 +163,7 @@ def public_line(path: str) -> str:
         return json.load(f)["lines"][f"code/{path}"]
 
 
-@pytest.mark.parametrize("preset", sorted(set(deepretrieval.PRESETS) - {"tiny"}))
+@pytest.mark.parametrize("preset", sorted(set(deepretrieval.PRESETS) - {"tiny", "smoke"}))  # CPU miniatures
 def test_every_preset_runs_the_epochs_of_its_cited_script_line(preset):
     """The length of each paper preset is the trainer.total_epochs of the script line it cites; tiny presets
     count steps."""

@@ -159,7 +159,7 @@ def test_a_damaged_prepared_copy_names_the_folder_to_delete(tmp_path, capsys):
         datasets.load_examples(str(tmp_path), "nq", "train", "qa", "")
 
     with pytest.raises(SystemExit) as exit:
-        cli._failing_on_missing_input(tool)([])
+        cli._failing_on_bad_input(tool)([])
     assert exit.value.code == 1
     err = capsys.readouterr().err  # TFDS's progress bars, then the one line
     assert err.split("\n")[-2].split("\r")[-1] == f"error: {e.value}" and "Traceback" not in err

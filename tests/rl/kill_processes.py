@@ -65,8 +65,8 @@ def save(directory: str, phase: str) -> None:
 class Announce:
     """A train hook printing the steps done before each step."""
 
-    def before_step(self, trainer) -> dict[str, float]:
-        print(f"done {trainer.step_count}", flush=True)
+    def before_step(self, run) -> dict[str, float]:
+        print(f"done {run.step}", flush=True)
         return {}
 
 
