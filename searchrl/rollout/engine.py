@@ -62,9 +62,10 @@ class RolloutEngine:
     axes, heads and the MLP over its tensor axis (its sampling layout; attention computed as its attention
     says), the KV cache created in that layout, and the params moved into it once per rollout, device to
     device (`sampling_params`); with no mesh, on the default device. A mesh over several processes is the
-    training mesh: each process rolls out its own rows on its block of it (`models.process_mesh`). Host arrays reach the device only through explicit transfers. With a `dtype`
-    (the trainer's compute dtype), the rollout samples with the params cast to it, as the trainer scores
-    them, and keeps its KV cache in it.
+    training mesh: each process rolls out its own rows on its block of it (`models.process_mesh`). Host
+    arrays reach the device only through explicit transfers. With a `dtype` (the trainer's compute dtype),
+    the rollout samples with the params cast to it, as the trainer scores them, and keeps its KV cache in
+    it.
     """
 
     def __init__(self, cfg: models.ModelConfig, tokenizer: Any, env: Env, config: RolloutConfig,
@@ -305,10 +306,10 @@ class RolloutEngine:
         return state, aside
 
     def _branch_aside(self, params, state: generate.GenState, run: Run, forks: list[Row]) -> None:
-        self.stats.asides += len(forks)
         """Runs side branches at once, each in its episode's row of a copy of the rows' bookkeeping (the
         episodes wait; the branches' pages were forked as for a row of their own), and ends them: a branch
-        still waiting for a row when its episode's next observation is in."""
+        still waiting for a row when its episode's next observation is in and no parked row is free."""
+        self.stats.asides += len(forks)
         rows = {run.rows.index(fork.parent): fork for fork in forks}
         aside = self._reset(self._dispatch(generate.copied, state), run, rows)
         table = run.pages.table([rows[r].owner if r in rows else None for r in range(len(run.rows))],
