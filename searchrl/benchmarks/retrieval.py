@@ -9,10 +9,9 @@ random passage. In-process figures search all queries in one batched call at k=1
 every backend. The server runs as its own process (`python -m searchrl.serving.serve`) and 32 client
 threads send one-query requests through RemoteRetriever.
 
-End to end (DeepRetrieval's runtime comparison, its 34x of BM25 over dense: query generation plus retrieval,
-identical settings but the retriever): the same queries are rewritten once by a rewriter (with
-`python -m searchrl.tasks.deepretrieval.end_to_end`: a chat endpoint given the public MS MARCO prompt), then
-BM25 and dense each retrieve the rewrites over the same passages (the dense row's subset); each backend's
+End to end (a query rewriter's runtime comparison: query generation plus retrieval, identical settings but
+the retriever): the same queries are rewritten once by a rewriter a task passes in (`define_flags`' runner),
+then BM25 and dense each retrieve the rewrites over the same passages (the dense row's subset); each backend's
 seconds are the rewriting's plus its own retrieval's, and the row states dense / BM25. Without a rewriter the
 rewrite is the query itself and the row says so (retrieval only).
 """
