@@ -66,10 +66,7 @@ from searchrl.text.tokenizer import train_bpe_tokenizer
 _NEVER = [[-2]]  # a stop/EOS id no token has: generation runs to its budget, as with min_new_tokens
 _NO_EOS = np.asarray([-2], np.int32)
 # One device, no mesh: the layouts of a default run's config place nothing here.
-_TRAIN_RULES = models.rules_named(models.MeshConfig().train_rules)
-_SAMPLE_RULES = models.rules_named(models.MeshConfig().sample_rules)
-_ATTENTION = models.MeshConfig().attention
-_PLACEMENT = models.Placement(None, _TRAIN_RULES, _SAMPLE_RULES, _ATTENTION)
+_PLACEMENT = models.Placement.default()
 
 
 def _generation(cfg: models.ModelConfig, batch: int, prompt_len: int, new_tokens: int, slots: int = 0,
@@ -78,7 +75,7 @@ def _generation(cfg: models.ModelConfig, batch: int, prompt_len: int, new_tokens
     slots (default: the prompt and the new tokens) holding the pages of the prompt and the new tokens."""
     used = prompt_len + new_tokens + 1
     spec = generate.DecodeSpec(new_tokens, max(slots, used) - 1, SamplingParams(temperature=0.0),
-                               steps=new_tokens, rules=_SAMPLE_RULES, attention=_ATTENTION)
+                               steps=new_tokens, rules=_PLACEMENT.sample_rules, attention=_PLACEMENT.attention)
     page_size = RolloutConfig.page_size
     pages, held = generate.owned_pages(batch, used, page_size)
     state = generate.init_state(batch, max(slots, used), page_size, jax.random.key(0))
@@ -385,8 +382,8 @@ def logprob_gap(cfg: models.ModelConfig, params, traj) -> float:
     tokens = jnp.asarray(traj.tokens)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     recomputed = models.token_logprobs(cfg, params, tokens, positions, jnp.asarray(traj.attention_mask),
-                                       temperature=SamplingParams().temperature, rules=_TRAIN_RULES,
-                                       attention=_ATTENTION, remat=False, logits_chunk=0)
+                                       temperature=SamplingParams().temperature, rules=_PLACEMENT.train_rules,
+                                       attention=_PLACEMENT.attention, remat=False, logits_chunk=0)
     policy = traj.loss_mask > 0
     return float(np.abs(np.asarray(recomputed)[policy] - traj.logprobs[policy]).max())
 
