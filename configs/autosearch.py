@@ -240,6 +240,10 @@ PRESETS = {"tiny": tiny, "tiny_no_efficiency": tiny_no_efficiency, "tiny_arms": 
            "paper_public_reward": paper_public_reward, "paper_no_efficiency": paper_no_efficiency,
            "paper_no_quality": paper_no_quality, "paper_no_base": paper_no_base, "paper_grpo": paper_grpo}
 
+# The hardware setups (configs/hardware.py) the docs recommend for the paper presets, by the preset's model:
+# 8 A100s or H100s, or 8 TPU v5p chips (compiled ahead of time by `python -m searchrl.benchmarks.aot_setups`).
+PAPER_SETUPS = {"qwen2p5_3b": ("a100x8", "h100x8", "v5p8")}
+
 
 def get_config(arg: str = "tiny"):
     preset, setup = hardware.split(arg)

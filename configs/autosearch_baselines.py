@@ -92,6 +92,10 @@ PRESETS = {"paper_stepsearch": paper_stepsearch, "paper_hiprag": paper_hiprag,
            "paper_hiprag_grpo": paper_hiprag_grpo, "tiny_stepsearch": tiny_stepsearch,
            "tiny_hiprag": tiny_hiprag}
 
+# The hardware setups (configs/hardware.py) the docs recommend for the paper presets, by the preset's model:
+# 8 A100s or H100s, or 8 TPU v5p chips (compiled ahead of time by `python -m searchrl.benchmarks.aot_setups`).
+PAPER_SETUPS = {"qwen2p5_3b": ("a100x8", "h100x8", "v5p8")}
+
 
 def get_config(arg: str = "tiny_stepsearch"):
     preset, setup = hardware.split(arg)

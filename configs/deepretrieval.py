@@ -338,6 +338,10 @@ PRESETS = {**FAMILIES, **DATASETS,
            **{f"tiny_{name}": (lambda c, f=f: _tiny(f(c))) for name, f in FAMILIES.items()}, "tiny": tiny,
            "smoke": smoke}
 
+# The hardware setups (configs/hardware.py) the docs recommend for the paper presets, by the preset's model:
+# the 3B on 2 A100s, the Coder-7B on 4 (compiled ahead of time by `python -m searchrl.benchmarks.aot_setups`).
+PAPER_SETUPS = {"qwen2p5_3b": ("a100x2",), "qwen2p5_7b": ("a100x4",)}
+
 
 def get_config(arg: str = "tiny"):
     name, setup = hardware.split(arg)

@@ -149,6 +149,10 @@ def smoke(config):
 
 PRESETS = {"tiny": tiny, "smoke": smoke, "paper_qwen3_4b": paper_qwen3_4b, "paper_qwen3_8b": paper_qwen3_8b}
 
+# The hardware setups (configs/hardware.py) the docs recommend for the paper presets, by the preset's model:
+# 8 H100s (compiled ahead of time by `python -m searchrl.benchmarks.aot_setups`).
+PAPER_SETUPS = {"qwen3_4b": ("h100x8",), "qwen3_8b": ("h100x8",)}
+
 
 def get_config(arg: str = "tiny"):
     name, setup = hardware.split(arg)

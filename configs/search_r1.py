@@ -143,6 +143,11 @@ def tiny(config):
 PRESETS = {"tiny": tiny, "paper": paper, "paper_7b": paper_7b, "paper_v03": paper_v03,
            "paper_grpo": paper_grpo}
 
+# The hardware setups (configs/hardware.py) the docs recommend for the paper presets, by the preset's model:
+# 8 A100s or H100s, the 7B on 8 H100s, all on 8 TPU v5p chips (compiled ahead of time by
+# `python -m searchrl.benchmarks.aot_setups`).
+PAPER_SETUPS = {"qwen2p5_3b": ("a100x8", "h100x8", "v5p8"), "qwen2p5_7b": ("h100x8", "v5p8")}
+
 
 def get_config(arg: str = "tiny"):
     preset, setup = hardware.split(arg)

@@ -5,7 +5,8 @@ fit its devices at the paper's own batch, micro-batch and lengths?
 
 Each run of `RUNS` is a config with its hardware setup (configs/hardware.py) and the topology it compiles for
 (`searchrl.benchmarks.aot`, one process per run: a compile of a 7B PPO step takes GiBs of host memory). RUNS
-is every paper preset of every config file on the setups the docs recommend for it (`paper_runs`); runs whose
+is every paper preset of every config file on the setups the docs recommend for it (`paper_runs`: the
+file's `PAPER_SETUPS`, by the preset's model); runs whose
 programs are the same (`aot.program_signature`) compile once, the first of them, and the others show its
 figures. A run already in the results file for its current signature is kept unless `--force` (a matrix
 takes hours on 2 cores; an interrupted one resumes). The results file (JSON: the reports, with the date,
@@ -44,18 +45,7 @@ CPU_SIZED = ("tiny", "smoke")  # the presets' name prefixes that run on a CPU
 # by default 0.75); on TPUs 80% of HBM.
 JAX_GPU_FRACTION, TPU_SHARE = 0.75, 0.8
 CONFIGS = ROOT / "configs"
-# The setups the docs recommend for each config file's paper presets (README.md, configs/hardware.py), by the
-# preset's model: Search-R1 and AutoSearch (and its RL baselines) on 8 A100s or H100s, their 7B on 8 H100s,
-# all of them on 8 TPU v5p chips; DeepRetrieval's 3B on 2 A100s, its Coder-7B on 4; RPL on 8 H100s. In this
-# order: the matrix compiles the runs of one file after another, TPU runs last.
-PAPER_SETUPS = {
-    "search_r1.py": {"qwen2p5_3b": ("a100x8", "h100x8", "v5p8"), "qwen2p5_7b": ("h100x8", "v5p8")},
-    "autosearch.py": {"qwen2p5_3b": ("a100x8", "h100x8", "v5p8")},
-    "rpl.py": {"qwen3_4b": ("h100x8",), "qwen3_8b": ("h100x8",)},
-    "deepretrieval.py": {"qwen2p5_3b": ("a100x2",), "qwen2p5_7b": ("a100x4",)},
-    "autosearch_baselines.py": {"qwen2p5_3b": ("a100x8", "h100x8", "v5p8")},
-}
-TPU_SETUPS = ("v5p8",)
+TPU_SETUPS = ("v5p8",)  # their runs compile last (the matrix goes config file by config file)
 
 
 def config_module(file: str) -> ModuleType:
@@ -68,12 +58,23 @@ def paper_presets(file: str) -> list[str]:
     return [name for name in config_module(file).PRESETS if not name.startswith(CPU_SIZED)]
 
 
+def config_files() -> list[str]:
+    """The config files of configs/ with presets, by name."""
+    return sorted(p.name for p in CONFIGS.glob("*.py") if hasattr(config_module(p.name), "PRESETS"))
+
+
+def paper_setups(file: str) -> dict[str, tuple[str, ...]]:
+    """The setups the docs recommend for a config file's paper presets, by the preset's model: the file's own
+    `PAPER_SETUPS` (none for a file without paper presets)."""
+    return getattr(config_module(file), "PAPER_SETUPS", {})
+
+
 def paper_runs() -> tuple[tuple[str, str], ...]:
     """(config "FILE:PRESET,SETUP", topology) of every paper preset on each setup the docs recommend for
-    it (`PAPER_SETUPS`), file by file, TPU runs last."""
+    it (`paper_setups`), file by file, TPU runs last."""
     runs = []
-    for file, setups in PAPER_SETUPS.items():
-        module = config_module(file)
+    for file in config_files():
+        module, setups = config_module(file), paper_setups(file)
         for name in paper_presets(file):
             for setup in setups[module.get_config(name).model.preset]:
                 runs.append((setup in TPU_SETUPS, f"{file}:{name},{setup}",
@@ -188,8 +189,7 @@ def hardware_table(results: dict) -> str:
     """Which preset runs on which hardware: the CPU-sized presets of every config file on a laptop or Colab
     CPU, and per hardware setup (configs/hardware.py) the paper runs of the results file, with their meshes,
     their largest program's GiB per device against the budget, and whether every one fits."""
-    files = sorted(p.name for p in CONFIGS.glob("*.py") if hasattr(config_module(p.name), "PRESETS"))
-    cpu = [f"{f}:{name}" for f in files for name in config_module(f).PRESETS if name.startswith(CPU_SIZED)]
+    cpu = [f"{f}:{name}" for f in config_files() for name in config_module(f).PRESETS if name.startswith(CPU_SIZED)]
     cpu_meshes = "; ".join(sorted({", ".join("all" if n == -1 else str(n) for n in (m.data, m.fsdp, m.tensor))
                                    for m in (load(config).mesh for config in cpu)}))
     setups = config_module("hardware.py").SETUPS

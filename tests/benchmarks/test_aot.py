@@ -185,14 +185,13 @@ def _expected_paper_presets(file: str) -> list[str]:
     return [name for name in module.PRESETS if name.startswith("paper")]
 
 
-@pytest.mark.parametrize("file", sorted(p.name for p in aot_setups.CONFIGS.glob("*.py")
-                                        if hasattr(aot_setups.config_module(p.name), "PRESETS")))
+@pytest.mark.parametrize("file", aot_setups.config_files())
 def test_every_paper_preset_of_every_config_file_is_a_run(file):
     module = aot_setups.config_module(file)
     runs = {config for config, _ in aot_setups.RUNS}
     assert _expected_paper_presets(file)
     for name in _expected_paper_presets(file):
-        setups = aot_setups.PAPER_SETUPS[file][module.get_config(name).model.preset]
+        setups = aot_setups.paper_setups(file)[module.get_config(name).model.preset]
         assert {f"{file}:{name},{setup}" for setup in setups} <= runs, name
     assert not {c for c in runs if c.startswith(f"{file}:tiny")}  # CPU-sized presets are no paper runs
     for config, topology in aot_setups.RUNS:
