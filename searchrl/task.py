@@ -44,11 +44,13 @@ class Analysis:
 class Report:
     """What a task adds to an evaluation report: `labels`, the fields of its question rows that describe a
     question rather than score it (never averaged); `groups`, the fields to tabulate (and draw budget curves)
-    by, each with its title; its own `analyses`."""
+    by, each with its title; its own `analyses`; `main_table`, the metrics of its paper's main table, the
+    columns `searchrl.eval.merge --task` compares runs on."""
 
     labels: tuple[str, ...] = ()
     groups: Mapping[str, str] = dataclasses.field(default_factory=dict)
     analyses: tuple[Analysis, ...] = ()
+    main_table: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

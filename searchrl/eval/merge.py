@@ -1,8 +1,9 @@
-"""Merges evaluation runs into one comparison table, AutoSearch's main table by default: per dataset, each
-method's EM and mean number of searches, one row per method, and their average over the datasets.
+"""Merges evaluation runs into one comparison table, by default the main table of the runs' task (its
+`searchrl.task.Report.main_table`, e.g. AutoSearch's: EM and the mean number of searches): per dataset,
+each method's metrics, one row per method, and their average over the datasets.
 
-    python -m searchrl.eval.merge --run METHOD=DIR [--run METHOD=DIR ...] --out OUT [--metrics em,searches]
-        [--allow_incomparable]
+    python -m searchrl.eval.merge --run METHOD=DIR [--run METHOD=DIR ...] --out OUT
+        (--task NAME | --metrics em,searches) [--allow_incomparable]
 
 DIR: an evaluation's output directory (or its results.json), as `python -m searchrl.eval` writes it
 (`report.write_report`). The datasets are every run's, in first-seen order; a run without a dataset or a
@@ -27,10 +28,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from absl import flags
 
-from searchrl import cli
+from searchrl import cli, task
 from searchrl.eval import report
 
-METRICS = ("em", "searches")  # AutoSearch's main table: EM and the mean number of searches
 LABELS = {"em": "EM", "f1": "F1", "cover_em": "cover EM", "searches": "searches"}  # column titles
 OUTPUTS = ("main_table.md", "main_table.csv", "main_table.json")
 
@@ -88,7 +88,7 @@ def differences(rows: Sequence[Mapping[str, Any]], datasets: Sequence[str]) -> l
     return found
 
 
-def merge(runs: Sequence[tuple[str, Mapping[str, Any]]], metrics: Sequence[str] = METRICS,
+def merge(runs: Sequence[tuple[str, Mapping[str, Any]]], metrics: Sequence[str],
           allow_incomparable: bool = False) -> dict[str, Any]:
     """The comparison table of `runs` ((method, results) pairs): its datasets, metrics, one row per method
     holding its `split`, `n[dataset]`, `cells[dataset][metric]` (None where the run has none) and
@@ -162,19 +162,31 @@ def write(merged: Mapping[str, Any], out_dir: str | Path) -> dict[str, Path]:
     return paths
 
 
+def main_table(name: str) -> tuple[str, ...]:
+    """The metrics of task `name`'s main table (`Report.main_table`); an error says what to pass instead."""
+    if not name:
+        raise ValueError("pass --task (its main table's metrics) or --metrics")
+    metrics = task.get(name).report.main_table
+    if not metrics:
+        raise ValueError(f"task {name!r} declares no main table (Report.main_table): pass --metrics")
+    return metrics
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     values = flags.FlagValues()
     runs = flags.DEFINE_multi_string("run", None, "METHOD=DIR: a method's evaluation directory (repeat)",
                                      required=True, flag_values=values)
     out = flags.DEFINE_string("out", None, "output directory", required=True, flag_values=values)
-    metrics = flags.DEFINE_list("metrics", list(METRICS), "the metrics of the table, in order",
-                                flag_values=values)
+    task_name = flags.DEFINE_string("task", "", "the runs' task: its main table's metrics "
+                                    "(`Report.main_table`), unless --metrics", flag_values=values)
+    metrics = flags.DEFINE_list("metrics", [], "the metrics of the table, in order", flag_values=values)
     allow = flags.DEFINE_bool("allow_incomparable", False, "tabulate runs of other splits or question counts "
                               "(the differences head the table)", flag_values=values)
     cli.parse(values, argv, __doc__)
     try:
+        columns = metrics.value or main_table(task_name.value)
         specs = [parse_run(spec) for spec in runs.value]
-        merged = merge([(method, load_results(path)) for method, path in specs], metrics.value, allow.value)
+        merged = merge([(method, load_results(path)) for method, path in specs], columns, allow.value)
     except (OSError, ValueError) as e:
         cli.fail(str(e))
     if warning(merged):

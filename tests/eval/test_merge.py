@@ -8,7 +8,10 @@ import json
 
 import pytest
 
+from searchrl import task
 from searchrl.eval import merge, report
+
+MAIN = task.get("autosearch").report.main_table  # AutoSearch's main table: EM and mean searches
 
 
 def rows(dataset: str, em: list[float], searches: list[int]) -> list[dict]:
@@ -37,7 +40,7 @@ def runs(tmp_path):
 
 
 def test_merge_by_hand(runs):
-    merged = merge.merge([(m, merge.load_results(d)) for m, d in runs.items()])
+    merged = merge.merge([(m, merge.load_results(d)) for m, d in runs.items()], MAIN)
     assert merged["datasets"] == ["nq", "hotpotqa"] and merged["metrics"] == ["em", "searches"]
     auto, step, hip = merged["rows"]
     # autosearch: nq EM 1/2, 2 searches; hotpotqa EM 2/4, 2 searches; averages over the 2 datasets.
@@ -54,7 +57,7 @@ def test_merge_by_hand(runs):
 
 def test_the_command_writes_markdown_csv_and_json(runs, tmp_path, capsys):
     out = tmp_path / "table"
-    merge.main([f"--run={m}={d}" for m, d in runs.items()] + [f"--out={out}"])
+    merge.main([f"--run={m}={d}" for m, d in runs.items()] + [f"--out={out}", "--task=autosearch"])
     expected_md = (
         "| method | split | nq n | nq EM | nq searches | hotpotqa n | hotpotqa EM | hotpotqa searches "
         "| average EM | average searches |\n"
@@ -71,7 +74,7 @@ def test_the_command_writes_markdown_csv_and_json(runs, tmp_path, capsys):
     assert table[2] == ["stepsearch", "test", "2", "1.0", "0.5", "4", "0.25", "4.0", "0.625", "2.25"]
     assert table[3] == ["hiprag", "test", "2", "0.0", "2.0", "", "", "", "", ""]
     saved = json.loads((out / "main_table.json").read_text())
-    assert saved == merge.merge([(m, merge.load_results(d / "results.json")) for m, d in runs.items()])
+    assert saved == merge.merge([(m, merge.load_results(d / "results.json")) for m, d in runs.items()], MAIN)
 
 
 def test_other_metrics_and_errors(runs, tmp_path, capsys):
@@ -79,13 +82,16 @@ def test_other_metrics_and_errors(runs, tmp_path, capsys):
     header = "| method | split | nq n | nq F1 | hotpotqa n | hotpotqa F1 | average F1 |"
     assert merge.markdown(merged).splitlines()[0] == header
     with pytest.raises(ValueError, match="a method is named twice"):
-        merge.merge([("a", merge.load_results(runs["hiprag"]))] * 2)
+        merge.merge([("a", merge.load_results(runs["hiprag"]))] * 2, MAIN)
     with pytest.raises(SystemExit):
-        merge.main([f"--run=nodir={tmp_path / 'missing'}", f"--out={tmp_path / 'o'}"])
+        merge.main([f"--run=nodir={tmp_path / 'missing'}", f"--out={tmp_path / 'o'}", "--task=autosearch"])
     assert "no results.json at" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        merge.main([f"--run={runs['hiprag']}", f"--out={tmp_path / 'o'}"])
+        merge.main([f"--run={runs['hiprag']}", f"--out={tmp_path / 'o'}", "--task=autosearch"])
     assert "expected METHOD=DIR" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the columns come from the task or from --metrics
+        merge.main([f"--run=a={runs['hiprag']}", f"--out={tmp_path / 'o'}"])
+    assert "pass --task (its main table's metrics) or --metrics" in capsys.readouterr().err
     (tmp_path / "bad.json").write_text("[1]")
     with pytest.raises(ValueError, match="bad.json: not an evaluation's results"):
         merge.load_results(tmp_path / "bad.json")
@@ -95,7 +101,7 @@ def test_runs_of_another_split_or_question_count_are_refused_unless_asked_for(ru
     """Issue 67, cause 15: a full test split beside a 10-question dev split was averaged with no warning."""
     ten = rows("nq", [1] * 10, [1] * 10) + rows("hotpotqa", [1] * 10, [1] * 10)
     write_run(tmp_path / "dev10", ten, "dev")
-    specs = [f"--run=autosearch={runs['autosearch']}", f"--run=quick={tmp_path / 'dev10'}"]
+    specs = [f"--run=autosearch={runs['autosearch']}", f"--run=quick={tmp_path / 'dev10'}", "--task=autosearch"]
     with pytest.raises(SystemExit) as exit_info:
         merge.main([*specs, f"--out={tmp_path / 'refused'}"])
     err = capsys.readouterr().err
@@ -121,7 +127,7 @@ def test_a_metric_that_is_not_a_number_is_one_line(tmp_path, capsys):
     (tmp_path / "strings" / "results.json").write_text(json.dumps(
         {"table": [{"dataset": "nq", "n": 2, "em": "0.5"}]}))
     with pytest.raises(SystemExit) as exit_info:
-        merge.main([f"--run=a={tmp_path / 'strings'}", f"--out={tmp_path / 'o'}"])
+        merge.main([f"--run=a={tmp_path / 'strings'}", f"--out={tmp_path / 'o'}", "--task=autosearch"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 1
     assert err.startswith("error: a: nq em='0.5' is not a number: --metrics names numeric columns")
