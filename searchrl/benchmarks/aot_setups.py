@@ -189,7 +189,8 @@ def hardware_table(results: dict) -> str:
     """Which preset runs on which hardware: the CPU-sized presets of every config file on a laptop or Colab
     CPU, and per hardware setup (configs/hardware.py) the paper runs of the results file, with their meshes,
     their largest program's GiB per device against the budget, and whether every one fits."""
-    cpu = [f"{f}:{name}" for f in config_files() for name in config_module(f).PRESETS if name.startswith(CPU_SIZED)]
+    cpu = [f"{f}:{name}" for f in config_files() for name in config_module(f).PRESETS
+           if name.startswith(CPU_SIZED)]
     cpu_meshes = "; ".join(sorted({", ".join("all" if n == -1 else str(n) for n in (m.data, m.fsdp, m.tensor))
                                    for m in (load(config).mesh for config in cpu)}))
     setups = config_module("hardware.py").SETUPS

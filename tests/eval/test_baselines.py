@@ -11,6 +11,7 @@ import pytest
 from searchrl import models
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.retrieval.types import Hit
+from searchrl.eval import generation
 from searchrl.tasks.autosearch import baselines
 from searchrl.tasks.autosearch import prompts as P
 from searchrl.tasks.search_r1.env import format_passages
@@ -68,10 +69,10 @@ def test_answer_parsers_by_hand(world):
     assert baselines.strip_stop("x", P.IRCOT_STOPS) == "x"
     _, tokenizer = world
     text = "Paris begins. " + "river " * 100 + "Rome ends"  # FlashRAG keeps 100 / 2 - 20 tokens at each end
-    cut = baselines.fit_prompt(tokenizer, text, 100)
+    cut = generation.fit_prompt(tokenizer, text, 100)
     assert len(tokenizer.encode(cut, add_special_tokens=False)) <= 60 < len(tokenizer.encode(text))
     assert cut.startswith("Paris begins. river") and cut.endswith("river Rome ends")
-    assert baselines.fit_prompt(tokenizer, "short", 48) == "short"
+    assert generation.fit_prompt(tokenizer, "short", 48) == "short"
 
 
 def test_ircot_loop_with_a_scripted_model():

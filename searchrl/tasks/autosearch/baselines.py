@@ -3,7 +3,8 @@ config's retriever and the search-QA metrics (EM / F1 / cover-EM of `searchrl.te
 papers' baseline rows come from the same retriever, top-k and metrics as the trained policies.
 
 Every method is its public code's loop (prompts and parsers in `searchrl.tasks.autosearch.prompts`, cited there) over one
-primitive, `Generate`: batched greedy generation until a stop string, run by the rollout engine (`Generator`).
+primitive, `Generate`: batched greedy generation until a stop string, run by the rollout engine
+(`searchrl.eval.generation.Generator`).
 - direct    [FR] zero-shot prompt; the answer is the first line.
 - cot       [SO1] its direct-generation prompt (think step by step, answer in \\boxed{}); the last boxed
             answer.
@@ -56,15 +57,12 @@ import jax
 from absl import flags
 
 from searchrl import cli, distributed, experiment, models, run_config, task
-from searchrl.episode import Action, Env
 from searchrl.eval import chat_api, harness, report, selection
+from searchrl.eval.generation import Generator
 from searchrl.retrieval import make_retriever
 from searchrl.retrieval.types import Hit, Retriever
-from searchrl.rollout.config import RolloutConfig, SamplingParams
 from searchrl.run_config import RunConfig
-from searchrl.rollout.engine import RolloutEngine
 from searchrl.tasks.autosearch import prompts as P
-from searchrl.tasks.search_r1.env import ANSWER
 from searchrl.text import chat, qa
 
 # (prompts, stop strings; () = EOS only) -> the generated texts
@@ -90,67 +88,6 @@ class Output:
     response: str
     searches: int
     shown: tuple[tuple[str, str], ...] = ()  # (name, id) of each document shown, as the prompts named it
-
-
-# ---- Generation on the rollout engine ----
-
-@dataclasses.dataclass(frozen=True)
-class PromptEnv(Env):
-    """One policy turn per example, from its ready prompt (`example["prompt"]`) until a stop string or EOS:
-    the rollout engine as a text generator (every episode ends after one turn, so nothing is observed)."""
-
-    stop_strings: tuple[str, ...]
-    side_branch = None
-
-    def prompt(self, example: Mapping[str, Any]) -> str:
-        return example["prompt"]
-
-    def parse_action(self, turn_text: str, turn_index: int) -> Action:
-        return Action(ANSWER, turn_text, done=True)
-
-
-def fit_prompt(tokenizer: Any, text: str, max_tokens: int) -> str:
-    """[FR] `PromptTemplate.truncate_prompt`: a prompt of `max_tokens` tokens or more keeps its first and last
-    (max_tokens / 2 - 20) tokens."""
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) < max_tokens:
-        return text
-    half = max(max_tokens // 2 - 20, 1)
-    return tokenizer.decode(ids[:half]) + tokenizer.decode(ids[-half:])
-
-
-class Generator:
-    """`Generate` with the rollout engine: greedy, prompts rendered (`chat.render`) and fitted to
-    `rollout.max_prompt_tokens`, in batches of exactly `batch_size`; one engine per set of stop strings.
-    On the `placement`'s mesh (if any), across its processes as the evaluation harness rolls out
-    (`harness.rollout_rows`: each process its rows of every batch, every process gets all texts); batch_size
-    is then rounded up to a multiple of its data-parallel size."""
-
-    def __init__(self, model_cfg: models.ModelConfig, params, tokenizer: Any, rollout: RolloutConfig,
-                 batch_size: int, placement: models.Placement):
-        self.model_cfg, self.tokenizer, self.placement = model_cfg, tokenizer, placement
-        self.mesh = placement.mesh
-        self.batch_size = harness.mesh_batch_size(batch_size, self.mesh)
-        self.params = harness.placed_params(model_cfg, params, self.mesh, placement.sample_rules)
-        self.rollout = dataclasses.replace(
-            rollout, max_len=rollout.max_prompt_tokens + rollout.max_turn_tokens,
-            sampling=SamplingParams(temperature=0.0))
-        self.engines: dict[tuple[str, ...], RolloutEngine] = {}
-
-    def engine(self, stops: tuple[str, ...]) -> RolloutEngine:
-        stops = stops or (self.tokenizer.eos_token,)
-        if stops not in self.engines:
-            env = PromptEnv(stops)
-            self.engines[stops] = RolloutEngine(self.model_cfg, self.tokenizer, env, self.rollout,
-                                                placement=self.placement)
-        return self.engines[stops]
-
-    def __call__(self, prompts: Sequence[chat.Prompt], stops: tuple[str, ...] = ()) -> list[str]:
-        examples = [{"prompt": fit_prompt(self.tokenizer, chat.render(self.tokenizer, p),
-                                          self.rollout.max_prompt_tokens)} for p in prompts]
-        return harness.rollout_rows(self.engine(stops), self.params, examples, self.batch_size,
-                                    lambda traj, _: [turns[0].text for turns in traj.turns], self.mesh,
-                                    desc="generate")
 
 
 # ---- The methods ----
