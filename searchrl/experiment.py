@@ -69,7 +69,7 @@ def load_critic(source: models.ModelSource, model_cfg: models.ModelConfig) -> di
 
 def miniature(config: RunConfig) -> bool:
     """Whether `config` is a miniature whose task builds its world (datasets, index, tokenizer) itself."""
-    return config.demo is not None and task.get(config.task).world is not None
+    return config.demo is not None and task.get(config.task).demo is not None
 
 
 def world_built(config: RunConfig) -> bool:

@@ -109,7 +109,7 @@ def sft(config: RunConfig) -> None:
 
 
 def world(config: RunConfig) -> None:
-    """Builds a miniature's world (its task's `world`: datasets, index, tokenizer, where the config reads
+    """Builds a miniature's world (its `Miniature.world`: datasets, index, tokenizer, where the config reads
     them) unless its tokenizer and index are there; a config that is no miniature needs none."""
     from searchrl import experiment, task
 
@@ -118,7 +118,7 @@ def world(config: RunConfig) -> None:
     elif experiment.world_built(config):
         print(f"{config.task}: the world is there ({config.tokenizer}, {config.retrieval.index_dir})")
     else:
-        task.get(config.task).world(config)
+        task.get(config.task).demo.load().world(config, config.demo)
         print(f"{config.task}: built the world under {config.data.dir}")
 
 

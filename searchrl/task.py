@@ -7,10 +7,11 @@ A task package defines its env, rewards, prompts, data readers, demo and analyse
 
 `Config` is the dataclass of its `config.env` group and `make(config, retrieval)` builds its env over the
 retriever that `config.retrieval` describes. The optional parts extend the substrate through declared hooks:
-`demo` runs its CPU miniature (`python -m searchrl.demo`), `report` adds its own groupings and analyses to an
-evaluation report (`searchrl.eval.report`), `train_hooks` extends the training loop
-(`searchrl.rl.hooks.TrainHook`). Nothing here or in the rest of the substrate names a task; a task defined
-anywhere else (a test, a user's module) registers the same way.
+`demo` declares its CPU miniature (`Demo`: `python -m searchrl.demo`, `make reproduce`,
+`searchrl.demo.publish`), `report` adds its own groupings and analyses to an evaluation report
+(`searchrl.eval.report`), `train_hooks` extends the training loop (`searchrl.rl.hooks.TrainHook`). Nothing
+here or in the rest of the substrate names a task; a task defined anywhere else (a test, a user's module)
+registers the same way.
 """
 from __future__ import annotations
 
@@ -64,15 +65,28 @@ class AnswerScorer:
 
 
 @dataclasses.dataclass(frozen=True)
+class Demo:
+    """A task's CPU miniature as the substrate runs and publishes it. `load()` gives its
+    `searchrl.demo.miniature.Miniature` (its world, cold start, arms, claims and report; imported when asked:
+    it needs JAX, and configs import the task). Its config presets, as --config names them ("FILE:PRESET",
+    FILE relative to the checkout or absolute): `reproduce`, the one with every arm its claims compare
+    (`make reproduce`); `smoke`, the smallest end to end (`make smoke`). `notebook`: the notebook (relative
+    to the checkout) whose `claims <task>` block states its claims (`searchrl.demo.publish`), if any."""
+
+    load: Callable[[], Any]
+    reproduce: str
+    smoke: str
+    notebook: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class Task:
     """What a task registers: its `config.env` dataclass and env factory, and its optional hooks."""
 
     config: type
     make: Callable[[Any, Any], Env]  # (its Config, a RetrievalConfig) -> Env
-    demo: Callable[[Any], Any] | None = None  # (the run's `RunConfig`) -> its miniature's results
+    demo: Demo | None = None  # its CPU miniature
     demo_config: type | None = None  # the dataclass of its miniature's `config.demo` group
-    # (a miniature's `RunConfig`) -> builds its world's files (datasets, index, tokenizer) where it reads them
-    world: Callable[[Any], Any] | None = None
     report: Report = Report()  # its part of an evaluation report
     train_hooks: Callable[[Env], list[Any]] | None = None  # (its env) -> `searchrl.rl.hooks.TrainHook`s
     answer_scorer: AnswerScorer | None = None  # its examples' answers scored its own way (else EM and F1)
@@ -92,6 +106,12 @@ def load_all() -> None:
     package = importlib.import_module(TASK_PACKAGES)
     for module in pkgutil.iter_modules(package.__path__):
         importlib.import_module(f"{TASK_PACKAGES}.{module.name}")
+
+
+def with_demo() -> list[str]:
+    """The tasks with a CPU miniature (`Task.demo`), by name, every task package imported."""
+    load_all()
+    return [name for name in TASKS if TASKS.get(name).demo is not None]
 
 
 def answer_scorer(example: Mapping[str, Any]) -> AnswerScorer | None:

@@ -1,10 +1,25 @@
-"""A miniature's config, per seed and with its world's files under its workdir (no JAX here)."""
+"""A miniature's config: a preset by name, per seed, and with its world's files under its workdir (no JAX
+here)."""
 from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
+import ml_collections
+
+from searchrl.configlib import sibling
 from searchrl.run_config import RunConfig
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: a preset's config file is relative to it
+
+
+def preset(spec: str) -> ml_collections.ConfigDict:
+    """The config of "FILE:PRESET" (a `searchrl.task.Demo` preset; FILE relative to the checkout, or
+    absolute), as --config loads it."""
+    file, _, name = spec.rpartition(":")
+    path = ROOT / file
+    return sibling(str(path), path.stem).get_config(name)
 
 
 def seed_config(config: RunConfig, seed: int) -> RunConfig:

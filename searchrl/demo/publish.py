@@ -5,7 +5,8 @@
 With --claims, first copies a `make reproduce` run's claims.json and each miniature's results.json into
 docs/results/ (claims.json, miniatures/<paper>.json): the record the figures are read from. Then writes, from
 that record: the README's results table, docs/results.md (the claims, each miniature's figures per seed and
-over the seeds, with the date, commit, machine and wall time) and the claims block of each paper's notebook.
+over the seeds, with the date, commit, machine and wall time) and the claims block of each paper's notebook
+(`searchrl.task.Demo.notebook`).
 Generated text sits between `<!-- generated: NAME -->` and `<!-- end generated -->` lines (docs/results.md
 is generated whole). --check writes nothing and fails, naming the files, when any of them differs from what
 the record gives: a figure edited by hand, or a record published without regenerating.
@@ -19,7 +20,7 @@ from typing import Any, Mapping
 
 from absl import flags
 
-from searchrl import cli
+from searchrl import cli, task
 from searchrl.demo.reproduce import CLAIMS_FILE, claims_table
 from searchrl.generated import replace_block
 
@@ -27,11 +28,15 @@ ROOT = Path(__file__).resolve().parents[2]
 RECORD = Path("docs/results")
 MINIATURES = RECORD / "miniatures"
 RESULTS_PAGE = Path("docs/results.md")
-# file -> (block name, papers whose claims it states)
-BLOCKS = {Path("README.md"): ("claims", None),
-          Path("notebooks/01_quickstart.ipynb"): ("claims autosearch", ("autosearch",)),
-          Path("notebooks/03_deepretrieval.ipynb"): ("claims deepretrieval", ("deepretrieval",)),
-          Path("notebooks/04_rpl.ipynb"): ("claims rpl", ("rpl",))}
+README = Path("README.md")  # its `claims` block states every paper's claims
+
+
+def blocks() -> dict[Path, tuple[str, tuple[str, ...] | None]]:
+    """Each file with a claims block -> (the block's name, the papers whose claims it states; None: all):
+    the README's, and each paper's notebook's (`Demo.notebook`, its block `claims <paper>`)."""
+    notebooks = {Path(task.get(name).demo.notebook): (f"claims {name}", (name,)) for name in task.with_demo()
+                 if task.get(name).demo.notebook}
+    return {README: ("claims", None), **notebooks}
 
 
 def load_record(root: Path) -> tuple[dict[str, Any] | None, dict[str, Any]]:
@@ -141,7 +146,7 @@ def generated(root: Path) -> dict[Path, str]:
     """Each generated file's path (relative to root) and its contents from the record."""
     claims, results = load_record(root)
     out = {RESULTS_PAGE: results_page(claims, results)}
-    for path, (name, papers) in BLOCKS.items():
+    for path, (name, papers) in blocks().items():
         text = (root / path).read_text()
         body = claims_block(claims, papers)
         out[path] = (notebook_with_block(text, name, body, path) if path.suffix == ".ipynb"

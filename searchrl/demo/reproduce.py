@@ -1,9 +1,10 @@
-"""`make reproduce`: the three CPU miniatures over seeds, and each paper's claims checked on them.
+"""`make reproduce`: the CPU miniatures over seeds, and each paper's claims checked on them.
 
     python -m searchrl.demo.reproduce [--seeds 0,1,2,3,4] [--papers autosearch,deepretrieval,rpl]
         [--out runs/reproduce]
 
-Runs each paper's miniature (`python -m searchrl.demo` with its reproduction preset, below) for every seed,
+--papers: tasks with a miniature (`searchrl.task.Demo`), by default all of them. Runs each one's miniature
+(`python -m searchrl.demo` with its reproduction preset, `Demo.reproduce`) for every seed,
 each seed re-drawing its world, cold start and RL, under OUT/<paper>; then writes OUT/claims.json: every
 claim of every paper run (its statement, measured value with the per-seed values and a 95% Student-t interval
 over the seeds, threshold, and whether it holds) and per paper its seeds, wall time, date, commit and
@@ -14,7 +15,6 @@ docs/results.md.
 from __future__ import annotations
 
 import datetime
-import importlib
 import json
 import os
 import platform
@@ -25,18 +25,15 @@ from typing import Any, Sequence
 from absl import flags
 
 from searchrl import cli, run_config, task
+from searchrl.demo import config as demo_config, miniature
 
-# paper -> (config module, preset): the miniature with every arm its claims compare.
-MINIATURES = {"autosearch": ("configs.autosearch", "tiny_arms"),
-              "deepretrieval": ("configs.deepretrieval", "tiny"),
-              "rpl": ("configs.rpl", "tiny")}
 CLAIMS_FILE = "claims.json"
 
 
 def miniature_config(paper: str, seeds: Sequence[int], out: str) -> run_config.RunConfig:
-    """The paper's reproduction preset, over `seeds`, writing under out/<paper>."""
-    module, preset = MINIATURES[paper]
-    config = importlib.import_module(module).get_config(preset)
+    """The paper's reproduction preset (`Demo.reproduce`: every arm its claims compare), over `seeds`,
+    writing under out/<paper>."""
+    config = demo_config.preset(task.get(paper).demo.reproduce)
     config.workdir = os.path.join(out, paper)
     config.demo.seeds = tuple(seeds)
     return run_config.parse(config)
@@ -60,8 +57,8 @@ def reproduce(papers: Sequence[str], seeds: Sequence[int], out: str) -> dict[str
     for paper in papers:
         config = miniature_config(paper, seeds, out)
         began, source = time.perf_counter(), provenance()  # the code as the run starts
-        results = task.get(config.task).demo(config)
-        report["papers"][paper] = {"preset": ":".join(MINIATURES[paper]), "seeds": list(seeds),
+        results = miniature.run(config)
+        report["papers"][paper] = {"preset": task.get(paper).demo.reproduce, "seeds": list(seeds),
                                    "workdir": config.workdir,
                                    "results": os.path.join(config.workdir, "results.json"),
                                    "wall_s": round(time.perf_counter() - began, 1), **source}
@@ -119,14 +116,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     values = flags.FlagValues()
     seeds = flags.DEFINE_list("seeds", ["0", "1", "2", "3", "4"], "seeds of every miniature",
                               flag_values=values)
-    papers = flags.DEFINE_list("papers", list(MINIATURES), "miniatures to run", flag_values=values)
+    papers = flags.DEFINE_list("papers", [], "miniatures to run (default: every task's)", flag_values=values)
     out = flags.DEFINE_string("out", "runs/reproduce", "where the runs and claims.json go",
                               flag_values=values)
     cli.parse(values, argv, __doc__)
-    unknown = sorted(set(papers.value) - set(MINIATURES))
+    known = task.with_demo()
+    unknown = sorted(set(papers.value) - set(known))
     if unknown:
-        cli.fail(f"--papers: unknown {unknown}; expected some of {sorted(MINIATURES)}")
-    report = reproduce(papers.value, cli.non_negative_ints(seeds.value, "seeds"), out.value)
+        cli.fail(f"--papers: unknown {unknown}; expected some of {known}")
+    report = reproduce(papers.value or known, cli.non_negative_ints(seeds.value, "seeds"), out.value)
     print(claims_table(report["claims"]))
     verdict = "every claim holds" if report["all_hold"] else "some claims FAIL"
     print(f"{verdict}; {out.value}/{CLAIMS_FILE}")

@@ -27,7 +27,7 @@ def test_a_miniature_builds_and_reads_its_world_under_its_workdir(file, preset):
     config.workdir = "/elsewhere/run"
     parsed = run_config.parse(config)
     assert (parsed.tokenizer, parsed.retrieval.index_dir) == ("/elsewhere/run/tokenizer", "/elsewhere/run/index")
-    assert parsed.data.dir == "/elsewhere/run" and task.get(parsed.task).world is not None
+    assert parsed.data.dir == "/elsewhere/run" and task.get(parsed.task).demo is not None
     config.tokenizer = "/my/tokenizer"  # a path set by hand stays, and moves nothing else
     assert (config.tokenizer, config.workdir) == ("/my/tokenizer", "/elsewhere/run")
 

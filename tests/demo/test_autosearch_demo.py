@@ -10,6 +10,7 @@ import pytest
 
 from configs import autosearch
 from searchrl import run_config
+from searchrl.demo import miniature
 from searchrl.tasks.autosearch import demo, rewards
 
 T_975_1 = 12.706204736174698  # Student-t 0.975 quantile, 1 degree of freedom (two seeds)
@@ -123,6 +124,10 @@ def test_arm_rewards_and_workdirs():
     assert {arm: c.workdir for arm, c in got.items()} == {arm: f"runs/demo_arms/{arm}" for arm in ARMS}
     with pytest.raises(ValueError, match="config.demo.arms: unknown arm 'penalty'"):
         demo.arm_config(config, "penalty")
+    unknown = autosearch.get_config("tiny_arms")
+    unknown.demo.arms = ("autosearch", "penalty")  # refused as the config is read, before any seed runs
+    with pytest.raises(ValueError, match=r"config.demo: arms: unknown \['penalty'\]"):
+        run_config.parse(unknown)
 
 
 @pytest.mark.slow
@@ -140,7 +145,7 @@ def test_demo_pipeline_writes_its_results(tmp_path):
     config.train.update(dict(steps=1, batch_size=8, checkpoint_every=1))
     config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
 
-    demo.run(run_config.parse(config))
+    miniature.run(run_config.parse(config))
 
     results = json.load(open(os.path.join(workdir, "results.json")))
     policies = ("sft", *ARMS)

@@ -76,7 +76,7 @@ def record(root: Path, recall_gains: list[float]) -> dict:
 @pytest.fixture
 def checkout(tmp_path) -> Path:
     """The files publish writes into, copied from this checkout, with an empty record."""
-    for path in publish.BLOCKS:
+    for path in publish.blocks():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(publish.ROOT / path, tmp_path / path)
     return tmp_path
@@ -135,11 +135,7 @@ def test_a_paper_run_again_replaces_only_its_own_record(tmp_path, monkeypatch):
     monkeypatch.setattr(reproduce, "miniature_config", lambda paper, seeds, out: type(
         "Config", (), {"task": paper, "workdir": str(tmp_path / paper)})())
     fresh = claim("deepretrieval", "b", "s", {}, "t", True)
-
-    class Demo:
-        demo = staticmethod(lambda config: {"claims": [fresh]})
-
-    monkeypatch.setattr(reproduce.task, "get", lambda name: Demo)
+    monkeypatch.setattr(reproduce.miniature, "run", lambda config: {"claims": [fresh]})
     report = reproduce.reproduce(["deepretrieval"], [0, 1], str(tmp_path))
     assert report == json.loads((tmp_path / "claims.json").read_text())
     assert report["claims"] == [old["claims"][0], fresh] and report["all_hold"]

@@ -12,6 +12,7 @@ import pytest
 from configs import deepretrieval
 from searchrl import run_config
 from searchrl.data import datasets
+from searchrl.demo import miniature
 from searchrl.retrieval import metrics
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.tasks.deepretrieval import demo as rewrite, world as rewrite_world
@@ -61,7 +62,7 @@ def test_demo_pipeline_writes_its_results(tmp_path):
     config.train.update(dict(steps=2, batch_size=8))
     config.rl.update(dict(minibatch_size=8, micro_batch_size=8))
 
-    rewrite.run(run_config.parse(config))
+    miniature.run(run_config.parse(config))
 
     results = json.load(open(os.path.join(config.workdir, "results.json")))
     seed = results["held_out"]["3"]

@@ -4,23 +4,18 @@ forced depth (`pilot`, `forced_depth`), prompting baselines (`baselines`, `promp
 and CPU miniature (`demo`, `scripted`)."""
 from typing import Any
 
-from searchrl.task import TASKS, Task
+from searchrl.task import TASKS, Demo, Task
 from searchrl.tasks.autosearch import analysis, config, env
 
 
-def run_demo(config: Any) -> Any:
-    """The miniature (`searchrl.tasks.autosearch.demo`), imported when run: configs import this package."""
-    from searchrl.tasks.autosearch import demo as miniature
+def miniature() -> Any:
+    """The miniature (`searchrl.tasks.autosearch.demo`), imported when asked: configs import this package."""
+    from searchrl.tasks.autosearch import demo
 
-    return miniature.run(config)
-
-
-def build_world(config: Any) -> Any:
-    """The miniature's world (`demo.build_world`) for `config` and its `config.demo`, imported when run."""
-    from searchrl.tasks.autosearch import demo as miniature
-
-    return miniature.build_world(config, config.demo)
+    return demo.MINIATURE
 
 
-TASKS.register("autosearch")(Task(env.Config, env.make, demo=run_demo, demo_config=config.DemoConfig,
-                                  world=build_world, report=analysis.REPORT, side_branch=env.side_branch))
+DEMO = Demo(miniature, reproduce="configs/autosearch.py:tiny_arms", smoke="configs/autosearch.py:smoke",
+            notebook="notebooks/01_quickstart.ipynb")
+TASKS.register("autosearch")(Task(env.Config, env.make, demo=DEMO, demo_config=config.DemoConfig,
+                                  report=analysis.REPORT, side_branch=env.side_branch))

@@ -5,6 +5,8 @@ from searchrl.configlib import group, ranged
 from searchrl.rl.config import SFTConfig
 from searchrl.tasks.autosearch.rewards import RewardConfig
 
+ARMS = ("autosearch", "no_efficiency", "step_penalty")  # the RL arms a miniature may train (`demo.ARMS`)
+
 
 @group
 class DemoConfig:
@@ -33,3 +35,7 @@ class DemoConfig:
     # The "step_penalty" arm's cost per search turn (RewardConfig.search_step_penalty); by default what
     # AutoSearch charges an unneeded search.
     step_penalty: float = ranged(RewardConfig().efficiency_overshoot_penalty, "(-inf, inf)")
+
+    def __post_init__(self):
+        if unknown := [arm for arm in self.arms if arm not in ARMS]:  # fails before any seed runs
+            raise ValueError(f"arms: unknown {unknown}; expected some of {list(ARMS)}")

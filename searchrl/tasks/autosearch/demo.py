@@ -16,10 +16,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-import time
 from typing import Any, Mapping
 
-import jax
 import matplotlib
 
 matplotlib.use("Agg")
@@ -28,13 +26,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 from searchrl import experiment, models  # noqa: E402
 from searchrl.data import datasets  # noqa: E402
 from searchrl.demo import synthetic  # noqa: E402
-from searchrl.demo.config import seed_config, world_config  # noqa: E402
+from searchrl.demo.miniature import Miniature, train  # noqa: E402
 from searchrl.demo.results import (claim, excludes_zero, interval, paired, per_seed_interval,  # noqa: E402
-                                   run_seeds, seed_intervals, write_results)
+                                   seed_intervals)
 from searchrl.eval import harness, report  # noqa: E402
 from searchrl.retrieval.bm25 import BM25Retriever  # noqa: E402
 from searchrl.rl import sft  # noqa: E402
-from searchrl.rl.trainer import Trainer  # noqa: E402
 from searchrl.run_config import RunConfig  # noqa: E402
 from searchrl.tasks.autosearch import analysis, rewards, scripted  # noqa: E402
 from searchrl.tasks.autosearch.config import DemoConfig  # noqa: E402
@@ -42,7 +39,7 @@ from searchrl.text.tokenizer import train_bpe_tokenizer  # noqa: E402
 
 DATASET = "world"
 METRICS = ("em", "f1", "mean_searches")  # of each policy, overall and per hop count, over the seeds
-# The RL arms: each one's reward, from the config's AutoSearch reward and the demo's config.
+# The RL arms (`config.ARMS`): each one's reward, from the config's AutoSearch reward and the demo's config.
 ARMS = {
     "autosearch": lambda reward, demo: reward,
     "no_efficiency": lambda reward, demo: dataclasses.replace(reward, **rewards.EFFICIENCY_OFF),
@@ -125,10 +122,26 @@ def arm_config(config: RunConfig, arm: str) -> RunConfig:
                                env=dataclasses.replace(config.env, autosearch=reward))
 
 
-def cold_start(config: RunConfig, built: experiment.Experiment) -> tuple[Any, dict[str, list[float]]]:
-    """The SFT cold start of `built.policy` on the scripted trajectories (prefixes, then whole ones): the
-    params and each stage's first and last loss."""
+@dataclasses.dataclass(frozen=True)
+class ColdStart:
+    """What a seed's arms start from: its experiment, held-out questions, cold-started policy, each SFT
+    stage's first and last loss, and the policy's `summarize` view."""
+
+    built: experiment.Experiment
+    test: dict[str, list[dict]]
+    policy: Any
+    losses: dict[str, list[float]]
+    summary: dict[str, Any]
+
+
+def cold_start(config: RunConfig, world: dict[str, str]) -> ColdStart:
+    """The SFT cold start of the seed's policy on the scripted trajectories (prefixes, then whole ones), and
+    its evaluation (workdir/eval_sft)."""
     demo = config.demo
+    built = experiment.build(config)
+    data = config.data
+    test = datasets.load_examples(data.dir, data.eval, data.eval_split, data.format, data.tfds_dir)
+    test = {name: records[: demo.eval_questions] for name, records in test.items()}
     segments = scripted.scripted_trajectories(built.train_examples, built.env, demo.extra_search_fraction,
                                               config.seed)
     early = scripted.early_answers(built.train_examples, segments, demo.early_answer_fraction, config.seed,
@@ -142,45 +155,37 @@ def cold_start(config: RunConfig, built: experiment.Experiment) -> tuple[Any, di
                                              placement)
         losses[stage] = [stage_losses[0], stage_losses[-1]]
         print(f"seed {config.seed}: SFT on {stage}: loss {stage_losses[0]:.3f} -> {stage_losses[-1]:.3f}")
-    return policy, losses
+    summary = evaluate(config, built, test, policy, os.path.join(config.workdir, "eval_sft"))
+    return ColdStart(built, test, policy, losses, summary)
 
 
-def run_seed(config: RunConfig) -> dict[str, Any]:
-    """One seed from an empty directory: world, cold start, one PPO run per arm; each policy's `summarize`
-    view ("sft" and the arms' names), the SFT losses and the seconds taken."""
-    start = time.perf_counter()
+def evaluate(config: RunConfig, built: experiment.Experiment, test: dict[str, list[dict]], params: Any,
+             out_dir: str) -> dict[str, Any]:
+    """Greedy evaluation of `params` on the held-out questions, per hop count and search budget; its report
+    goes to `out_dir`. Returns its `summarize` view."""
     demo = config.demo
-    arms = {arm: arm_config(config, arm) for arm in demo.arms}
-    for stale in [*(c.workdir for c in arms.values()), os.path.join(config.workdir, "eval_sft")]:
-        shutil.rmtree(stale, ignore_errors=True)  # the demo always starts over
-    build_world(config, demo)
-    built = experiment.build(config)
-    data = config.data
-    test = datasets.load_examples(data.dir, data.eval, data.eval_split, data.format, data.tfds_dir)
-    test = {name: records[: demo.eval_questions] for name, records in test.items()}
-    policy, losses = cold_start(config, built)
+    results = harness.evaluate_policy(
+        built.model_cfg, params, built.tokenizer, built.env, test, built.rollout, config.train.batch_size,
+        budgets=list(demo.budgets), spec=analysis.REPORT,
+        placement=models.placement_of(config.mesh).on_one_device(), budget_questions=demo.budget_questions)
+    report.write_report(results, out_dir, analysis.REPORT)
+    return summarize(results)
 
-    def evaluate(params, out_dir):
-        results = harness.evaluate_policy(
-            built.model_cfg, params, built.tokenizer, built.env, test, built.rollout, config.train.batch_size,
-            budgets=list(demo.budgets), spec=analysis.REPORT,
-            placement=models.placement_of(config.mesh).on_one_device(), budget_questions=demo.budget_questions)
-        report.write_report(results, out_dir, analysis.REPORT)
-        return summarize(results)
 
-    summaries = {"sft": evaluate(policy, os.path.join(config.workdir, "eval_sft"))}
-    for arm, arm_cfg in arms.items():
-        env = dataclasses.replace(built.env, config=arm_cfg.env)  # the seed's retriever, the arm's reward
-        trainer = Trainer(arm_cfg, built.model_cfg, policy, built.tokenizer, env, built.train_examples)
-        try:
-            trainer.train()
-            params = jax.device_get(trainer.state.policy)
-        finally:
-            trainer.close()
-        summaries[arm] = evaluate(params, os.path.join(arm_cfg.workdir, "eval"))
-        print(f"seed {config.seed}: {arm} done ({time.perf_counter() - start:.0f}s)")
+def run_arms(config: RunConfig, cold: ColdStart) -> dict[str, Any]:
+    """One PPO run per arm of `config.demo.arms` from the cold start, each evaluated: each policy's
+    `summarize` view ("sft" and the arms' names) and the SFT losses; the seed's plot (demo.png)."""
+    summaries = {"sft": cold.summary}
+    for arm in config.demo.arms:
+        arm_cfg = arm_config(config, arm)
+        # the seed's retriever, the arm's reward
+        env = dataclasses.replace(cold.built.env, config=arm_cfg.env)
+        params, _ = train(arm_cfg, cold.built, cold.policy, env=env)
+        out_dir = os.path.join(arm_cfg.workdir, "eval")
+        summaries[arm] = evaluate(config, cold.built, cold.test, params, out_dir)
+        print(f"seed {config.seed}: {arm} done")
     plot(summaries, os.path.join(config.workdir, "demo.png"))
-    return {**summaries, "sft_loss": losses, "seconds": time.perf_counter() - start}
+    return {**summaries, "sft_loss": cold.losses}
 
 
 def policies(per_seed: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -276,8 +281,9 @@ def claims(per_seed: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def markdown(per_seed: Mapping[str, Mapping[str, Any]], intervals: Mapping[str, Mapping[str, Any]]) -> str:
+def markdown(per_seed: Mapping[str, Mapping[str, Any]]) -> str:
     """results.md: each seed's table, then each figure's mean and 95% interval over the seeds."""
+    intervals = over_seeds(per_seed)
     parts = [f"### seed {seed}\n\n" + table({p: r[p] for p in policies(per_seed)})
              for seed, r in per_seed.items()]
     lines = ["| policy | hops | EM | F1 | mean searches |", "|---|---|---|---|---|"]
@@ -291,19 +297,5 @@ def markdown(per_seed: Mapping[str, Mapping[str, Any]], intervals: Mapping[str, 
     return "\n\n".join(parts)
 
 
-def run(config: RunConfig) -> dict[str, Any]:
-    """Every seed of `config.demo.seeds`, each with every arm of `config.demo.arms`; results.json holds each
-    seed's summaries ("held_out"), their means and 95% intervals over the seeds, and the claims."""
-    start = time.perf_counter()
-    demo = config.demo
-    for arm in demo.arms:
-        arm_config(config, arm)  # an unknown arm fails before any seed runs
-    configs = [world_config(seed_config(config, seed)) for seed in demo.seeds]
-    per_seed = dict(zip(map(str, demo.seeds), run_seeds(run_seed, configs, demo.parallel_seeds)))
-    intervals = over_seeds(per_seed)
-    results = {"held_out": per_seed, "over_seeds": intervals, "claims": claims(per_seed),
-               "seconds": time.perf_counter() - start}
-    write_results(config.workdir, markdown(per_seed, intervals), results)
-    print(f"results: {config.workdir}/results.json, plots: {config.workdir}/seed*/demo.png, "
-          f"TensorBoard: {config.workdir}/seed*/*/tensorboard ({results['seconds']:.0f}s)")
-    return results
+MINIATURE = Miniature(world=build_world, cold_start=cold_start, arms=run_arms, over_seeds=over_seeds,
+                      claims=claims, markdown=markdown)

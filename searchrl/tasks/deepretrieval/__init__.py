@@ -4,25 +4,20 @@ Spider, BIRD), search-engine retrievers (`engines`: PubMed, ClinicalTrials.gov),
 rewrite analysis (`tables`, `rewrites`) and CPU miniature (`demo`, `world`)."""
 from typing import Any
 
-from searchrl.task import TASKS, Task
+from searchrl.task import TASKS, Demo, Task
 # data and engines register the data formats and retrievers the task reads
 from searchrl.tasks.deepretrieval import analysis, config, data, engines, env  # noqa: F401
 
 
-def run_demo(config: Any) -> Any:
-    """The miniature (`searchrl.tasks.deepretrieval.demo`), imported when run: configs import this package."""
-    from searchrl.tasks.deepretrieval import demo as miniature
+def miniature() -> Any:
+    """The miniature (`searchrl.tasks.deepretrieval.demo`), imported when asked: configs import this
+    package."""
+    from searchrl.tasks.deepretrieval import demo
 
-    return miniature.run(config)
-
-
-def build_world(config: Any) -> Any:
-    """The miniature's world (`demo.build_world`) for `config` and its `config.demo`, imported when run."""
-    from searchrl.tasks.deepretrieval import demo as miniature
-
-    return miniature.build_world(config, config.demo)
+    return demo.MINIATURE
 
 
-TASKS.register("deepretrieval")(Task(env.Config, env.make, demo=run_demo,
-                                     demo_config=config.RewriteDemoConfig, world=build_world,
+DEMO = Demo(miniature, reproduce="configs/deepretrieval.py:tiny", smoke="configs/deepretrieval.py:smoke",
+            notebook="notebooks/03_deepretrieval.ipynb")
+TASKS.register("deepretrieval")(Task(env.Config, env.make, demo=DEMO, demo_config=config.RewriteDemoConfig,
                                      report=analysis.REPORT))

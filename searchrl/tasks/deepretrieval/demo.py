@@ -11,22 +11,21 @@ their predictions.jsonl, for `python -m searchrl.tasks.deepretrieval.rewrites`),
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import random
 import shutil
 import time
 from typing import Any
 
-import jax
-
 from searchrl import experiment, models, task
 from searchrl.data import datasets
-from searchrl.demo.config import seed_config, world_config
-from searchrl.demo.results import claim, paired, run_seeds, seed_intervals, write_results
+from searchrl.demo.miniature import Miniature, train
+from searchrl.demo.results import claim, paired, seed_intervals
 from searchrl.eval import harness, report
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.rl import sft
-from searchrl.rl.trainer import Trainer
 from searchrl.run_config import RunConfig
 from searchrl.tasks.deepretrieval import analysis
 from searchrl.tasks.deepretrieval import world as rewrite_world
@@ -41,6 +40,8 @@ POLICIES = ("raw", "sft", "rl")
 
 def build_world(config: RunConfig, demo: RewriteDemoConfig) -> rewrite_world.RewriteWorld:
     """The world's BEIR files under workdir/rewrite_world, its BM25 index and its tokenizer (from scratch)."""
+    for built_before in (DATASET, "index", "tokenizer"):
+        shutil.rmtree(os.path.join(config.workdir, built_before), ignore_errors=True)
     world = rewrite_world.generate_world(config.seed, concepts_per_kind=demo.concepts_per_kind,
                                          num_candidates=demo.num_candidates)
     paths = rewrite_world.write_world(world, os.path.join(config.data.dir, DATASET))
@@ -77,41 +78,50 @@ def held_out_metrics(results: dict[str, Any]) -> dict[str, dict[str, float]]:
                                                        "query_words": row["query_words"]}}
 
 
-def run_seed(config: RunConfig) -> dict[str, Any]:
-    """One seed from an empty directory: world, cold start, PPO, and the held-out metrics of each policy."""
+@dataclasses.dataclass(frozen=True)
+class ColdStart:
+    """What a seed's RL starts from: its experiment, held-out topics, cold-started policy, its first and last
+    SFT loss, and the raw query's and the policy's held-out metrics (`held_out_metrics`)."""
+
+    built: experiment.Experiment
+    test: dict[str, list[dict]]
+    policy: Any
+    losses: list[float]
+    metrics: dict[str, dict[str, float]]
+
+
+def cold_start(config: RunConfig, world: rewrite_world.RewriteWorld) -> ColdStart:
+    """SFT on random candidate rewrites (`cold_start_examples`), evaluated on the held-out topics."""
     start = time.perf_counter()
-    demo = config.demo
-    for built_before in (DATASET, "index", "tokenizer", "checkpoints", "tensorboard"):  # the demo starts over
-        shutil.rmtree(os.path.join(config.workdir, built_before), ignore_errors=True)
-    if os.path.exists(metrics := os.path.join(config.workdir, "metrics.jsonl")):
-        os.remove(metrics)
-    world = build_world(config, demo)
     built = experiment.build(config)
     test = datasets.load_examples(config.data.dir, DATASET, "test", config.data.format, config.data.tfds_dir)
-    examples = cold_start_examples(world, built, demo.sft_samples, config.seed)
+    examples = cold_start_examples(world, built, config.demo.sft_samples, config.seed)
     placement = models.placement_of(config.mesh)
-    policy, losses = sft.fine_tune(built.model_cfg, built.policy, built.tokenizer, examples, config.sft, placement)
+    policy, losses = sft.fine_tune(built.model_cfg, built.policy, built.tokenizer, examples, config.sft,
+                                   placement)
     print(f"seed {config.seed}: SFT loss {losses[0]:.3f} -> {losses[-1]:.3f} "
           f"({time.perf_counter() - start:.0f}s)")
+    metrics = evaluate(config, built, test, policy, "sft")
+    return ColdStart(built, test, policy, [losses[0], losses[-1]], metrics)
 
-    def evaluate(params, name):
-        results = harness.evaluate_policy(built.model_cfg, params, built.tokenizer, built.env, test,
-                                          built.rollout, config.train.batch_size, spec=analysis.REPORT,
-                                          placement=placement.on_one_device())
-        report.write_report(results, os.path.join(config.workdir, f"eval_{name}"), analysis.REPORT)
-        return held_out_metrics(results)
 
-    cold = evaluate(policy, "sft")
-    trainer = Trainer(config, built.model_cfg, policy, built.tokenizer, built.env, built.train_examples)
-    try:
-        history = trainer.train()
-        rl_params = jax.device_get(trainer.state.policy)
-    finally:
-        trainer.close()
-    rl = evaluate(rl_params, "rl")
-    return {"raw": cold["raw"], "sft": cold["policy"], "rl": rl["policy"],
-            "train_reward": [history[0]["reward/mean"], history[-1]["reward/mean"]],
-            "sft_loss": [losses[0], losses[-1]], "seconds": time.perf_counter() - start}
+def evaluate(config: RunConfig, built: experiment.Experiment, test: dict[str, list[dict]], params: Any,
+             name: str) -> dict[str, dict[str, float]]:
+    """Greedy evaluation on the held-out topics (its report in workdir/eval_<name>): `held_out_metrics`."""
+    results = harness.evaluate_policy(built.model_cfg, params, built.tokenizer, built.env, test,
+                                      built.rollout, config.train.batch_size, spec=analysis.REPORT,
+                                      placement=models.placement_of(config.mesh).on_one_device())
+    report.write_report(results, os.path.join(config.workdir, f"eval_{name}"), analysis.REPORT)
+    return held_out_metrics(results)
+
+
+def rl_arm(config: RunConfig, cold: ColdStart) -> dict[str, Any]:
+    """PPO from the cold start on the seed's workdir; the held-out metrics of each policy, the first and last
+    training reward and SFT loss."""
+    params, history = train(config, cold.built, cold.policy)
+    rl = evaluate(config, cold.built, cold.test, params, "rl")
+    return {"raw": cold.metrics["raw"], "sft": cold.metrics["policy"], "rl": rl["policy"],
+            "train_reward": [history[0]["reward/mean"], history[-1]["reward/mean"]], "sft_loss": cold.losses}
 
 
 def markdown(per_seed: dict[str, dict[str, Any]]) -> str:
@@ -132,15 +142,6 @@ def claims(per_seed: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                   min(gain["per_seed"].values()) >= 0.20)]
 
 
-def run(config: RunConfig) -> dict[str, Any]:
-    """Every seed of `config.demo.seeds`; results.json holds each seed's metrics, their means and 95%
-    intervals over the seeds, and the claim."""
-    start = time.perf_counter()
-    demo = config.demo
-    configs = [world_config(seed_config(config, seed)) for seed in demo.seeds]
-    per_seed = dict(zip(map(str, demo.seeds), run_seeds(run_seed, configs, demo.parallel_seeds)))
-    results = {"held_out": per_seed, "over_seeds": seed_intervals(per_seed, POLICIES, METRICS),
-               "claims": claims(per_seed), "seconds": time.perf_counter() - start}
-    write_results(config.workdir, markdown(per_seed), results)
-    print(f"results: {config.workdir}/results.json ({results['seconds']:.0f}s)")
-    return results
+MINIATURE = Miniature(world=build_world, cold_start=cold_start, arms=rl_arm,
+                      over_seeds=functools.partial(seed_intervals, policies=POLICIES, metrics=METRICS),
+                      claims=claims, markdown=markdown)

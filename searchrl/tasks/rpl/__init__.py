@@ -12,22 +12,15 @@ never by Python's eval, exec or compile, over the SDK (`sdk`). Also here: the en
 """
 from typing import Any
 
-from searchrl.task import TASKS, AnswerScorer, Task
+from searchrl.task import TASKS, Demo, AnswerScorer, Task
 from searchrl.tasks.rpl import analysis, config, env
 
 
-def run_demo(config: Any) -> Any:
-    """The miniature (`searchrl.tasks.rpl.demo`), imported when run: configs import this package."""
-    from searchrl.tasks.rpl import demo as miniature
+def miniature() -> Any:
+    """The miniature (`searchrl.tasks.rpl.demo`), imported when asked: configs import this package."""
+    from searchrl.tasks.rpl import demo
 
-    return miniature.run(config)
-
-
-def build_world(config: Any) -> Any:
-    """The miniature's world (`demo.build_world`) for `config` and its `config.demo`, imported when run."""
-    from searchrl.tasks.rpl import demo as miniature
-
-    return miniature.build_world(config, config.demo)
+    return demo.MINIATURE
 
 
 def train_hooks(program_env: env.ProgramEnv) -> list[Any]:
@@ -37,6 +30,8 @@ def train_hooks(program_env: env.ProgramEnv) -> list[Any]:
     return distill.train_hooks(program_env)
 
 
-TASKS.register("rpl")(Task(env.Config, env.make, demo=run_demo, demo_config=config.RPLDemoConfig,
-                           world=build_world, report=analysis.REPORT, train_hooks=train_hooks,
+DEMO = Demo(miniature, reproduce="configs/rpl.py:tiny", smoke="configs/rpl.py:smoke",
+            notebook="notebooks/04_rpl.ipynb")
+TASKS.register("rpl")(Task(env.Config, env.make, demo=DEMO, demo_config=config.RPLDemoConfig,
+                           report=analysis.REPORT, train_hooks=train_hooks,
                            answer_scorer=AnswerScorer(env.is_globalqa, env.globalqa_scores)))

@@ -22,13 +22,11 @@ per seed, each arm's evaluation report (`seed<seed>/<arm>/eval_<arm>/`) and trai
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import os
 import shutil
-import time
 from typing import Any, Collection, Mapping, Sequence
 
-import jax
 import matplotlib
 
 matplotlib.use("Agg")
@@ -38,16 +36,14 @@ import numpy as np  # noqa: E402
 from searchrl import experiment, models  # noqa: E402
 from searchrl.data import datasets  # noqa: E402
 from searchrl.demo import synthetic  # noqa: E402
-from searchrl.demo.config import seed_config, world_config  # noqa: E402
-from searchrl.demo.results import (claim, excludes_zero, paired, run_seeds, seed_intervals,  # noqa: E402
-                                   write_results)
+from searchrl.demo.miniature import Branch, Miniature, train  # noqa: E402
+from searchrl.demo.results import claim, excludes_zero, paired, seed_intervals  # noqa: E402
 from searchrl.episode import Action, Observation  # noqa: E402
 from searchrl.eval import harness, report  # noqa: E402
 from searchrl.metric_writer import read_metrics  # noqa: E402
 from searchrl.retrieval.bm25 import BM25Retriever  # noqa: E402
 from searchrl.retrieval.types import Hit  # noqa: E402
 from searchrl.rl import sft  # noqa: E402
-from searchrl.rl.trainer import Trainer  # noqa: E402
 from searchrl.run_config import RunConfig  # noqa: E402
 from searchrl.tasks.rpl import analysis, distill, globalqa  # noqa: E402
 from searchrl.tasks.rpl.config import RPLDemoConfig  # noqa: E402
@@ -97,6 +93,8 @@ def citations(observations: Sequence[Observation], gold: Collection[str]) -> lis
 def build_world(config: RunConfig, demo: RPLDemoConfig) -> list[dict[str, Any]]:
     """The world's corpus and its GlobalQA tasks of `demo.types` under workdir, the BM25 index and the
     tokenizer (from scratch); returns the training tasks of every type (the prefix stage's)."""
+    for built_before in (DATASET, "world", "index", "tokenizer"):
+        shutil.rmtree(os.path.join(config.workdir, built_before), ignore_errors=True)
     world = synthetic.generate_world(config.seed, demo.entities, questions_per_entity=0.0,
                                      pair_fraction=demo.pair_fraction, test_fraction=demo.test_fraction)
     corpus = synthetic.write_world(world, os.path.join(config.workdir, "world"))["corpus"]
@@ -225,12 +223,9 @@ class ColdStart:
     held_out: dict[str, dict[str, float]]
 
 
-def cold_started(config: RunConfig, demo: RPLDemoConfig) -> ColdStart:
-    """The world, the shared cold start and its held-out evaluation in each env (workdir/<arm>/eval_*)."""
-    seeds = [f"seed{seed}" for seed in demo.seeds]
-    for built_before in (DATASET, "world", "index", "tokenizer", *ARMS, *seeds):  # the demo starts over
-        shutil.rmtree(os.path.join(config.workdir, built_before), ignore_errors=True)
-    prefix_tasks = build_world(config, demo)
+def cold_started(config: RunConfig, prefix_tasks: Sequence[Mapping[str, Any]]) -> ColdStart:
+    """The shared cold start on the world and its held-out evaluation in each env (workdir/<arm>/eval_*)."""
+    demo = config.demo
     test = datasets.load_examples(config.data.dir, DATASET, "test", config.data.format, config.data.tfds_dir)
     test = {name: records[: demo.eval_questions] for name, records in test.items()}
     configs = [arm_config(config, arm, demo) for arm in ("search", "program")]
@@ -240,46 +235,26 @@ def cold_started(config: RunConfig, demo: RPLDemoConfig) -> ColdStart:
     return ColdStart(search, program, policy, test, held)
 
 
-def run_seed(config: RunConfig, demo: RPLDemoConfig, start: ColdStart) -> dict[str, Any]:
-    """One RL seed from the cold start: each arm's RL (workdir/seed<seed>/<arm>), held-out metrics."""
-    began = time.perf_counter()
+def run_arms(config: RunConfig, start: ColdStart) -> dict[str, Any]:
+    """One RL seed from the cold start: each arm's RL (workdir/seed<seed>/<arm>), held-out metrics; program
+    mutation branches off the program run halfway, on the same batches."""
     search, built, policy, test = start.search, start.program, start.policy, start.test
     half = config.train.steps // 2
     results: dict[str, Any] = dict(start.held_out)
-    configs = {arm: arm_config(config, arm, demo) for arm in ARMS}
-    trainer = Trainer(configs["search"], search.model_cfg, policy, search.tokenizer, search.env,
-                      search.train_examples)
-    try:
-        trainer.train()
-        results["search"] = held_out(configs["search"], search, jax.device_get(trainer.state.policy), test,
-                                     "search")
-    finally:
-        trainer.close()
-    print(f"seed {config.seed}: search arm done ({time.perf_counter() - began:.0f}s)")
+    configs = {arm: arm_config(config, arm, config.demo) for arm in ARMS}
+    params, _ = train(configs["search"], search, policy)
+    results["search"] = held_out(configs["search"], search, params, test, "search")
+    print(f"seed {config.seed}: search arm done")
 
     eval_examples = test[DATASET]
     program_config, pm_config = configs["program"], configs["program_pm"]
-    trainer = Trainer(program_config, built.model_cfg, policy, built.tokenizer, built.env,
-                      built.train_examples, eval_examples)
-    try:
-        trainer.train(half)  # checkpointed at `half`: the branch point
-        shutil.copytree(os.path.join(program_config.workdir, "checkpoints"),
-                        os.path.join(pm_config.workdir, "checkpoints"))
-        shutil.copy(os.path.join(program_config.workdir, "metrics.jsonl"), pm_config.workdir)
-        trainer.train()
-        results["program"] = held_out(program_config, built, jax.device_get(trainer.state.policy), test,
-                                      "program")
-    finally:
-        trainer.close()
+    params, _ = train(program_config, built, policy, eval_examples=eval_examples,
+                      branch=Branch(half, pm_config.workdir))  # checkpointed at `half`: the branch point
+    results["program"] = held_out(program_config, built, params, test, "program")
     mutation = distill.ProgramMutation(dataclasses.replace(built.env.config.mutation, at_step=half))
-    trainer = Trainer(pm_config, built.model_cfg, policy, built.tokenizer, built.env, built.train_examples,
-                      eval_examples, hooks=[mutation])
-    try:  # resumes at the branch point, with the same data order and keys as the continued run
-        trainer.train()
-        results["program_pm"] = held_out(pm_config, built, jax.device_get(trainer.state.policy), test,
-                                         "program_pm")
-    finally:
-        trainer.close()
+    # resumes at the branch point, with the same data order and keys as the continued run
+    params, _ = train(pm_config, built, policy, eval_examples=eval_examples, hooks=[mutation], resume=True)
+    results["program_pm"] = held_out(pm_config, built, params, test, "program_pm")
     results["mutation"] = {k.removeprefix("mutation/"): v for r in
                            read_metrics(os.path.join(pm_config.workdir, "metrics.jsonl"))
                            for k, v in r.items() if k.startswith("mutation/")}
@@ -287,8 +262,6 @@ def run_seed(config: RunConfig, demo: RPLDemoConfig, start: ColdStart) -> dict[s
                                "uses": {name: curve(configs[arm].workdir, f"env/uses_{name}")
                                         for name in built.env.sdk.available}}
                          for arm in ("program", "program_pm")}
-    results["seconds"] = time.perf_counter() - began
-    print(f"seed {config.seed}: done ({results['seconds']:.0f}s)")
     return results
 
 
@@ -348,33 +321,11 @@ def plot(per_seed: Mapping[str, Mapping[str, Any]], path: str) -> None:
     plt.close(fig)
 
 
-def own_cold_start_seed(config: RunConfig) -> dict[str, Any]:
-    """One seed from its own world and cold start, then `run_seed` (a `results.run_seeds` job)."""
-    start = time.perf_counter()
-    cold = cold_started(config, config.demo)
-    print(f"seed {config.seed}: cold start done ({time.perf_counter() - start:.0f}s)")
-    return run_seed(config, config.demo, cold)
+def plot_run(per_seed: Mapping[str, Mapping[str, Any]], workdir: str) -> None:
+    """`plot` of every seed to workdir/rpl.png."""
+    plot(per_seed, os.path.join(workdir, "rpl.png"))
 
 
-def run(config: RunConfig) -> dict[str, Any]:
-    """Every seed of `config.demo.seeds`: its own world and cold start (one shared by every seed with
-    `demo.shared_cold_start`), then RL; results.json holds each seed's metrics, their means and 95%
-    intervals over the seeds, and the claims."""
-    start = time.perf_counter()
-    demo = config.demo
-    if demo.shared_cold_start:  # one world and cold start, every seed's runs under workdir/seed<seed>
-        shared = cold_started(world_config(config), demo)
-        per_seed = {str(seed): run_seed(seed_config(world_config(config), seed), demo, shared)
-                    for seed in demo.seeds}
-    else:
-        configs = [world_config(seed_config(config, seed)) for seed in demo.seeds]
-        seed_results = run_seeds(own_cold_start_seed, configs, demo.parallel_seeds)
-        per_seed = dict(zip(map(str, demo.seeds), seed_results))
-    results = {"held_out": per_seed, "over_seeds": seed_intervals(per_seed, POLICIES, METRICS),
-               "claims": claims(per_seed), "seconds": time.perf_counter() - start}
-    write_results(config.workdir, markdown(per_seed), results)
-    plot(per_seed, os.path.join(config.workdir, "rpl.png"))
-    print(json.dumps(results["claims"]))
-    print(f"results: {config.workdir}/results.json, plot: {config.workdir}/rpl.png "
-          f"({results['seconds']:.0f}s)")
-    return results
+MINIATURE = Miniature(world=build_world, cold_start=cold_started, arms=run_arms,
+                      over_seeds=functools.partial(seed_intervals, policies=POLICIES, metrics=METRICS),
+                      claims=claims, markdown=markdown, plot=plot_run)
