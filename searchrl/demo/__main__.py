@@ -1,4 +1,4 @@
-"""`make demo`: `python -m searchrl.demo [--config configs/autosearch.py:tiny] [--config.train.steps=...]`
+"""`make demo`: `python -m searchrl.demo --config configs/autosearch.py:tiny [--config.train.steps=...]`
 runs the CPU miniature of the config's task (`config.env.name`, its `searchrl.task.Demo`), e.g.
 `configs/deepretrieval.py:tiny`.
 
@@ -6,6 +6,7 @@ runs the CPU miniature of the config's task (`config.env.name`, its `searchrl.ta
 turn (`searchrl.task.Demo.smoke`): the miniatures end to end at their smallest, each under its own workdir
 (--config and its overrides are not read then; `--config configs/rpl.py:smoke` runs one of them)."""
 import time
+from typing import Sequence
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -13,7 +14,8 @@ from ml_collections import config_flags
 from searchrl import cli, run_config, task
 from searchrl.demo import config as demo_config, miniature
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/autosearch.py:tiny", "Demo config.")
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Demo config: FILE:PRESET of a task with a "
+                                          "miniature (`searchrl.task.Demo`).")
 _SIZE = flags.DEFINE_enum("size", "", ["", "smoke"], "smoke: every miniature's smoke preset in turn, "
                           "in place of --config.")
 
@@ -26,9 +28,10 @@ def run_demo(config: run_config.RunConfig) -> None:
     miniature.run(config)
 
 
-def smoke() -> None:
-    """Every miniature's smoke preset, one after another, with the time each took."""
-    for name in task.with_demo():
+def smoke(names: Sequence[str] = ()) -> None:
+    """The smoke preset of each miniature of `names` (default: every task's), one after another, with the time
+    each took."""
+    for name in names or task.with_demo():
         start = time.perf_counter()
         run_demo(run_config.parse(demo_config.preset(task.get(name).demo.smoke)))
         print(f"smoke: {name} done in {time.perf_counter() - start:.0f}s", flush=True)
@@ -39,6 +42,9 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"Unexpected arguments {argv[1:]}")
     if _SIZE.value == "smoke":
         smoke()
+    elif _CONFIG.value is None:
+        raise app.UsageError(f"pass --config FILE:PRESET (a miniature's, e.g. configs/<task>.py:tiny; tasks "
+                             f"with one: {task.with_demo()}) or --size smoke")
     else:
         run_demo(run_config.parse(_CONFIG.value))
 

@@ -27,7 +27,8 @@ RUN_FILES = ("checkpoints", "tensorboard", "metrics.jsonl")  # what a training r
 @dataclasses.dataclass(frozen=True)
 class Miniature:
     """What a task's miniature fills in. `config.demo` (the task's `demo_config`) has `seeds` and
-    `parallel_seeds`, and may have `shared_cold_start` (one world and cold start for every seed's arms).
+    `parallel_seeds` (seeds side by side, each in a fresh process that finds the task by its package,
+    `searchrl.task.get`), and may have `shared_cold_start` (one world and cold start for every seed's arms).
 
     world: (a config with its world under its workdir, `world_config`; its `config.demo`) -> builds the
         world's files from scratch (datasets, index, tokenizer); returns what the cold start reads of it.
@@ -53,7 +54,7 @@ def of(config: RunConfig) -> Miniature:
     demo = task.get(config.task).demo
     if demo is None:
         raise ValueError(f"task {config.task!r} (config.env.name) has no miniature; tasks with one: "
-                         f"{[name for name in task.TASKS if task.TASKS.get(name).demo is not None]}")
+                         f"{task.with_demo()}")
     return demo.load()
 
 
