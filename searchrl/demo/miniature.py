@@ -100,7 +100,7 @@ def seed_results(miniature: Miniature, config: RunConfig, cold: Any, began: floa
 @dataclasses.dataclass(frozen=True)
 class Branch:
     """Another arm branching off a run: the run's checkpoint and metrics at `step` become `workdir`'s, where
-    that arm resumes (`train(..., resume=True)`) with the same data order and keys as the run continues."""
+    that arm resumes (`train(..., branched=True)`) with the same data order and keys as the run continues."""
 
     step: int
     workdir: str
@@ -108,11 +108,11 @@ class Branch:
 
 def train(config: RunConfig, built: experiment.Experiment, policy: dict, *, env: Any = None,
           eval_examples: Sequence[dict] = (), hooks: Sequence[TrainHook] = (), branch: Branch | None = None,
-          resume: bool = False) -> tuple[dict, list[dict[str, float]]]:
-    """An arm's RL run from `policy` under `config.workdir` (started over unless `resume`: an earlier run's
-    files there are removed), in `built`'s env (or `env`) on its training examples: the trained params (on the
-    host) and each step's metrics."""
-    if not resume:
+          branched: bool = False) -> tuple[dict, list[dict[str, float]]]:
+    """An arm's RL run from `policy` under `config.workdir`, in `built`'s env (or `env`) on its training
+    examples, started over (an earlier run's files there are removed) unless `branched` (it resumes the run a
+    `Branch` left there): the trained params (on the host) and each step's metrics."""
+    if not branched:
         remove_run(config.workdir)
     trainer = Trainer(config, built.model_cfg, policy, built.tokenizer, env or built.env,
                       built.train_examples, eval_examples, hooks=hooks)

@@ -253,7 +253,7 @@ def run_arms(config: RunConfig, start: ColdStart) -> dict[str, Any]:
     results["program"] = held_out(program_config, built, params, test, "program")
     mutation = distill.ProgramMutation(dataclasses.replace(built.env.config.mutation, at_step=half))
     # resumes at the branch point, with the same data order and keys as the continued run
-    params, _ = train(pm_config, built, policy, eval_examples=eval_examples, hooks=[mutation], resume=True)
+    params, _ = train(pm_config, built, policy, eval_examples=eval_examples, hooks=[mutation], branched=True)
     results["program_pm"] = held_out(pm_config, built, params, test, "program_pm")
     results["mutation"] = {k.removeprefix("mutation/"): v for r in
                            read_metrics(os.path.join(pm_config.workdir, "metrics.jsonl"))
