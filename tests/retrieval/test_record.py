@@ -12,7 +12,7 @@ from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.retrieval.record import MissingRecord
 from searchrl.retrieval.types import QueryRefused
 from searchrl.tasks.deepretrieval import analysis, api_rewrites
-from tests.app.test_deepretrieval_presets import deepretrieval
+from tests.tasks.deepretrieval.test_presets import deepretrieval
 from tests.data.retrieval_helpers import write_jsonl
 from tests.fakes.engines import FakeEngineServer
 from tests.retrieval.test_client import OK, ScriptedServer

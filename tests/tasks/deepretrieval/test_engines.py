@@ -18,7 +18,7 @@ from searchrl.tasks.deepretrieval.engines import (MAX_RETRY_AFTER_S, PUBMED_MAX_
                                                   RateLimiter, SearchCache, SearchEngine, SearchEngineError,
                                                   SearchEngineUnavailable, make_engine, parse_esearch,
                                                   parse_studies, retry_after_s)
-from tests.app.test_deepretrieval_presets import deepretrieval
+from tests.tasks.deepretrieval.test_presets import deepretrieval
 from tests.fakes.engines import Fault, FakeEngineServer, esearch_error_body, studies_body
 from tests.processes import free_port
 
