@@ -171,6 +171,39 @@ class LiteratureAPI(Protocol):
         ...
 
 
+@group
+class EngineOptions:
+    """The `config.retrieval.options` every search engine reads beside its API's own (a subclass adds those:
+    `PubMedOptions`, `ClinicalTrialsOptions`)."""
+
+    cache_path: str = ""  # JSONL cache of ranked ids ("": no cache)
+    rate_per_s: float = ranged(0.0, "[0, inf)")  # requests per second (0: the API's default)
+
+    def api_options(self) -> dict[str, Any]:
+        """The options the engine's API takes: every field but EngineOptions' own."""
+        own = {field.name for field in dataclasses.fields(EngineOptions)}
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+                if field.name not in own}
+
+
+@group
+class PubMedOptions(EngineOptions):
+    """`config.retrieval.options` of kind "pubmed": the engine's, and `PubMed`'s."""
+
+    api_key: str | None = None  # None: $NCBI_API_KEY ("": none)
+    sort: str = ""  # "": ESearch's default order (DeepRetrieval's); or relevance, pub_date, ...
+    tool: str = ""  # tool and email identify the caller to NCBI
+    email: str = ""
+    page_size: int = ranged(PUBMED_PAGE_SIZE, f"[1, {PUBMED_PAGE_SIZE}]")  # ids asked for per request
+
+
+@group
+class ClinicalTrialsOptions(EngineOptions):
+    """`config.retrieval.options` of kind "ctgov": the engine's, and `ClinicalTrials`'."""
+
+    page_size: int = ranged(CTGOV_PAGE_SIZE, f"[1, {CTGOV_PAGE_SIZE}]")  # ids asked for per request
+
+
 class PubMed:
     """NCBI E-utilities ESearch on db=pubmed. `api_key` (default: $NCBI_API_KEY) raises the rate limit to
     10/s; `sort` ("" = ESearch's default order, as DeepRetrieval uses; or relevance, pub_date, ...);
@@ -184,8 +217,9 @@ class PubMed:
     path = "esearch.fcgi"
     date_range: tuple[str, str] | None = None  # (mindate, maxdate)
 
-    def __init__(self, api_key: str | None = None, sort: str = "", tool: str = "", email: str = "",
-                 page_size: int = PUBMED_PAGE_SIZE):
+    def __init__(self, api_key: str | None = PubMedOptions.api_key, sort: str = PubMedOptions.sort,
+                 tool: str = PubMedOptions.tool, email: str = PubMedOptions.email,
+                 page_size: int = PubMedOptions.page_size):
         if not 1 <= page_size <= PUBMED_PAGE_SIZE:
             raise ValueError(f"pubmed: page_size must be in [1, {PUBMED_PAGE_SIZE}], got {page_size}")
         self.api_key = os.environ.get("NCBI_API_KEY", "") if api_key is None else api_key
@@ -228,7 +262,7 @@ class ClinicalTrials:
     max_results = sys.maxsize  # no limit: every page of a query can be read
     path = "studies"
 
-    def __init__(self, page_size: int = CTGOV_PAGE_SIZE):
+    def __init__(self, page_size: int = ClinicalTrialsOptions.page_size):
         if not 1 <= page_size <= CTGOV_PAGE_SIZE:
             raise ValueError(f"ctgov: page_size must be in [1, {CTGOV_PAGE_SIZE}], got {page_size}")
         self.page_size = page_size
@@ -240,39 +274,6 @@ class ClinicalTrials:
 
     def parse(self, body: Any, cursor: Cursor) -> tuple[list[str], Cursor]:
         return parse_studies(body)
-
-
-@group
-class EngineOptions:
-    """The `config.retrieval.options` every search engine reads beside its API's own (a subclass adds those:
-    `PubMedOptions`, `ClinicalTrialsOptions`)."""
-
-    cache_path: str = ""  # JSONL cache of ranked ids ("": no cache)
-    rate_per_s: float = ranged(0.0, "[0, inf)")  # requests per second (0: the API's default)
-
-    def api_options(self) -> dict[str, Any]:
-        """The options the engine's API takes: every field but EngineOptions' own."""
-        own = {field.name for field in dataclasses.fields(EngineOptions)}
-        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
-                if field.name not in own}
-
-
-@group
-class PubMedOptions(EngineOptions):
-    """`config.retrieval.options` of kind "pubmed": the engine's, and `PubMed`'s."""
-
-    api_key: str | None = None  # None: $NCBI_API_KEY ("": none)
-    sort: str = ""  # "": ESearch's default order (DeepRetrieval's); or relevance, pub_date, ...
-    tool: str = ""  # tool and email identify the caller to NCBI
-    email: str = ""
-    page_size: int = ranged(PUBMED_PAGE_SIZE, f"[1, {PUBMED_PAGE_SIZE}]")  # ids asked for per request
-
-
-@group
-class ClinicalTrialsOptions(EngineOptions):
-    """`config.retrieval.options` of kind "ctgov": the engine's, and `ClinicalTrials`'."""
-
-    page_size: int = ranged(CTGOV_PAGE_SIZE, f"[1, {CTGOV_PAGE_SIZE}]")  # ids asked for per request
 
 
 class RateLimiter:
