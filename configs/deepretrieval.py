@@ -37,6 +37,7 @@ Where the paper and a script disagree, the script wins (it ran the reported numb
 from searchrl import run_config
 from searchrl.configlib import miniature_workdir, sibling, to_config
 from searchrl.tasks.deepretrieval import prompts
+from searchrl.tasks.deepretrieval.engines import ClinicalTrialsOptions, PubMedOptions
 from searchrl.tasks.deepretrieval.config import RewriteDemoConfig
 
 hardware = sibling(__file__, "hardware")
@@ -121,7 +122,8 @@ def _prompt(config, prompt: prompts.TaskPrompt):
 def literature(config):
     config = _paper(config, "literature")
     config.data.update(dict(format="literature", dir="/data/deepretrieval", train="pubmed", eval="pubmed"))
-    config.retrieval.update(dict(kind="pubmed", cache_path="/data/cache/pubmed.jsonl"))  # asks once per query
+    config.retrieval.kind = "pubmed"  # its cache asks the engine once per query
+    config.retrieval.options = to_config(PubMedOptions(cache_path="/data/cache/pubmed.jsonl"))
     config.env.depth = 3000  # search_with_keywords(topk=3000), Recall@3K [P, DR pubmed.py]
     return config
 
@@ -129,7 +131,8 @@ def literature(config):
 def literature_ctgov(config):
     config = literature(config)
     config.data.update(dict(train="ctgov", eval="ctgov"))
-    config.retrieval.update(dict(kind="ctgov", cache_path="/data/cache/ctgov.jsonl"))
+    config.retrieval.kind = "ctgov"
+    config.retrieval.options = to_config(ClinicalTrialsOptions(cache_path="/data/cache/ctgov.jsonl"))
     return config
 
 

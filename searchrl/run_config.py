@@ -19,7 +19,7 @@ from searchrl import task
 from searchrl.configlib import ConfigError, from_config, to_config
 from searchrl.data.config import DataConfig
 from searchrl.models.config import DistributedConfig, MeshConfig, ModelSource
-from searchrl.retrieval import RetrievalConfig
+from searchrl.retrieval import RetrievalConfig, options_group
 from searchrl.rl.config import RLConfig, SFTConfig, TrainConfig
 from searchrl.rollout.config import RolloutConfig
 
@@ -90,12 +90,24 @@ def preset_workdir(config: ml_collections.ConfigDict, config_file: str, preset: 
     return config
 
 
+def retriever_options(retrieval: dict[str, Any]) -> dict[str, Any]:
+    """`config.retrieval`'s values with its `options` made into the group its kind declares
+    (`searchrl.retrieval.options_group`; the task, imported first, has registered its kinds), where it declares
+    one: an unknown key or a value out of range is a ConfigError naming `config.retrieval.options`."""
+    declared = options_group(retrieval.get("kind", RetrievalConfig.kind))
+    if declared is None:
+        return retrieval
+    return retrieval | {"options": from_config(declared, retrieval.get("options", {}),
+                                               "config.retrieval.options")}
+
+
 def parse(config: ml_collections.ConfigDict) -> RunConfig:
     """The `RunConfig` of an experiment config: every group becomes its dataclass, the env group its task's
-    `Config` and `config.demo` the task's `demo_config`. A missing group of `experiment_config`, an unknown
-    key, a value out of its field's range (`searchrl.configlib.ranged`) or one a dataclass refuses is a
-    ConfigError, one line naming where it is (e.g. "config.rl.actor.lr=nan is out of range: allowed
-    [0, inf)"); the entry points end on it with that line."""
+    `Config`, `config.demo` the task's `demo_config` and `config.retrieval.options` the group its retriever
+    kind declares. A missing group of `experiment_config`, an unknown key, a value out of its field's range
+    (`searchrl.configlib.ranged`) or one a dataclass refuses is a ConfigError, one line naming where it is
+    (e.g. "config.rl.actor.lr=nan is out of range: allowed [0, inf)"); the entry points end on it with that
+    line."""
     values = config.to_dict()
     missing = [name for name in ("env", "data", "retrieval", "rollout", "train", "rl", "model")
                if name not in values]
@@ -119,6 +131,7 @@ def parse(config: ml_collections.ConfigDict) -> RunConfig:
         if spec.demo_config is None:
             raise ConfigError(f"config.demo: task {name!r} has no demo")
         fields["demo"] = from_config(spec.demo_config, demo, "config.demo")
+    values["retrieval"] = retriever_options(values["retrieval"])
     for group, value in values.items():
         kind = GROUPS[group]
         is_group = dataclasses.is_dataclass(kind)

@@ -19,34 +19,37 @@ from searchrl.retrieval.kinds import BM25_B, BM25_K1, INDEX_KINDS
 from searchrl.retrieval.types import Hit, Retriever
 
 __all__ = ["Hit", "Retriever", "RetrievalConfig", "MANIFEST", "read_manifest", "write_manifest", "index_kind",
-           "is_dense", "index_fingerprint", "load_retriever", "make_retriever", "RETRIEVERS", "INDEX_KINDS",
-           "BM25_K1", "BM25_B"]
+           "is_dense", "index_fingerprint", "load_retriever", "make_retriever", "RETRIEVERS", "RetrieverKind",
+           "register_retriever", "options_group", "INDEX_KINDS", "BM25_K1", "BM25_B"]
 
 
 @group
 class RetrievalConfig:
-    """`config.retrieval`: a local index dir, a Search-R1 `/retrieve` server, or a retriever a task registers
-    (a search engine, whose url, options, cache and rate are the fields below)."""
+    """`config.retrieval`: a local index dir, a Search-R1 `/retrieve` server, or a retriever a task registers.
+    `options` are the kind's own: an instance of the group its `RetrieverKind` declares (which
+    `searchrl.run_config.parse` makes them into), or else a dict (local: the index backend's options)."""
 
     kind: str = "local"  # a name in RETRIEVERS: local, remote, or one a task registers
     index_dir: str = ""  # local: any searchrl index dir (its manifest names the backend)
-    options: dict[str, Any] = dataclasses.field(default_factory=dict)  # local: the backend's options;
-    #   a search engine: its API's
+    options: Any = dataclasses.field(default_factory=dict)  # the kind's options (see the class docstring)
     url: str = ""  # remote: http://HOST:PORT/retrieve, or replicas' urls joined by commas (a batch is spread
-    #   over them); a search engine: its base URL ("": the real one)
+    #   over them); a kind a task registers: its service's base URL ("": the real one)
     timeout_s: float = ranged(30.0, "(0, inf)")
     retries: int = ranged(3, "[0, inf)")  # tries after the first
     batch_size: int = ranged(256, "[1, inf)")  # remote: queries per request
     # remote: queries x topk per request (the server's --max_hits)
     max_hits: int = ranged(100_000, "[1, inf)")
     index_fingerprint: str = ""  # remote: refuse servers whose /health names another index ("": any)
-    cache_path: str = ""  # a search engine: JSONL cache of ranked ids ("": no cache)
-    # a search engine: requests per second (0: the engine's default)
-    rate_per_s: float = ranged(0.0, "[0, inf)")
     # Recorded retrieval (`searchrl.retrieval.record`): append every search (query, results, time) to this
     # JSONL record; or answer every search from one, with no index and no network ("": neither).
     record: str = ""
     replay: str = ""
+
+    def __post_init__(self):
+        declared = options_group(self.kind)
+        if declared is not None and not isinstance(self.options, declared):
+            raise TypeError(f"options of retriever kind {self.kind!r} must be a {declared.__name__}, got "
+                            f"{type(self.options).__name__}")
 
 
 def existing_index(index_dir: str | os.PathLike) -> Path:
@@ -108,11 +111,37 @@ def load_retriever(index_dir: str | os.PathLike, **options: Any) -> Retriever:
     return INDEX_KINDS.get(index_kind(index_dir)).load(index_dir, **options)
 
 
-RETRIEVERS: Registry[Callable[[RetrievalConfig], Retriever]] = Registry("retriever kind",
-                                                                         "config.retrieval.kind")
+Build = Callable[[RetrievalConfig], Retriever]
 
 
-@RETRIEVERS.register("local")
+@dataclasses.dataclass(frozen=True)
+class RetrieverKind:
+    """An entry of RETRIEVERS: `build` makes the retriever from `config.retrieval`; `options`, when not None,
+    is the config group (`searchrl.configlib.group`) its `config.retrieval.options` are made into."""
+
+    build: Build
+    options: type | None = None
+
+
+RETRIEVERS: Registry[RetrieverKind] = Registry("retriever kind", "config.retrieval.kind")
+
+
+def register_retriever(name: str, options: type | None = None) -> Callable[[Build], Build]:
+    """A decorator registering its target as the `build` of retriever kind `name`, whose
+    `config.retrieval.options` are the group `options` (None: a dict the target reads)."""
+    def add(build: Build) -> Build:
+        RETRIEVERS.register(name)(RetrieverKind(build, options))
+        return build
+    return add
+
+
+def options_group(kind: str) -> type | None:
+    """The group retriever kind `kind` declares for `config.retrieval.options`; None when it declares none or
+    is not registered (yet: a task registers its kinds when it is imported)."""
+    return RETRIEVERS.get(kind).options if kind in RETRIEVERS else None
+
+
+@register_retriever("local")
 def local_retriever(config: RetrievalConfig) -> Retriever:
     """Any searchrl index dir (`load_retriever`)."""
     if not config.index_dir:
@@ -120,7 +149,7 @@ def local_retriever(config: RetrievalConfig) -> Retriever:
     return load_retriever(config.index_dir, **config.options)
 
 
-@RETRIEVERS.register("remote")
+@register_retriever("remote")
 def remote_retriever(config: RetrievalConfig) -> Retriever:
     """A Search-R1 `/retrieve` server (`searchrl.retrieval.remote`)."""
     if not config.url:
@@ -134,7 +163,7 @@ def make_retriever(config: RetrievalConfig) -> Retriever:
     theirs), recording its searches to `config.record` or replaced by the replay of `config.replay`."""
     if config.record and config.replay:
         raise ValueError(f"config.retrieval: record={config.record!r} and replay={config.replay!r}: give one")
-    build = RETRIEVERS.get(config.kind)
+    build = RETRIEVERS.get(config.kind).build
     if config.replay:
         return record.ReplayRetriever(config.replay, config.kind)
     retriever = build(config)

@@ -13,7 +13,8 @@ a record and opens no index and no connection: the same (engine, params, query, 
 the recorded order (a key recorded n times gives its n answers in turn, then the last again), a refusal is
 refused again, and a search the record lacks is `MissingRecord`, naming the query. Any retriever kind
 (local indexes, the remote `/retrieve` client, the search engines) is recorded and replayed the same way.
-A cache (`cache_path`) only saves requests; a record is what a run saw, in order.
+A search engine's cache (`config.retrieval.options.cache_path`) only saves requests; a record is what a run
+saw, in order.
 """
 from __future__ import annotations
 

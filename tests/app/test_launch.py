@@ -157,23 +157,59 @@ def test_local_sh_trains_the_tiny_preset_on_a_fresh_checkout(tmp_path):
     assert set(os.listdir(checkout)) - before == {"runs"}
 
 
-def test_tpu_pod_prints_how_to_follow_and_stop_the_job(tmp_path):
-    """The launch itself, with a stand-in gcloud that records its arguments."""
+def fake_gcloud(tmp_path: Path, check_status: int = 0) -> Path:
+    """A stand-in gcloud that records each call's arguments (one list per line, JSON) and exits with
+    `check_status` for the check on worker 0."""
     gcloud = tmp_path / "gcloud"
-    gcloud.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" >>"$(dirname "$0")/calls"\n')
+    gcloud.write_text(f"""#!/usr/bin/env python3
+import json, sys
+with open({str(tmp_path / "calls")!r}, "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+sys.exit({check_status} if "--worker=0" in sys.argv else 0)
+""")
     gcloud.chmod(0o755)
-    out = subprocess.run(["bash", "launch/tpu_pod.sh", "my-tpu", "zone-a", "configs/autosearch.py:paper,v5p8",
-                          "/idx"], cwd=REPO, capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"})
+    return gcloud
+
+
+def tpu_pod(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    """launch/tpu_pod.sh run for real against the stand-in gcloud: its result and gcloud's calls."""
+    out = subprocess.run(["bash", "launch/tpu_pod.sh", "my-tpu", "zone-a", *args], cwd=REPO,
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}", **env})
+    calls = tmp_path / "calls"
+    return out, [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+
+
+def test_tpu_pod_checks_worker_0_then_prints_how_to_follow_and_stop_the_job(tmp_path):
+    """The launch itself: `searchrl check` on worker 0 (with the index it will serve and the pod's worker
+    count), then the job on every worker."""
+    fake_gcloud(tmp_path)
+    out, [check, start] = tpu_pod(tmp_path, "configs/autosearch.py:paper,v5p8", "/idx", OVERRIDE)
     assert out.returncode == 0, out.stderr
-    calls = (tmp_path / "calls").read_text().splitlines()
-    assert calls[:7] == ["compute", "tpus", "tpu-vm", "ssh", "my-tpu", "--zone", "zone-a"]
-    assert calls[7] == "--worker=all" and "setsid nohup bash -c" in calls[9]
+    ssh = ["compute", "tpus", "tpu-vm", "ssh", "my-tpu", "--zone", "zone-a"]
+    assert check[:9] == [*ssh, "--worker=0", "--command"]
+    line, hosts = check[9].split(" --hosts=")
+    words = shlex.split(line)
+    assert words[words.index("python"):] == ["python", "-m", "searchrl.check", "configs/autosearch.py:paper,v5p8",
+                                              "--config.retrieval.index_dir=/idx", OVERRIDE]
+    assert hosts.startswith("$(curl") and "worker-network-endpoints" in hosts
+    assert start[:8] == [*ssh, "--worker=all"] and "setsid nohup bash -c" in start[9]
     follow, stop = out.stdout.splitlines()
     assert shlex.split(follow.split(": ", 1)[1])[-1] == "tail -f searchrl/runs/my-tpu/logs/worker_0.log"
     stop_words = shlex.split(stop.split(": ", 1)[1])
     assert stop_words[-3] == "--worker=all" and "searchrl/runs/my-tpu/logs/worker_*.pid" in stop_words[-1]
     assert "kill -- -" in stop_words[-1]
+
+
+def test_tpu_pod_starts_nothing_when_the_check_fails(tmp_path):
+    fake_gcloud(tmp_path, check_status=1)
+    out, calls = tpu_pod(tmp_path, "configs/autosearch.py:paper,v5p8", "-")
+    assert out.returncode == 1 and "the check on worker 0 failed" in out.stderr
+    assert len(calls) == 1 and "--worker=0" in calls[0] and "index_dir" not in calls[0][-1]
+    fake_gcloud(tmp_path, check_status=1)
+    (tmp_path / "calls").unlink()
+    out, [start] = tpu_pod(tmp_path, "configs/autosearch.py:paper,v5p8", "-", CHECK="0")
+    assert out.returncode == 0 and "--worker=all" in start
 
 
 def test_slurm_finds_the_repository_from_any_directory(tmp_path):

@@ -12,7 +12,7 @@ from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.retrieval.record import MissingRecord
 from searchrl.retrieval.types import QueryRefused
 from searchrl.tasks.deepretrieval import analysis, api_rewrites
-from tests.app.test_deepretrieval_presets import deepretrieval
+from tests.tasks.deepretrieval.test_presets import deepretrieval
 from tests.data.retrieval_helpers import write_jsonl
 from tests.fakes.engines import FakeEngineServer
 from tests.retrieval.test_client import OK, ScriptedServer
@@ -41,7 +41,7 @@ def no_network(monkeypatch):
 def evaluate(tmp_path, kind, **retrieval):
     config = deepretrieval.get_config("tiny_literature" if kind == "pubmed" else "tiny_literature_ctgov")
     config.data.update(dict(dir=str(tmp_path), eval=kind, eval_split="test"))
-    config.retrieval.update(dict(cache_path="", rate_per_s=1000.0, **retrieval))
+    config.retrieval.update(dict(options=dict(cache_path="", rate_per_s=1000.0), **retrieval))
     api = chat_api.ChatAPIConfig(base_url="http://fake", model="fake")
     return report.markdown(api_rewrites.evaluate_api(run_config.parse(config), rewrite, api), analysis.REPORT)
 

@@ -1,7 +1,7 @@
 """Multi-host training: `python -m searchrl.main train` as two local processes (`PROCESSES=2 bash
 launch/local.sh`: gloo on 127.0.0.1, 4 CPU devices each) trains, checkpoints, resumes and evaluates like one
 process with 8 devices; and the row split of a global batch on one process. (Program mutation across
-processes: tests/app/test_program_mutation.py.)
+processes: tests/tasks/rpl/test_program_mutation.py.)
 
 The run is AutoSearch's tiny preset on a small synthetic world: side-branch intermediate answers, BM25 over a
 local index (each process opens its own), PPO with a critic and a reference on a (2, 2, 2) mesh. Rollouts run

@@ -1,7 +1,9 @@
 """AutoSearch: Search-R1's env with an intermediate answer after every search and turn-level rewards for
-format, answer-quality gains and the minimal sufficient search depth (`env`, `rewards`); its pilot study at
-forced depth (`pilot`, `forced_depth`), prompting baselines (`baselines`, `prompts`), depth tables (`tables`)
-and CPU miniature (`demo`, `scripted`)."""
+format, answer-quality gains and the minimal sufficient search depth (`env`, `rewards`), and its RL baselines
+as other rewards of that env (`baseline_rewards`: StepSearch, HiPRAG); its pilot study at forced depth
+(`pilot`, `forced_depth`), over- and under-search rates (`search_rates`), prompting baselines (`baselines`,
+`prompts`), its part of the evaluation report (`analysis`: results by hop count, the minimal depths) and CPU
+miniature (`demo`, `scripted`, and its `config.demo` in `config`)."""
 from typing import Any
 
 from searchrl.task import TASKS, Demo, Task

@@ -1,7 +1,10 @@
 """DeepRetrieval: RL-trained query rewriting rewarded by retrieval metrics from a real retriever. Its env and
 prompts (`env`, `prompts`), rewards (`rewards`, `sql_sandbox`), data formats (`data`: literature, BEIR,
-Spider, BIRD), search-engine retrievers (`engines`: PubMed, ClinicalTrials.gov), raw-vs-rewritten tables and
-rewrite analysis (`tables`, `rewrites`) and CPU miniature (`demo`, `world`)."""
+Spider, BIRD) and their preparation (`prepare`), search-engine retrievers (`engines`: PubMed,
+ClinicalTrials.gov); its part of the evaluation report (`analysis`: the raw query beside the rewrite), API
+model rows (`api_rewrites`), knowledge-injection audit (`injection`), rewrite analyses (`rewrites`),
+end-to-end runtime comparison (`end_to_end`) and CPU miniature (`demo`, `world`, and its `config.demo` in
+`config`)."""
 from typing import Any
 
 from searchrl.task import TASKS, Demo, Task

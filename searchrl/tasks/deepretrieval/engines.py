@@ -4,7 +4,9 @@ the engines DeepRetrieval rewards a rewritten query against (Recall@3000 of the 
 A `SearchEngine` pages through one API until it has k ids, spacing every request with a shared
 `RateLimiter`, retrying transient failures with exponential backoff, and remembering each (engine, query, k)
 in a `SearchCache` so a training run never asks twice. Hits carry the engine's ids in its order, score
-1 / rank (rank 1 first), and no title or text (ESearch and NCTId-only study pages return ids alone).
+1 / rank (rank 1 first), and no title or text (ESearch and NCTId-only study pages return ids alone). They are
+the retriever kinds "pubmed" and "ctgov" of `config.retrieval`, whose options (the cache, the rate and the
+API's own) are the groups `PubMedOptions` and `ClinicalTrialsOptions`.
 
 No server can hold or crash a client, as with the `/retrieve` client (`searchrl.retrieval.remote`): each
 attempt is over within `timeout_s` however slowly the body trickles, a Retry-After is honoured only when it
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import dataclasses
 import email.utils
 import http.client
 import json
@@ -30,7 +33,8 @@ import urllib.parse
 import warnings
 from typing import Any, Callable, Protocol, Sequence
 
-from searchrl.retrieval import RETRIEVERS, RetrievalConfig
+from searchrl.configlib import group, ranged
+from searchrl.retrieval import RetrievalConfig, register_retriever
 from searchrl.retrieval.deadline import Connection, TLSConnection
 from searchrl.retrieval.types import Hit, QueryRefused, RetrievalError, RetrievalUnavailable
 
@@ -167,6 +171,39 @@ class LiteratureAPI(Protocol):
         ...
 
 
+@group
+class EngineOptions:
+    """The `config.retrieval.options` every search engine reads beside its API's own (a subclass adds those:
+    `PubMedOptions`, `ClinicalTrialsOptions`)."""
+
+    cache_path: str = ""  # JSONL cache of ranked ids ("": no cache)
+    rate_per_s: float = ranged(0.0, "[0, inf)")  # requests per second (0: the API's default)
+
+    def api_options(self) -> dict[str, Any]:
+        """The options the engine's API takes: every field but EngineOptions' own."""
+        own = {field.name for field in dataclasses.fields(EngineOptions)}
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+                if field.name not in own}
+
+
+@group
+class PubMedOptions(EngineOptions):
+    """`config.retrieval.options` of kind "pubmed": the engine's, and `PubMed`'s."""
+
+    api_key: str | None = None  # None: $NCBI_API_KEY ("": none)
+    sort: str = ""  # "": ESearch's default order (DeepRetrieval's); or relevance, pub_date, ...
+    tool: str = ""  # tool and email identify the caller to NCBI
+    email: str = ""
+    page_size: int = ranged(PUBMED_PAGE_SIZE, f"[1, {PUBMED_PAGE_SIZE}]")  # ids asked for per request
+
+
+@group
+class ClinicalTrialsOptions(EngineOptions):
+    """`config.retrieval.options` of kind "ctgov": the engine's, and `ClinicalTrials`'."""
+
+    page_size: int = ranged(CTGOV_PAGE_SIZE, f"[1, {CTGOV_PAGE_SIZE}]")  # ids asked for per request
+
+
 class PubMed:
     """NCBI E-utilities ESearch on db=pubmed. `api_key` (default: $NCBI_API_KEY) raises the rate limit to
     10/s; `sort` ("" = ESearch's default order, as DeepRetrieval uses; or relevance, pub_date, ...);
@@ -180,8 +217,9 @@ class PubMed:
     path = "esearch.fcgi"
     date_range: tuple[str, str] | None = None  # (mindate, maxdate)
 
-    def __init__(self, api_key: str | None = None, sort: str = "", tool: str = "", email: str = "",
-                 page_size: int = PUBMED_PAGE_SIZE):
+    def __init__(self, api_key: str | None = PubMedOptions.api_key, sort: str = PubMedOptions.sort,
+                 tool: str = PubMedOptions.tool, email: str = PubMedOptions.email,
+                 page_size: int = PubMedOptions.page_size):
         if not 1 <= page_size <= PUBMED_PAGE_SIZE:
             raise ValueError(f"pubmed: page_size must be in [1, {PUBMED_PAGE_SIZE}], got {page_size}")
         self.api_key = os.environ.get("NCBI_API_KEY", "") if api_key is None else api_key
@@ -224,7 +262,7 @@ class ClinicalTrials:
     max_results = sys.maxsize  # no limit: every page of a query can be read
     path = "studies"
 
-    def __init__(self, page_size: int = CTGOV_PAGE_SIZE):
+    def __init__(self, page_size: int = ClinicalTrialsOptions.page_size):
         if not 1 <= page_size <= CTGOV_PAGE_SIZE:
             raise ValueError(f"ctgov: page_size must be in [1, {CTGOV_PAGE_SIZE}], got {page_size}")
         self.page_size = page_size
@@ -407,8 +445,9 @@ class BodyTooLarge(Exception):
 class SearchEngine:
     """A Retriever over a literature search API: for each query, up to k ids in the engine's rank order.
 
-    `url` ("": the API's own), `rate_per_s`, `timeout_s` and `retries` are a `RetrievalConfig`'s. Every
-    request waits on one `RateLimiter` (rate_per_s; 0: the API's default) and must be over within `timeout_s`.
+    `url` ("": the API's own), `timeout_s` and `retries` are a `RetrievalConfig`'s, `rate_per_s` and `cache`
+    its `EngineOptions`' (`make_engine`). Every request waits on one `RateLimiter` (rate_per_s; 0: the API's
+    default) and must be over within `timeout_s`.
     A 429, a 5xx, a timeout, a dropped connection, a body over `max_body_bytes` or a malformed body is retried
     `retries` times, after backoff_s * 2**(attempt - 1) seconds, or after the server's Retry-After (at most
     MAX_RETRY_AFTER_S) when it sends a valid one; any other status raises SearchEngineError at once, and an
@@ -552,24 +591,24 @@ class SearchEngine:
 
 
 def make_engine(kind: str, config: RetrievalConfig) -> SearchEngine:
-    """The engine for `kind` "pubmed" or "ctgov" as `config` sets it up; `config.options` go to its API
-    (PubMed: api_key, sort, tool, email, page_size; ctgov: page_size); an empty `config.url` is the real
-    service, an empty `config.cache_path` no cache."""
+    """The engine for `kind` "pubmed" or "ctgov" as `config` sets it up: `config.options` (the kind's
+    `EngineOptions`) give its cache ("": none), its rate (0: the API's default) and its API's own options;
+    an empty `config.url` is the real service."""
     apis: dict[str, Callable[..., LiteratureAPI]] = {"pubmed": PubMed, "ctgov": ClinicalTrials}
     if kind not in apis:
         raise ValueError(f"unknown search engine {kind!r}; expected one of {sorted(apis)}")
-    return SearchEngine(apis[kind](**config.options), url=config.url, rate_per_s=config.rate_per_s,
-                        timeout_s=config.timeout_s, retries=config.retries, cache=config.cache_path or None)
+    options: EngineOptions = config.options
+    return SearchEngine(apis[kind](**options.api_options()), url=config.url, rate_per_s=options.rate_per_s,
+                        timeout_s=config.timeout_s, retries=config.retries, cache=options.cache_path or None)
 
 
-@RETRIEVERS.register("pubmed")
+@register_retriever("pubmed", PubMedOptions)
 def pubmed_retriever(config: RetrievalConfig) -> SearchEngine:
     """PubMed (NCBI E-utilities) as `config.retrieval.kind="pubmed"`."""
     return make_engine("pubmed", config)
 
 
-@RETRIEVERS.register("ctgov")
+@register_retriever("ctgov", ClinicalTrialsOptions)
 def ctgov_retriever(config: RetrievalConfig) -> SearchEngine:
     """ClinicalTrials.gov API v2 as `config.retrieval.kind="ctgov"`."""
     return make_engine("ctgov", config)
-

@@ -8,7 +8,9 @@ Programs are untrusted input (the policy writes them): they are parsed with `ast
 allow-list (`language`, `limits`, `values`) and run by searchrl's own tree-walking interpreter (`sandbox`),
 never by Python's eval, exec or compile, over the SDK (`sdk`). Also here: the env (`env`), program mutation
 (`mutation`) and its distillation inside an RL run (`distill`, a train hook of the env), GlobalQA
-(`globalqa`), per-type tables (`tables`) and the CPU miniature (`demo`).
+(`globalqa`), its part of the evaluation report (`analysis`: results by task type), Figures 4 and 5
+(`figures`), one program run from the command line (`run`) and the CPU miniature (`demo`); `config` holds the
+mutation's and the miniature's config groups.
 """
 from typing import Any
 

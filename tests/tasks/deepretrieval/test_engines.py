@@ -9,12 +9,16 @@ import warnings
 
 import pytest
 
+from searchrl import run_config
+from searchrl.configlib import ConfigError
 from searchrl.retrieval import RetrievalConfig, make_retriever
 from searchrl.retrieval.types import Hit
 from searchrl.tasks.deepretrieval.engines import (MAX_RETRY_AFTER_S, PUBMED_MAX_RESULTS, ClinicalTrials,
-                                                  Malformed, PubMed, RateLimiter, SearchCache, SearchEngine,
-                                                  SearchEngineError, SearchEngineUnavailable, make_engine,
-                                                  parse_esearch, parse_studies, retry_after_s)
+                                                  ClinicalTrialsOptions, Malformed, PubMed, PubMedOptions,
+                                                  RateLimiter, SearchCache, SearchEngine, SearchEngineError,
+                                                  SearchEngineUnavailable, make_engine, parse_esearch,
+                                                  parse_studies, retry_after_s)
+from tests.tasks.deepretrieval.test_presets import deepretrieval
 from tests.fakes.engines import Fault, FakeEngineServer, esearch_error_body, studies_body
 from tests.processes import free_port
 
@@ -302,14 +306,35 @@ def test_cache_is_thread_safe(tmp_path):
 @pytest.mark.parametrize("kind, expected", [("pubmed", ["1003", "1001"]),
                                             ("ctgov", ["NCT00000002", "NCT00000000"])])
 def test_make_retriever_builds_engines(fake, tmp_path, kind, expected):
-    retriever = make_retriever(RetrievalConfig(kind=kind, url=fake.url, cache_path=str(tmp_path / "c.jsonl"),
-                                               rate_per_s=1000.0, retries=1, options={"page_size": 1}))
+    options = {"pubmed": PubMedOptions, "ctgov": ClinicalTrialsOptions}[kind]
+    retriever = make_retriever(RetrievalConfig(kind=kind, url=fake.url, retries=1, options=options(
+        cache_path=str(tmp_path / "c.jsonl"), rate_per_s=1000.0, page_size=1)))
     assert isinstance(retriever, SearchEngine) and retriever.api.page_size == 1
     assert ids(retriever.search(["cancer"], k=2)) == [expected]
     assert fake.request_count == 2  # one id a page
     assert ids(retriever.search(["cancer"], k=2)) == [expected] and fake.request_count == 2
     with pytest.raises(ValueError, match="unknown search engine 'bing'"):
         make_engine("bing", RetrievalConfig())
+
+
+def test_an_engines_options_are_its_own_group_checked_when_the_config_is_parsed():
+    """The cache, the rate and the API's options are `config.retrieval.options`, the group the engine's kind
+    declares: the presets' parse into it, and an unknown key or a value out of range is one line naming it."""
+    pubmed = run_config.parse(deepretrieval.get_config("literature")).retrieval
+    assert pubmed.kind == "pubmed" and pubmed.options == PubMedOptions(cache_path="/data/cache/pubmed.jsonl")
+    ctgov = run_config.parse(deepretrieval.get_config("literature_ctgov")).retrieval
+    assert ctgov.options == ClinicalTrialsOptions(cache_path="/data/cache/ctgov.jsonl")
+    for options, message in [
+            (dict(rate_per_s=-1.0), "config.retrieval.options.rate_per_s=-1.0 is out of range: allowed [0, "),
+            (dict(page_size=0), "config.retrieval.options.page_size=0 is out of range: allowed [1, 10000]"),
+            (dict(cache="c.jsonl"), "config.retrieval.options: unknown key(s) ['cache']; known: ")]:
+        config = deepretrieval.get_config("literature")
+        config.retrieval.options.update(options)
+        with pytest.raises(ConfigError) as error:
+            run_config.parse(config)
+        assert str(error.value).startswith(message) and "\n" not in str(error.value), error.value
+    with pytest.raises(TypeError, match="options of retriever kind 'ctgov' must be a ClinicalTrialsOptions"):
+        RetrievalConfig(kind="ctgov", options={"cache_path": "c.jsonl"})
 
 
 def test_parsers_and_retry_after():

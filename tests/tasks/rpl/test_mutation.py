@@ -13,8 +13,8 @@ from searchrl.tasks.rpl.env import ACTION_SPACES, set_f1
 from searchrl.tasks.rpl.limits import Limits
 from searchrl.tasks.rpl.mutation import Mutation, mutate, mutations, verify
 from searchrl.tasks.rpl.sdk import SDK_FUNCTIONS
-from tests.programs.program_helpers import SDK, ids, run
-from tests.programs.test_fuzz import PRELUDE, statements
+from tests.tasks.rpl.program_helpers import SDK, ids, run
+from tests.tasks.rpl.test_fuzz import PRELUDE, statements
 
 SETTINGS = dict(deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 RUNTIME_LIMITS = ("show limit", "retrieval limit", "docs limit")  # what a well-typed variant may still reach

@@ -2,8 +2,8 @@
 each of 4 cities) under a real BM25 index, a tiny random policy and a trainer on them, and a scripted engine
 whose programs show too few of a city's documents.
 
-Run as `python -m tests.app.mutation_world ROOT PROCESS_ID NUM_PROCESSES PORT` (4 CPU devices per process),
-it is one process of a multi-process run of `mutate_and_distill`; process 0 writes the result to
+Run as `python -m tests.tasks.rpl.mutation_world ROOT PROCESS_ID NUM_PROCESSES PORT` (4 CPU devices per
+process), it is one process of a multi-process run of `mutate_and_distill`; process 0 writes the result to
 ROOT/result.json and the distilled policy to ROOT/hf.
 """
 from __future__ import annotations

@@ -209,8 +209,8 @@ def retrieval_settings(family: str, world: dict[str, Path], tmp_path: Path, requ
     """`config.retrieval` of a family: a local index, a fake engine (with a cache) or nothing (SQL)."""
     if family.startswith("literature"):
         kind = "ctgov" if family.endswith("ctgov") else "pubmed"
-        return dict(kind=kind, url=request.getfixturevalue("server").url, rate_per_s=1000.0,
-                    cache_path=str(tmp_path / f"{kind}_cache.jsonl"))
+        return dict(kind=kind, url=request.getfixturevalue("server").url,
+                    options=dict(rate_per_s=1000.0, cache_path=str(tmp_path / f"{kind}_cache.jsonl")))
     if family == "classic_dense":
         return dict(kind="local", index_dir=str(request.getfixturevalue("dense_index")))
     if family.startswith("sql"):
@@ -325,7 +325,7 @@ def test_each_family_trains_against_its_real_retriever(family, world, tmp_path, 
 
     if family.startswith("literature"):
         fake = request.getfixturevalue("server")
-        cache = Path(config.retrieval.cache_path)
+        cache = Path(config.retrieval.options.cache_path)
         assert fake.request_count > 0 and cache.is_file()
         cached = {json.loads(line)["query"] for line in cache.read_text().splitlines()}
         assert {ex["question"] for ex in examples} <= cached  # every raw query went to the engine

@@ -16,7 +16,7 @@ from searchrl.tasks.autosearch import baseline_rewards as br
 from searchrl.tasks.autosearch import demo
 from searchrl.tasks.autosearch.config import DemoConfig
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "configs"))
 import autosearch_baselines  # noqa: E402
 
 BATCH, STEPS = 8, 2

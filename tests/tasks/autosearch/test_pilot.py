@@ -155,7 +155,7 @@ def test_pilot_cli_on_two_checkpoints(world, tmp_path, capsys):
     config_file = tmp_path / "pilot_config.py"
     config_file.write_text(textwrap.dedent(f"""
         import pathlib
-        from tests.eval.test_pilot import pilot_config
+        from tests.tasks.autosearch.test_pilot import pilot_config
 
         def get_config():
             return pilot_config(pathlib.Path({str(root)!r}))

@@ -6,7 +6,6 @@ import textwrap
 
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.tasks.deepretrieval import injection
-from tests.app.test_presets import ROOT
 from tests.data.retrieval_helpers import write_jsonl
 from tests.eval.test_chat_api import FakeEndpoint
 
@@ -24,7 +23,7 @@ QUESTIONS = {  # id: (question, gold answers, the rewrite audited, the fake audi
 
 def public_create_prompt():
     namespace = {}
-    with open(os.path.join(ROOT, "tests", "data", "deepretrieval_injection_prompt.py"), encoding="utf-8") as f:
+    with open(os.path.join(os.path.dirname(__file__), "public_injection_prompt.py"), encoding="utf-8") as f:
         exec(f.read(), namespace)  # the public function, verbatim
     return namespace["create_prompt"]
 

@@ -170,7 +170,7 @@ def test_baselines_cli_end_to_end(world, tmp_path, monkeypatch):
     config_file = tmp_path / "baselines_config.py"
     config_file.write_text(textwrap.dedent(f"""
         import pathlib
-        from tests.eval.test_baselines import baselines_config
+        from tests.tasks.autosearch.test_baselines import baselines_config
 
         def get_config():
             return baselines_config(pathlib.Path({str(root)!r}))

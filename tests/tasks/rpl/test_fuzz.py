@@ -15,7 +15,7 @@ from searchrl.tasks.rpl import sandbox
 from searchrl.tasks.rpl.language import FUNCTIONS
 from searchrl.tasks.rpl.limits import Limits
 from searchrl.tasks.rpl.sandbox import execute
-from tests.programs.program_helpers import SDK, check_result
+from tests.tasks.rpl.program_helpers import SDK, check_result
 
 SETTINGS = dict(deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 # Small limits, so that generated programs reach them often.

@@ -10,7 +10,7 @@ from searchrl.tasks.rpl.language import FUNCTIONS
 from searchrl.tasks.rpl.limits import Limits
 from searchrl.tasks.rpl.sandbox import execute
 from searchrl.tasks.rpl.sdk import SDK_FUNCTIONS
-from tests.programs.program_helpers import SDK, run
+from tests.tasks.rpl.program_helpers import SDK, run
 
 EVERY_ALLOWED_CONSTRUCT = """
 queries = ["cat", 'dog']

@@ -24,13 +24,13 @@ from searchrl.tasks.rpl import env as rpl
 from searchrl.tasks.rpl.config import MutationConfig
 from searchrl.tasks.rpl.sandbox import execute
 from searchrl.text import tags
-from tests.app.mutation_world import (BEST, CITIES, ScriptedEngine, build_trainer, mutate_and_distill,
+from tests.tasks.rpl.mutation_world import (BEST, CITIES, ScriptedEngine, build_trainer, mutate_and_distill,
                                       scripted_answers)
 from tests.processes import free_port, wait, xla_flags_with_devices
 
 ATTENTION = models.AttentionConfig()  # the default: `MeshConfig.attention`
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -191,8 +191,8 @@ def test_two_processes_mutate_and_distill_like_one(tmp_path, monkeypatch):
            "XLA_FLAGS": xla_flags_with_devices(4)}
     two.mkdir()
     with open(two / "log", "w") as log:
-        procs = [subprocess.Popen([sys.executable, "-m", "tests.app.mutation_world", str(two), str(i), "2",
-                                   str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        procs = [subprocess.Popen([sys.executable, "-m", "tests.tasks.rpl.mutation_world", str(two), str(i),
+                                   "2", str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
                  for i in range(2)]
     try:
         monkeypatch.setattr(program_mutation, "policy_answers", scripted_answers)

@@ -8,7 +8,7 @@ import pytest
 
 from searchrl.tasks.rpl.limits import Limits
 from searchrl.tasks.rpl.sandbox import execute
-from tests.programs.program_helpers import SDK, check_result, run, variables
+from tests.tasks.rpl.program_helpers import SDK, check_result, run, variables
 
 NESTED_IFS = "".join(" " * i + "if 1:\n" for i in range(60)) + " " * 60 + "x = 1\n"
 HOSTILE = {

@@ -20,9 +20,10 @@ from searchrl.tasks.autosearch.env import INTERMEDIATE_ANSWER, AutoSearchEnv
 from searchrl.tasks.search_r1.env import INVALID_ACTION, format_passages, search_observation
 
 GOLDS = ["Paris"]
-CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = pathlib.Path(__file__).resolve().parents[3] / "configs"
 W = math.log(1.5) + 1  # idf of a word in one of two documents (scikit-learn's smooth idf)
-COS = 1 / (1 + W * W)  # TF-IDF cosine of "apple banana" and "apple cherry" (tests/rewards/test_autosearch.py)
+# TF-IDF cosine of "apple banana" and "apple cherry" (tests/tasks/autosearch/test_rewards.py)
+COS = 1 / (1 + W * W)
 
 
 class NoRetriever:

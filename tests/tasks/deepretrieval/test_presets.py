@@ -1,6 +1,6 @@
 """DeepRetrieval's presets against the public runs (github.com/pat-jj/DeepRetrieval, under code/): every value
 below was read in the file named with it. The prompts are checked against the public scripts' own texts:
-tests/data/deepretrieval_public_prompts.json holds, per data_preprocess file, what its make_prefix returns
+tests/tasks/deepretrieval/public_prompts.json holds, per data_preprocess file, what its make_prefix returns
 for the query "{question}" (and for retrieval_mode "sparse" / "dense" where it takes one)."""
 import json
 import os
@@ -24,7 +24,7 @@ YAML = DR + "verl/trainer/config/ppo_trainer.yaml"
 ACTOR = DR + "verl/workers/actor/dp_actor.py"
 TRAIN = DR + "scripts/train/"
 PREPROCESS = DR + "data_preprocess/"
-PUBLIC_PROMPTS = os.path.join(ROOT, "tests", "data", "deepretrieval_public_prompts.json")
+PUBLIC_PROMPTS = os.path.join(os.path.dirname(__file__), "public_prompts.json")
 
 # verl's defaults the scripts leave unset, and what every script sets alike.
 VERL = [
@@ -109,7 +109,7 @@ PUBLIC_RUNS = {
 }
 # ppo_mini_batch_size=128 over a batch of 64: verl's batch.split(128) makes one minibatch of the 64.
 SCIFACT_MINIBATCH = (TRAIN + "scifact.sh", "ppo_mini_batch_size=128 > train_batch_size=64", 64)
-PUBLIC_SCRIPTS = os.path.join(ROOT, "tests", "data", "deepretrieval_public_scripts.json")  # lines, verbatim
+PUBLIC_SCRIPTS = os.path.join(os.path.dirname(__file__), "public_scripts.json")  # lines, verbatim
 DENSE = DR + "verl/utils/reward_score_dense/"
 ENCODERS = {  # dataset: (source, what it says, encoder, pooling)
     **{d: (f"{DENSE}{f}.py", "faiss-flat.*.bge-base-en-v1.5 index", "BAAI/bge-base-en-v1.5", "cls")
@@ -158,7 +158,7 @@ def test_dataset_preset_matches_its_public_script(preset):
 
 
 def public_line(path: str) -> str:
-    """The line `path` (file:line under code/) of pat-jj/DeepRetrieval, as tests/data holds it verbatim."""
+    """The line `path` (file:line under code/) of pat-jj/DeepRetrieval, as public_scripts.json holds it verbatim."""
     with open(PUBLIC_SCRIPTS, encoding="utf-8") as f:
         return json.load(f)["lines"][f"code/{path}"]
 

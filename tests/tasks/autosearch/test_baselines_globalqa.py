@@ -8,7 +8,7 @@ from searchrl.retrieval.types import Hit
 from searchrl.tasks.autosearch import baselines
 from searchrl.text import chat
 from searchrl.text.tokenizer import load_tokenizer, train_bpe_tokenizer
-from tests.envs.test_program import QWEN3_TEMPLATE
+from tests.tasks.rpl.test_program import QWEN3_TEMPLATE
 
 HITS = [Hit("p1", 3.0, "Ada", "Ada lives in Velo."), Hit("p7", 2.0, "Bo", "Bo lives in Arn."),
         Hit("p3", 1.0, "Cy", "Cy lives in Velo.")]

@@ -8,7 +8,7 @@ from searchrl.tasks.rpl.language import ProgramError
 from searchrl.tasks.rpl.limits import Limits
 from searchrl.tasks.rpl.sandbox import execute
 from searchrl.tasks.rpl.sdk import RetrievalSDK
-from tests.programs.program_helpers import ids, run, variables
+from tests.tasks.rpl.program_helpers import ids, run, variables
 
 RETRIEVAL_PROGRAM = """
 queries = ["cat", "dog"]
