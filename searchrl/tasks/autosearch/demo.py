@@ -136,7 +136,7 @@ class ColdStart:
 
 def cold_start(config: RunConfig, world: dict[str, str]) -> ColdStart:
     """The SFT cold start of the seed's policy on the scripted trajectories (prefixes, then whole ones), and
-    its evaluation (workdir/eval_sft)."""
+    its evaluation (workdir/eval_sft). The experiment reads the `world`'s files where the config says."""
     demo = config.demo
     built = experiment.build(config)
     data = config.data
