@@ -13,8 +13,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
-from searchrl import experiment, task
-from searchrl.demo.config import seed_config, world_config
+from searchrl import experiment, run_config, task
+from searchrl.configlib import ConfigError
+from searchrl.demo.config import preset, seed_config, world_config
 from searchrl.demo.results import run_seeds, write_results
 from searchrl.rl.hooks import TrainHook
 from searchrl.rl.trainer import Trainer
@@ -50,10 +51,11 @@ class Miniature:
 
 
 def of(config: RunConfig) -> Miniature:
-    """The miniature of `config`'s task (`searchrl.task.Task.demo`); one without lists the tasks with one."""
+    """The miniature of `config`'s task (`searchrl.task.Task.demo`); a task without one is a ConfigError
+    listing the tasks with one."""
     demo = task.get(config.task).demo
     if demo is None:
-        raise ValueError(f"task {config.task!r} (config.env.name) has no miniature; tasks with one: "
+        raise ConfigError(f"task {config.task!r} (config.env.name) has no miniature; tasks with one: "
                          f"{task.with_demo()}")
     return demo.load()
 
@@ -80,6 +82,15 @@ def run(config: RunConfig) -> dict[str, Any]:
         miniature.plot(per_seed, config.workdir)
     print(f"results: {config.workdir}/results.json, results.md ({results['seconds']:.0f}s)")
     return results
+
+
+def smoke(names: Sequence[str] = ()) -> None:
+    """The smoke preset (`searchrl.task.Demo.smoke`) of each task of `names` (default: every task with a
+    miniature), one after another, with the time each took (`make smoke`)."""
+    for name in names or task.with_demo():
+        start = time.perf_counter()
+        run(run_config.parse(preset(task.get(name).demo.smoke)))
+        print(f"smoke: {name} done in {time.perf_counter() - start:.0f}s", flush=True)
 
 
 def run_seed(config: RunConfig) -> dict[str, Any]:

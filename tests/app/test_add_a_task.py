@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from searchrl import experiment, run_config, task
-from searchrl.configlib import group, ranged
-from searchrl.demo import __main__ as demo_main
+from searchrl.configlib import ConfigError, group, ranged
 from searchrl.demo import miniature, publish, reproduce
 from searchrl.demo.config import preset
 from searchrl.demo.results import claim, paired, seed_intervals
@@ -124,12 +123,14 @@ def without_seconds(results: dict) -> dict:
 
 
 def test_a_task_with_a_miniature_runs_through_demo_reproduce_and_publish(checkout, tmp_path):
-    assert NAME in task.with_demo()
+    assert NAME in task.with_demo() and "search_r1" not in task.with_demo()
+    with pytest.raises(ConfigError, match=rf"task 'search_r1' .* has no miniature; tasks with one: .*{NAME}"):
+        miniature.run(run_config.parse(run_config.experiment_config("search_r1")))
 
     # the demo path (`python -m searchrl.demo --config toy.py:tiny`) and `make smoke`
     config = run_config.parse(preset(task.get(NAME).demo.reproduce))
     assert experiment.miniature(config)
-    demo_main.run_demo(config)
+    miniature.run(config)
     results = json.loads((Path(config.workdir) / "results.json").read_text())
     assert without_seconds(results) == {str(seed): expected(seed) for seed in (0, 1, 2)}
     assert (Path(config.workdir) / "seed1" / "toy" / "draws.json").is_file()  # each seed's own world
@@ -138,7 +139,7 @@ def test_a_task_with_a_miniature_runs_through_demo_reproduce_and_publish(checkou
     assert results["claims"][0]["measured"]["per_seed"] == dict(zip("012", gain))
     assert results["claims"][0]["holds"]
     assert "seed 2: base " in (Path(config.workdir) / "results.md").read_text()
-    demo_main.smoke([NAME])
+    miniature.smoke([NAME])
     smoke = json.loads((tmp_path / "runs" / "smoke" / "results.json").read_text())
     assert without_seconds(smoke) == {"0": expected(0)}
 
