@@ -1,6 +1,6 @@
 """Every published figure of the miniatures, generated from their results files, never typed.
 
-    python -m searchrl.demo.publish [--claims runs/reproduce/claims.json] [--check]
+    python -m searchrl.demo.publish [--claims runs/reproduce/claims.json] [--rejudge] [--check]
 
 With --claims, first copies a `make reproduce` run's claims.json and each miniature's results.json into
 docs/results/ (claims.json, miniatures/<paper>.json): the record the figures are read from. Then writes, from
@@ -8,8 +8,10 @@ that record: the README's results table, docs/results.md (the claims, each minia
 over the seeds, with the date, commit, machine and wall time) and the claims block of each paper's notebook
 (`searchrl.task.Demo.notebook`).
 Generated text sits between `<!-- generated: NAME -->` and `<!-- end generated -->` lines (docs/results.md
-is generated whole). --check writes nothing and fails, naming the files, when any of them differs from what
-the record gives: a figure edited by hand, or a record published without regenerating.
+is generated whole). --rejudge first judges the recorded claims again by the claims code as it is now, from
+the recorded per-seed results (after a stricter rule; the figures stay as measured). --check writes nothing
+and fails, naming the files, when any of them differs from what the record gives: a figure edited by hand, or
+a record published without regenerating.
 """
 from __future__ import annotations
 
@@ -169,12 +171,28 @@ def record(claims_path: Path, root: Path) -> None:
     shutil.copyfile(claims_path, root / RECORD / CLAIMS_FILE)
 
 
+def rejudge(root: Path) -> None:
+    """Judges every recorded claim again by the claims code as it is now, from its miniature's recorded
+    per-seed results (the figures are unchanged): each results.json's claims and claims.json's."""
+    claims, results = load_record(root)
+    for paper, result in results.items():
+        result["claims"] = task.get(paper).demo.load().claims(result["held_out"])
+        (root / MINIATURES / f"{paper}.json").write_text(json.dumps(result, indent=1))
+    if claims is not None:
+        papers = list(dict.fromkeys(c["paper"] for c in claims["claims"]))
+        claims["claims"] = [c for paper in papers for c in results[paper]["claims"]]
+        claims["all_hold"] = all(c["holds"] for c in claims["claims"])
+        (root / RECORD / CLAIMS_FILE).write_text(json.dumps(claims, indent=1))
+
+
 def main(argv=None) -> None:
     values = flags.FlagValues()
     claims = flags.DEFINE_string("claims", "", "a `make reproduce` run's claims.json to record first",
                                  flag_values=values)
     check = flags.DEFINE_boolean("check", False, "write nothing; fail if a generated file is stale",
                                  flag_values=values)
+    again = flags.DEFINE_boolean("rejudge", False, "judge the recorded claims again by the current claims "
+                                 "code, from the recorded per-seed results, first", flag_values=values)
     cli.parse(values, argv, __doc__)
     if check.value:
         if outdated := stale(ROOT):
@@ -184,6 +202,8 @@ def main(argv=None) -> None:
         return
     if claims.value:
         record(Path(claims.value), ROOT)
+    if again.value:
+        rejudge(ROOT)
     for path, text in generated(ROOT).items():
         (ROOT / path).write_text(text)
         print(f"wrote {path}")

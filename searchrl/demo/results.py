@@ -1,5 +1,6 @@
 """A multi-seed miniature's seeds, run one after another or side by side, and what it writes: each figure per
-seed and over the seeds (mean and a 95% interval), results.md and results.json under its workdir."""
+seed and over the seeds (mean and a 95% interval), results.md and results.json under its workdir; and the rule
+a claim is judged by (`above`, `on_every_seed`): an interval that clears the claim's margin, never a mean."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -7,7 +8,7 @@ import json
 import math
 import multiprocessing
 import os
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 import numpy as np
 from scipy import stats
@@ -43,9 +44,27 @@ def interval(values: Sequence[float], confidence: float = CONFIDENCE) -> dict[st
     return {"mean": mean, "low": mean - half, "high": mean + half, "n": len(x)}
 
 
-def excludes_zero(summary: Mapping[str, Any]) -> bool:
-    """Whether an `interval` lies wholly above or below 0 (False without one)."""
-    return summary["low"] is not None and (summary["low"] > 0 or summary["high"] < 0)
+VERDICTS = ("yes", "not shown", "no")  # a claim shown, its mean on the claimed side only, or not even that
+
+
+def above(summary: Mapping[str, Any], margin: float = 0.0) -> str:
+    """The verdict on "the mean over the seeds lies above `margin`" (an `interval`): "yes" only when the 95%
+    interval's lower end is above it, "not shown" when the mean alone is (or one seed gives no interval), "no"
+    when the mean is not. A comparison is a paired difference above 0; a "kept" (non-inferiority) claim a
+    difference above a negative margin. A mean never shows a claim by itself."""
+    if summary["mean"] <= margin:
+        return "no"
+    return "yes" if summary["low"] is not None and summary["low"] > margin else "not shown"
+
+
+def on_every_seed(held: Iterable[bool]) -> str:
+    """The verdict on a claim checked seed by seed: "yes" when it held on every one."""
+    return "yes" if all(held) else "no"
+
+
+def weakest(*verdicts: str) -> str:
+    """The verdict on several conditions that must all hold: the weakest of theirs."""
+    return max(verdicts, key=VERDICTS.index)
 
 
 def seed_intervals(per_seed: Mapping[str, Mapping[str, Mapping[str, float]]], policies: Sequence[str],
@@ -65,11 +84,14 @@ def write_results(workdir: str, table: str, results: Mapping[str, Any]) -> None:
         json.dump(results, f, indent=1)
 
 
-def claim(paper: str, name: str, statement: str, measured: Any, threshold: str, holds: bool
+def claim(paper: str, name: str, statement: str, measured: Any, threshold: str, verdict: str
           ) -> dict[str, Any]:
-    """One claim of a paper checked on a miniature's results, as claims.json lists it."""
+    """One claim of a paper checked on a miniature's results, as claims.json lists it: its `verdict` (one of
+    `VERDICTS`) and whether it holds (shown: "yes")."""
+    if verdict not in VERDICTS:
+        raise ValueError(f"claim {paper}/{name}: verdict {verdict!r} is not one of {VERDICTS}")
     return {"paper": paper, "claim": name, "statement": statement, "measured": measured,
-            "threshold": threshold, "holds": bool(holds)}
+            "threshold": threshold, "verdict": verdict, "holds": verdict == "yes"}
 
 
 def per_seed_interval(values: Mapping[str, float]) -> dict[str, Any]:

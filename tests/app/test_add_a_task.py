@@ -18,7 +18,7 @@ from searchrl import experiment, run_config, task
 from searchrl.configlib import ConfigError, group, ranged
 from searchrl.demo import miniature, publish, reproduce
 from searchrl.demo.config import preset
-from searchrl.demo.results import claim, paired, seed_intervals
+from searchrl.demo.results import claim, on_every_seed, paired, seed_intervals
 from searchrl.tasks.search_r1 import env as search_r1
 from tests.app.test_layers import BASELINE
 
@@ -61,7 +61,7 @@ def arms(config: run_config.RunConfig, numbers: list[float]) -> dict:
 def claims(per_seed) -> list[dict]:
     gain = paired(per_seed, "tuned", "base", "score")
     return [claim(NAME, "tuned_beats_base", "tuned - base score", gain, "> 0 on every seed",
-                  min(gain["per_seed"].values()) > 0)]
+                  on_every_seed(g > 0 for g in gain["per_seed"].values()))]
 
 
 def markdown(per_seed) -> str:

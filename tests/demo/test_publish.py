@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from searchrl.demo import publish, reproduce
-from searchrl.demo.results import claim, excludes_zero, interval, paired, run_seeds
+from searchrl.demo.results import above, claim, interval, on_every_seed, paired, run_seeds, weakest
 
 # Student-t 0.975 quantile with 4 degrees of freedom (statistical tables): 2.7764.
 T_975_4 = 2.776445
+T_975_2 = 4.302653  # and with 2 degrees of freedom
 
 
 def test_interval_is_the_textbook_student_t_interval():
@@ -27,10 +28,28 @@ def test_interval_is_the_textbook_student_t_interval():
     assert got["low"] == pytest.approx(3.0 - half, abs=1e-6)
     assert got["high"] == pytest.approx(3.0 + half, abs=1e-6)
     assert interval([0.7]) == {"mean": 0.7, "low": None, "high": None, "n": 1}
-    assert excludes_zero(interval([0.1, 0.2, 0.15])) and not excludes_zero(interval([-0.1, 0.2, 0.15]))
-    assert not excludes_zero(interval([0.3]))
     with pytest.raises(ValueError, match="one value per seed"):
         interval([])
+
+
+def test_a_claim_is_shown_by_its_interval_never_by_its_mean():
+    """[0.1, 0.2, 0.15]: mean 0.15, half width 4.303 * 0.05 / sqrt 3 = 0.124, interval [0.026, 0.274]."""
+    shown = interval([0.1, 0.2, 0.15])
+    assert shown["low"] == pytest.approx(0.15 - T_975_2 * 0.05 / math.sqrt(3))
+    assert above(shown) == "yes" and above(shown, 0.02) == "yes"
+    assert above(shown, 0.03) == "not shown"  # the mean clears 0.03, the lower end (0.026) does not
+    assert above(shown, 0.16) == "no" and above(shown, 0.2) == "no"
+    assert above(interval([-0.1, 0.2, 0.15])) == "not shown"  # mean 0.083, interval spans 0
+    assert above(interval([0.3])) == "not shown"  # one seed: no interval
+    kept = interval([-0.003, 0.01, -0.02])  # mean -0.0043, a "kept" margin of -0.01
+    assert above(kept, -0.01) == "not shown" and above(interval([0.01, 0.02, 0.015]), -0.01) == "yes"
+    assert on_every_seed([True, True]) == "yes" and on_every_seed([True, False]) == "no"
+    assert weakest("yes", "not shown") == "not shown" and weakest("not shown", "no", "yes") == "no"
+    assert weakest("yes", "yes") == "yes"
+    made = claim("p", "c", "s", shown, "95% interval above 0", "not shown")
+    assert made["verdict"] == "not shown" and made["holds"] is False
+    with pytest.raises(ValueError, match="verdict 'maybe'"):
+        claim("p", "c", "s", shown, "t", "maybe")
 
 
 def test_paired_difference_is_per_seed():
@@ -63,7 +82,8 @@ def record(root: Path, recall_gains: list[float]) -> dict:
                                            "seeds": list(range(len(recall_gains))), "date": "2026-12-03",
                                            "commit": "0123456789abcdef", "machine": "x86_64, 2 CPU cores"}},
               "claims": [claim("deepretrieval", "rl_beats_cold_start_recall@10", "RL - cold start recall@10",
-                               gain, ">= 0.20 on every seed", min(recall_gains) >= 0.2)]}
+                               gain, ">= 0.20 on every seed",
+                               on_every_seed(g >= 0.2 for g in recall_gains))]}
     (root / publish.MINIATURES).mkdir(parents=True)
     (root / publish.RECORD / "claims.json").write_text(json.dumps(claims))
     per_seed = {str(i): {"rl": {"recall@10": r}} for i, r in enumerate([0.45, 0.5, 0.55])}
@@ -118,9 +138,16 @@ def test_the_committed_figures_are_the_generated_ones():
 
 
 def test_claims_table_states_failures():
-    failing = claim("rpl", "b", "mutation gain", {"per_seed": {"0": 0.01}, **interval([0.01])}, "> 0", False)
-    table = reproduce.claims_table([failing])
-    assert "| rpl | mutation gain | 0.010 (1 seed) | > 0 | **no** |" in table
+    one_seed = {"per_seed": {"0": 0.01}, **interval([0.01])}
+    failing = claim("rpl", "b", "mutation gain", one_seed, "95% interval above 0.02", above(one_seed, 0.02))
+    unshown = claim("rpl", "b", "mutation gain", one_seed, "95% interval above 0", above(one_seed))
+    shown = claim("rpl", "a", "programs win", {"per_seed": {"0": True}}, "on every seed", on_every_seed([True]))
+    table = reproduce.claims_table([failing, unshown, shown])
+    assert "| rpl | mutation gain | 0.010 (1 seed) | 95% interval above 0.02 | **no** |" in table
+    assert "| rpl | mutation gain | 0.010 (1 seed) | 95% interval above 0 | **not shown** |" in table
+    assert "| rpl | programs win | 1 of 1 seeds | on every seed | yes |" in table
+    assert reproduce.verdict_counts([failing, unshown, shown]) == (
+        "1 of 3 claims shown, 1 not shown (the mean alone), 1 failing")
     several = {"extra_em_loss": interval([0.1, 0.3]), "one_hop_drop": {"a": 0.4, "b": 0.5}, "drop_gap": 0.1}
     assert reproduce.measured_text(several) == (
         "extra_em_loss 0.200 [-1.071, 1.471], 2 seeds; one_hop_drop a 0.400; b 0.500; drop_gap 0.100")
@@ -129,12 +156,12 @@ def test_claims_table_states_failures():
 def test_a_paper_run_again_replaces_only_its_own_record(tmp_path, monkeypatch):
     """reproduce keeps the other papers' entries and claims in claims.json and replaces the rerun one's."""
     old = {"papers": {"rpl": {"seeds": [0]}, "deepretrieval": {"seeds": [9]}}, "all_hold": False,
-           "claims": [claim("rpl", "a", "s", {}, "t", True),
-                      claim("deepretrieval", "b", "s", {}, "t", False)]}
+           "claims": [claim("rpl", "a", "s", {}, "t", "yes"),
+                      claim("deepretrieval", "b", "s", {}, "t", "no")]}
     reproduce.write(old, str(tmp_path))
     monkeypatch.setattr(reproduce, "miniature_config", lambda paper, seeds, out: type(
         "Config", (), {"task": paper, "workdir": str(tmp_path / paper)})())
-    fresh = claim("deepretrieval", "b", "s", {}, "t", True)
+    fresh = claim("deepretrieval", "b", "s", {}, "t", "yes")
     monkeypatch.setattr(reproduce.miniature, "run", lambda config: {"claims": [fresh]})
     report = reproduce.reproduce(["deepretrieval"], [0, 1], str(tmp_path))
     assert report == json.loads((tmp_path / "claims.json").read_text())

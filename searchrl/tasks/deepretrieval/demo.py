@@ -22,7 +22,7 @@ from typing import Any
 from searchrl import experiment, models, task
 from searchrl.data import datasets
 from searchrl.demo.miniature import Miniature, train
-from searchrl.demo.results import claim, paired, seed_intervals
+from searchrl.demo.results import claim, on_every_seed, paired, seed_intervals
 from searchrl.eval import harness, report
 from searchrl.retrieval.bm25 import BM25Retriever
 from searchrl.rl import sft
@@ -139,7 +139,7 @@ def claims(per_seed: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     gain = paired(per_seed, "rl", "sft", "recall@10")
     return [claim("deepretrieval", "rl_beats_cold_start_recall@10",
                   "RL - cold-start held-out recall@10 on every seed", gain, ">= 0.20 on every seed",
-                  min(gain["per_seed"].values()) >= 0.20)]
+                  on_every_seed(g >= 0.20 for g in gain["per_seed"].values()))]
 
 
 MINIATURE = Miniature(world=build_world, cold_start=cold_start, arms=rl_arm,

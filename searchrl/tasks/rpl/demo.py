@@ -37,7 +37,7 @@ from searchrl import experiment, models  # noqa: E402
 from searchrl.data import datasets  # noqa: E402
 from searchrl.demo import synthetic  # noqa: E402
 from searchrl.demo.miniature import Branch, Miniature, train  # noqa: E402
-from searchrl.demo.results import claim, excludes_zero, paired, seed_intervals  # noqa: E402
+from searchrl.demo.results import above, claim, on_every_seed, paired, seed_intervals  # noqa: E402
 from searchrl.episode import Action, Observation  # noqa: E402
 from searchrl.eval import harness, report  # noqa: E402
 from searchrl.metric_writer import read_metrics  # noqa: E402
@@ -277,10 +277,10 @@ def claims(per_seed: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     gain = paired(per_seed, "program_pm", "program", "answer_f1")
     return [claim("rpl", "a_program_beats_search",
                   "program RL beats search RL on answer F1 and dF1 with fewer context tokens",
-                  {"per_seed": held}, "on every seed", all(held.values())),
+                  {"per_seed": held}, "on every seed", on_every_seed(held.values())),
             claim("rpl", "b_mutation_beats_continued_rl",
                   "program RL + mutation - program RL, held-out answer F1", gain,
-                  "mean > 0, 95% interval excludes 0", gain["mean"] > 0 and excludes_zero(gain))]
+                  "95% interval above 0", above(gain))]
 
 
 def markdown(per_seed: Mapping[str, Mapping[str, Any]]) -> str:
