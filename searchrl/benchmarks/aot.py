@@ -133,8 +133,7 @@ def learn_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> dict
     """The PPO step's programs (`ppo.learn_programs`: "learn", and "score" where the scoring pass is a
     program of its own) with their abstract (state, batch) at the config's shapes."""
     rows, width = batch_rows(config), config.rollout.max_len
-    ppo_config = ppo.PPOConfig.create(config.rl, cfg, models.rules_named(config.mesh.train_rules),
-                                      config.mesh.attention)
+    ppo_config = ppo.PPOConfig.create(config.rl, cfg, models.Placement.of(config.mesh, mesh).train)
     rules = ppo_config.spec.rules
 
     def per_token(dtype):
@@ -149,7 +148,7 @@ def learn_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> dict
     if config.rl.pack:
         shards = mesh.shape["data"] * mesh.shape["fsdp"]
         plan = packing_of(search_r1_lengths(rows, config.rollout), config.rl, width, shards,
-                          models.pair_block(ppo_config.attention))
+                          models.pair_block(ppo_config.compute.attention))
         replicated = NamedSharding(mesh, PartitionSpec())
         batch = batch._replace(packing=jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), plan))
@@ -188,7 +187,8 @@ def rollout_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> di
     page pool as the engine sizes it (`pages.pool_pages`: side branches' pages counted) and, where the env
     runs a side branch, its rows' slots, widest append and turn limits as the engine's."""
     rollout, branch = config.rollout, side_branch(config)
-    rows, rules = rollout.decode_rows or batch_rows(config), models.rules_named(config.mesh.sample_rules)
+    rows, compute = rollout.decode_rows or batch_rows(config), models.Placement.of(config.mesh, mesh).sample
+    rules = compute.rules
     widest = chunk_widths(rollout, branch)[-1]
     slots = rollout.slots(widest)
     dtype = jnp.dtype(config.rl.compute_dtype)
@@ -216,8 +216,7 @@ def rollout_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> di
 
     limits = None if branch is None else generate.TurnLimits(branch.max_tokens, slots - 1, branch.sampling)
     spec = generate.DecodeSpec(rollout.max_turn_tokens, rollout.max_len, rollout.sampling,
-                               steps=rollout.chunk_steps, branch=limits, rules=rules,
-                               attention=config.mesh.attention)
+                               steps=rollout.chunk_steps, branch=limits, compute=compute)
     replicated = NamedSharding(mesh, PartitionSpec())
     # the episodes' stop sequences, then the side branch's
     stops = (jax.ShapeDtypeStruct(STOP_TABLE, jnp.int32, sharding=replicated),) * (1 if branch is None else 2)
@@ -226,10 +225,10 @@ def rollout_inputs(config: RunConfig, cfg: models.ModelConfig, mesh: Mesh) -> di
     joins = _rows_sharded((rows,), jnp.int32, mesh, rules)  # a GRPO group's responses start on one prefill
     prefill = {} if rollout.chunked_prefill else {
         "prefill": (generate.extend, (cfg, params, pool, state, *chunk(rollout.max_prompt_tokens),
-                                      rollout.sampling, rules, config.mesh.attention, joins))}
+                                      rollout.sampling, compute, joins))}
     return prefill | {
-        "extend": (generate.extend, (cfg, params, pool, state, *chunk(widest), rollout.sampling,
-                                     rules, config.mesh.attention, joins)),
+        "extend": (generate.extend, (cfg, params, pool, state, *chunk(widest), rollout.sampling, compute,
+                                     joins)),
         "decode": (generate.decode_chunk, (cfg, params, pool, state, allowed, stops, eos, spec)),
     }
 

@@ -123,10 +123,10 @@ def decode_program(run: RunConfig, rows: int, steps: int) -> tuple[Callable, Cal
     row holding `live` tokens (pending: one sampled, not yet in the cache) in pages of the rollout's slots
     per row."""
     cfg = models.config_from_source(dataclasses.replace(run.model, path=""))
-    rollout, attention = run.rollout, setup_attention(run)
+    rollout = run.rollout
+    compute = models.Placement.of(run.mesh).sample._replace(attention=setup_attention(run))
     slots = rollout.slots(max(rollout.obs_buckets))
-    spec = generate.DecodeSpec(slots, slots - 1, rollout.sampling, steps=steps,
-                               rules=models.rules_named(run.mesh.sample_rules), attention=attention)
+    spec = generate.DecodeSpec(slots, slots - 1, rollout.sampling, steps=steps, compute=compute)
 
     def arguments(live: int | jax.Array) -> tuple:
         pages, table = generate.owned_pages(rows, slots, rollout.page_size)
@@ -174,7 +174,8 @@ def micro_batch_program(run: RunConfig, attention: models.AttentionConfig, remat
     `attention`, recomputing each layer's activations in the backward pass with `remat`."""
     cfg = models.config_from_source(dataclasses.replace(run.model, path=""))
     rl = dataclasses.replace(run.rl, remat=remat)
-    config = ppo.PPOConfig.create(rl, cfg, models.rules_named(run.mesh.train_rules), attention)
+    compute = models.Placement.of(run.mesh).train._replace(attention=attention)
+    config = ppo.PPOConfig.create(rl, cfg, compute)
 
     def gradients(policy, x, tokens):
         return jax.grad(lambda p: ppo.actor_loss(config, p, x, 1.0, tokens))(policy)
@@ -291,8 +292,7 @@ def check_decode(run: RunConfig, name: str, size: Size, chip: Chip | None) -> li
     """Per live length: ms a decode step of one GPU's rows (`decode_program`), beside the cost model."""
     rows, results = gpu_rows(run), []
     chunk, arguments = decode_program(run, rows, size.decode_steps)
-    reference = dataclasses.replace(run, mesh=dataclasses.replace(
-        run.mesh, attention=dataclasses.replace(run.mesh.attention, paged="reference")))
+    reference = dataclasses.replace(run, mesh=run.mesh.with_attention(paged="reference"))
     ref_fn, ref_arguments = decode_program(reference, rows, 1)
     for live in size.live:
         params, pool, state, *rest = jax.jit(arguments)(live)

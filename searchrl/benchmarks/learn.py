@@ -82,9 +82,8 @@ def run(config: RunConfig, steps: int) -> dict:
     """Times `steps` PPO steps of `config` after one untimed (compiling) step; see the module docstring."""
     cfg = models.config_from_source(dataclasses.replace(config.model, path=""))  # the preset, random weights
     rl, rollout = config.rl, config.rollout
-    mesh = models.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-    ppo_config = ppo.PPOConfig.create(rl, cfg, models.rules_named(config.mesh.train_rules),
-                                      config.mesh.attention)
+    placement = models.placement_of(config.mesh)
+    mesh, ppo_config = placement.mesh, ppo.PPOConfig.create(rl, cfg, placement.train)
     rows = aot.batch_rows(config)
     batch = synthetic_batch(rows, rollout.max_len, rollout.max_prompt_tokens, cfg.vocab_size,
                             rl.responses_per_prompt)

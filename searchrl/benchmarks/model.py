@@ -27,8 +27,8 @@ from searchrl import cli
 from searchrl.benchmarks.attention import attention_impls, compare_impls
 from searchrl.benchmarks.hardware import device_name
 from searchrl.benchmarks.interleave import compare, describe
-from searchrl.models import (MeshConfig, ModelConfig, get_preset, init_params, rules_named,
-                             to_hf_config, token_logprobs)
+from searchrl.models import (MeshConfig, ModelConfig, Placement, get_preset, init_params, to_hf_config,
+                             token_logprobs)
 from searchrl.rl.config import RLConfig
 
 
@@ -49,12 +49,11 @@ def searchrl_step(cfg: ModelConfig, tokens: np.ndarray, dtype: str) -> Callable[
     B, T = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     mask = jnp.ones((B, T), bool)
-    rl, mesh = RLConfig(), MeshConfig()
+    rl, compute = RLConfig(), Placement.of(MeshConfig()).train
 
     def loss(params, tokens):
-        return -token_logprobs(cfg, params, tokens, positions, mask, temperature=1.0,
-                               rules=rules_named(mesh.train_rules), attention=mesh.attention, remat=rl.remat,
-                               logits_chunk=rl.logits_chunk)[:, 1:].mean()
+        return -token_logprobs(cfg, params, tokens, positions, mask, temperature=1.0, compute=compute,
+                               remat=rl.remat, logits_chunk=rl.logits_chunk)[:, 1:].mean()
 
     grad = jax.jit(jax.value_and_grad(loss))
     tokens = jnp.asarray(tokens)

@@ -48,19 +48,19 @@ def run(config: RunConfig, packed_attention: str = "blockwise", seed: int = 0) -
     by the implementation `packed_attention` (module docstring)."""
     cfg = models.config_from_source(dataclasses.replace(config.model, path=""))  # the preset's architecture
     rl, rollout = config.rl, config.rollout
-    mesh = models.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-    rules = models.rules_named(config.mesh.train_rules)
-    dense = dataclasses.replace(config.mesh.attention, impl="reference")
-    padded_config = ppo.PPOConfig.create(dataclasses.replace(rl, pack=False), cfg, rules, dense)
-    packed_config = ppo.PPOConfig.create(dataclasses.replace(rl, pack=True), cfg, rules,
-                                         dataclasses.replace(config.mesh.attention, impl=packed_attention))
+    placement = models.placement_of(config.mesh)
+    mesh, train = placement.mesh, placement.train
+    padded_config = ppo.PPOConfig.create(dataclasses.replace(rl, pack=False), cfg,
+                                         train.with_attention(impl="reference"))
+    packed_config = ppo.PPOConfig.create(dataclasses.replace(rl, pack=True), cfg,
+                                         train.with_attention(impl=packed_attention))
     rows = batch_rows(config.train, rl)
     lengths = search_r1_lengths(rows, rollout, seed)
     width = padded_width(int(lengths.max()), rollout.max_len)
     batch = synthetic_batch(rows, width, 1, cfg.vocab_size, rl.responses_per_prompt, seed)
     batch = batch._replace(attention_mask=np.arange(width)[None] < lengths[:, None])
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
-    plan = packing_of(lengths, rl, width, shards, models.pair_block(packed_config.attention), seed)
+    plan = packing_of(lengths, rl, width, shards, models.pair_block(packed_config.compute.attention), seed)
     real = float(np.sum(_row_flops(padded_config, mesh, rl.minibatch_size, rollout.max_len,
                                    cfg.vocab_size)(lengths)))
     padded = learn_flops(batch, padded_config, mesh)

@@ -164,11 +164,10 @@ def costing(config: RunConfig, work: Workload) -> RunConfig:
     """`config` as the cost model counts it: blockwise attention in the PPO step, the paged reference loop
     in the rollout, the scoring pass a program of its own, the PPO step's rows unpacked and a finished
     episode long where `work` says so."""
-    mesh, rl, rollout = config.mesh, config.rl, config.rollout
-    attention = dataclasses.replace(mesh.attention, impl="blockwise", paged="reference")
+    rl, rollout = config.rl, config.rollout
     if work.length:
         rl, rollout = dataclasses.replace(rl, pack=False), dataclasses.replace(rollout, max_len=work.length)
-    return dataclasses.replace(config, mesh=dataclasses.replace(mesh, attention=attention),
+    return dataclasses.replace(config, mesh=config.mesh.with_attention(impl="blockwise", paged="reference"),
                                rl=dataclasses.replace(rl, offload_reference=True), rollout=rollout)
 
 

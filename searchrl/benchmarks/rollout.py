@@ -75,7 +75,7 @@ def _generation(cfg: models.ModelConfig, batch: int, prompt_len: int, new_tokens
     slots (default: the prompt and the new tokens) holding the pages of the prompt and the new tokens."""
     used = prompt_len + new_tokens + 1
     spec = generate.DecodeSpec(new_tokens, max(slots, used) - 1, SamplingParams(temperature=0.0),
-                               steps=new_tokens, rules=_PLACEMENT.sample_rules, attention=_PLACEMENT.attention)
+                               steps=new_tokens, compute=_PLACEMENT.sample)
     page_size = RolloutConfig.page_size
     pages, held = generate.owned_pages(batch, used, page_size)
     state = generate.init_state(batch, max(slots, used), page_size, jax.random.key(0))
@@ -91,7 +91,7 @@ def _prefilled(cfg: models.ModelConfig, params, prompts: np.ndarray, new_tokens:
     pool, state, spec = _generation(cfg, batch, prompt_len, new_tokens, slots, dtype)
     lengths = np.full((batch,), prompt_len, np.int32)
     pool, state = generate.extend(cfg, params, pool, state, None, prompts, lengths, np.ones(batch, bool),
-                                  spec.sampling, spec.rules, spec.attention)
+                                  spec.sampling, spec.compute)
     return pool, state, spec
 
 
@@ -112,7 +112,7 @@ def decode_step_bytes(cfg: models.ModelConfig, params, batch: int, prompt_len: i
     traced = generate.decode_chunk.trace(cfg, params, pool, state, np.ones(batch, bool),
                                          (generate.stop_table(_NEVER),), _NO_EOS, spec)
     page_size = RolloutConfig.page_size
-    per_step = pages_a_step(spec.attention, page_size)
+    per_step = pages_a_step(spec.compute.attention, page_size)
     trips = -(-(prompt_len + new_tokens) // (page_size * per_step))  # the blocks of pages live at the end
     return matmul_cost(traced.jaxpr, while_trips=1, trips={"paged_attention.reference": trips}).bytes
 
@@ -382,8 +382,8 @@ def logprob_gap(cfg: models.ModelConfig, params, traj) -> float:
     tokens = jnp.asarray(traj.tokens)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     recomputed = models.token_logprobs(cfg, params, tokens, positions, jnp.asarray(traj.attention_mask),
-                                       temperature=SamplingParams().temperature, rules=_PLACEMENT.train_rules,
-                                       attention=_PLACEMENT.attention, remat=False, logits_chunk=0)
+                                       temperature=SamplingParams().temperature, compute=_PLACEMENT.train,
+                                       remat=False, logits_chunk=0)
     policy = traj.loss_mask > 0
     return float(np.abs(np.asarray(recomputed)[policy] - traj.logprobs[policy]).max())
 

@@ -52,7 +52,7 @@ class Generator:
         self.model_cfg, self.tokenizer, self.placement = model_cfg, tokenizer, placement
         self.mesh = placement.mesh
         self.batch_size = harness.mesh_batch_size(batch_size, self.mesh)
-        self.params = harness.placed_params(model_cfg, params, self.mesh, placement.sample_rules)
+        self.params = harness.placed_params(model_cfg, params, self.mesh, placement.sample.rules)
         self.rollout = dataclasses.replace(
             rollout, max_len=rollout.max_prompt_tokens + rollout.max_turn_tokens,
             sampling=SamplingParams(temperature=0.0))

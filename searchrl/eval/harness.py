@@ -139,7 +139,7 @@ def evaluate_policy(model_cfg: models.ModelConfig, params, tokenizer, env: Env,
     _check_inputs(env, datasets, batch_size, budgets, budget_questions)
     rollout = dataclasses.replace(rollout, sampling=SamplingParams(temperature=0.0))
     batch_size = mesh_batch_size(batch_size, mesh)
-    params = placed_params(model_cfg, params, mesh, placement.sample_rules)
+    params = placed_params(model_cfg, params, mesh, placement.sample.rules)
     examples = tagged_examples(datasets)
 
     def run(run_env: Env, with_branch: bool, desc: str, questions: list[dict[str, Any]]

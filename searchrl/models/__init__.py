@@ -20,9 +20,9 @@ _EXPORTS = {
     "hf": ("load_bert", "load_hf", "save_hf"),
     "kv_cache": ("KVCache", "KVPool", "pool_sharding", "pool_spec", "row_axes", "row_shards", "write_rows"),
     "layout": ("ParamSpec",),
-    "sharding": ("RULES", "SAMPLE_RULES", "TRAIN_RULES", "ShardingRules", "constrain", "logical_to_sharding",
-                 "logical_to_spec", "make_mesh", "mesh_of", "mesh_sizes", "Placement", "placement_of",
-                 "process_mesh", "rows_sharding", "rules_named", "to_process_mesh"),
+    "sharding": ("RULES", "SAMPLE_RULES", "TRAIN_RULES", "Compute", "ShardingRules", "constrain",
+                 "logical_to_sharding", "logical_to_spec", "make_mesh", "mesh_of", "mesh_sizes", "Placement",
+                 "placement_of", "process_mesh", "rows_sharding", "rules_named", "to_process_mesh"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF)

@@ -417,6 +417,10 @@ class MeshConfig:
     sample_rules: str = "sample"
     attention: AttentionConfig = AttentionConfig()
 
+    def with_attention(self, **changes) -> MeshConfig:
+        """The same mesh and layouts, their attention with `changes` (`AttentionConfig`'s fields)."""
+        return dataclasses.replace(self, attention=dataclasses.replace(self.attention, **changes))
+
 
 @group
 class DistributedConfig:

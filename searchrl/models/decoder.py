@@ -27,7 +27,7 @@ from searchrl.models.config import AttentionConfig, ModelConfig
 from searchrl.models.kv_cache import KVCache, attend
 from searchrl.models.layout import (HEADS, HEADS_IN, HEADS_OUT, TRANSPOSED, ParamSpec, Table, normal, ones,
                                    zeros)
-from searchrl.models.sharding import ShardingRules, constrain
+from searchrl.models.sharding import Compute, ShardingRules, constrain
 
 _ACT = ("batch", "length", "embed")
 # What a layer keeps for its backward pass without `remat`: the outputs of its matmuls with weights (q, k, v,
@@ -91,8 +91,7 @@ class Layer(nn.Module):
     """One pre-norm block: grouped-query attention (RoPE, optional biases and q/k norms), then SwiGLU."""
 
     cfg: ModelConfig
-    rules: ShardingRules
-    attention: AttentionConfig
+    compute: Compute
     param_dtype: Any = jnp.float32
 
     @nn.compact
@@ -105,9 +104,10 @@ class Layer(nn.Module):
         cfg = self.cfg
         lp = layout.declare(self, param_table(cfg), ("layers",))
         x, kv = carry
-        y, kv = _attention(cfg, lp, x, positions, keys, kv, index, self.rules, self.attention)
-        x = constrain(x + y, _ACT, self.rules)
-        x = constrain(x + _mlp(cfg, lp, x, self.rules), _ACT, self.rules)
+        rules = self.compute.rules
+        y, kv = _attention(cfg, lp, x, positions, keys, kv, index, rules, self.compute.attention)
+        x = constrain(x + y, _ACT, rules)
+        x = constrain(x + _mlp(cfg, lp, x, rules), _ACT, rules)
         return (x, kv), None
 
 
@@ -129,12 +129,11 @@ class Decoder(nn.Module):
     the heads on them. `value=True` is the value model (a `ValueHead`, no LM head); `unrolled=True`
     takes per-layer params `layers_0` .. (`unstack_layers`) instead of the stacked `layers`. For the backward
     pass each layer keeps only its weight matmuls' outputs (`_SAVED_FOR_BACKWARD`); `remat` keeps nothing
-    and recomputes the whole layer (gradient checkpointing). `attention` picks the attention implementation
-    (`MeshConfig.attention`)."""
+    and recomputes the whole layer (gradient checkpointing). `compute` lays out the activations under a mesh
+    and picks the attention implementation (a `Placement`'s train or sample `Compute`)."""
 
     cfg: ModelConfig
-    rules: ShardingRules  # the activations' layout under a mesh (a `MeshConfig`'s train or sample rules)
-    attention: AttentionConfig
+    compute: Compute
     value: bool = False
     remat: bool = False
     unrolled: bool = False
@@ -148,20 +147,20 @@ class Decoder(nn.Module):
                  else nn.remat(Layer, prevent_cse=False, policy=_SAVED_FOR_BACKWARD))
         if self.unrolled:  # per-layer params and pools, read in place: no slice of a stack, no copy (a
             # forward pass: nothing to keep for a backward one)
-            self.layers = [Layer(cfg, self.rules, self.attention, self.param_dtype)
+            self.layers = [Layer(cfg, self.compute, self.param_dtype)
                            for _ in range(cfg.num_layers)]
         else:
             stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
                             in_axes=(0, nn.broadcast, nn.broadcast), length=cfg.num_layers,
                             metadata_params={nn.PARTITION_NAME: "layers"})
-            self.layers = stack(cfg, self.rules, self.attention, self.param_dtype)
+            self.layers = stack(cfg, self.compute, self.param_dtype)
         if self.value:
             self.value_head = ValueHead(cfg, self.param_dtype)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, mask: jax.Array, cache: KVCache | None = None,
                  segments: Segments | None = None) -> tuple[jax.Array, KVCache | None]:
         """Final-normed hidden states [B, T, D] and the extended cache (see `forward`)."""
-        cfg, rules = self.cfg, self.rules
+        cfg, rules = self.cfg, self.compute.rules
         T = tokens.shape[1]
         check_window(cfg, T if cache is None else cache.slots)
         if cache is None:  # query t sees the unmasked tokens up to t (of its own segment, if packed)
@@ -327,11 +326,10 @@ def _mlp(cfg: ModelConfig, lp: dict, x: jax.Array, rules: ShardingRules) -> jax.
 
 
 def backbone(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
-             cache: KVCache | None = None, *, rules: ShardingRules, attention: AttentionConfig, remat: bool,
-             unrolled: bool = False, segments: Segments | None = None
-             ) -> tuple[jax.Array, KVCache | None]:
+             cache: KVCache | None = None, *, compute: Compute, remat: bool, unrolled: bool = False,
+             segments: Segments | None = None) -> tuple[jax.Array, KVCache | None]:
     """Final-normed hidden states [B, T, D] of the policy and the extended cache (see `forward`)."""
-    return Decoder(cfg, rules=rules, attention=attention, remat=remat, unrolled=unrolled).apply(
+    return Decoder(cfg, compute, remat=remat, unrolled=unrolled).apply(
         {"params": params}, tokens, positions, mask, cache, segments)
 
 
@@ -356,9 +354,8 @@ def unstack_shardings(shardings: dict, num_layers: int) -> dict:
 
 
 def forward(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
-            cache: KVCache | None = None, *, rules: ShardingRules, attention: AttentionConfig, remat: bool,
-            unrolled: bool = False, segments: Segments | None = None
-            ) -> tuple[jax.Array, jax.Array, KVCache | None]:
+            cache: KVCache | None = None, *, compute: Compute, remat: bool, unrolled: bool = False,
+            segments: Segments | None = None) -> tuple[jax.Array, jax.Array, KVCache | None]:
     """(logits fp32 [B, T, V], final hidden [B, T, D], cache); tokens, positions int32 and mask bool [B, T].
 
     Without a cache, query t attends to key s iff s <= t and mask[b, s] (and, for rows packed with several
@@ -366,14 +363,14 @@ def forward(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Ar
     (the unrolled decoder), row b's unmasked tokens (a prefix of its chunk: mask[b] is true on its first n_b
     tokens) go to slots length[b] .. length[b]+n_b-1 in the pages its table names, each of them attends to
     the row's slots up to its own, and the returned cache has length += n_b. Positions (for RoPE) always come
-    from the caller. Outputs at masked positions are unspecified. `rules` lay out the activations under a
-    mesh; `attention` picks how attention is computed (`MeshConfig.attention`); `remat` recomputes each whole
-    layer in the backward pass to save memory (`Decoder`; `RLConfig.remat`); `unrolled` takes the per-layer
-    params of `unstack_layers`.
+    from the caller. Outputs at masked positions are unspecified. `compute` lays out the activations under
+    a mesh and picks how attention is computed (a `Placement`'s `train` or `sample`); `remat` recomputes
+    each whole layer in the backward pass to save memory (`Decoder`; `RLConfig.remat`); `unrolled` takes the
+    per-layer params of `unstack_layers`.
     """
-    hidden, cache = backbone(cfg, params, tokens, positions, mask, cache, rules=rules, attention=attention,
-                             remat=remat, unrolled=unrolled, segments=segments)
-    logits = _sharded_logits(cfg, params, hidden, rules)
+    hidden, cache = backbone(cfg, params, tokens, positions, mask, cache, compute=compute, remat=remat,
+                             unrolled=unrolled, segments=segments)
+    logits = _sharded_logits(cfg, params, hidden, compute.rules)
     return logits, hidden, cache
 
 
@@ -393,13 +390,11 @@ def _sharded_logits(cfg: ModelConfig, params: dict, hidden: jax.Array, rules: Sh
     return constrain(lm_logits(cfg, params, hidden), ("batch", "length", "vocab"), rules)
 
 
-def apply(cfg: ModelConfig, params: dict, tokens: jax.Array, *, rules: ShardingRules,
-          attention: AttentionConfig) -> jax.Array:
+def apply(cfg: ModelConfig, params: dict, tokens: jax.Array, *, compute: Compute) -> jax.Array:
     """Logits [B, T, V] of unpadded sequences at positions 0 .. T-1 (a forward pass only: no remat)."""
     B, T = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    return forward(cfg, params, tokens, positions, jnp.ones((B, T), bool), rules=rules, attention=attention,
-                   remat=False)[0]
+    return forward(cfg, params, tokens, positions, jnp.ones((B, T), bool), compute=compute, remat=False)[0]
 
 
 def _next_token_logprobs(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -424,12 +419,11 @@ def logprobs_from_logits(logits: jax.Array, tokens: jax.Array) -> tuple[jax.Arra
 
 
 def token_logprobs(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
-                   *, with_entropy: bool = False, temperature: float | jax.Array, rules: ShardingRules,
-                   attention: AttentionConfig, remat: bool, logits_chunk: int,
-                   segments: Segments | None = None):
+                   *, with_entropy: bool = False, temperature: float | jax.Array, compute: Compute,
+                   remat: bool, logits_chunk: int, segments: Segments | None = None):
     """Per-token log-probabilities [B, T] (index t+1 holds log p(tokens[:, t+1] | prefix), index 0 = 0) of
-    the model's distribution at `temperature` (logits / temperature; `SamplingParams.temperature`), laid out
-    by `rules`, computing attention by `attention`, with `remat` and `logits_chunk` as `RLConfig` sets them.
+    the model's distribution at `temperature` (logits / temperature; `SamplingParams.temperature`), computed
+    as `compute` says (layout, attention), with `remat` and `logits_chunk` as `RLConfig` sets them.
 
     With `with_entropy`, returns (logprobs, entropy) in the same alignment. The head runs on the hidden states
     that predict a token (all but the last position), so no logits are computed that nothing reads. With
@@ -437,11 +431,12 @@ def token_logprobs(cfg: ModelConfig, params: dict, tokens: jax.Array, positions:
     (`segments`, see `forward`) give each sequence's first token a log-probability from the previous
     sequence's last position: the caller masks it.
     """
-    hidden = backbone(cfg, params, tokens, positions, mask, rules=rules, attention=attention,
-                      remat=remat, segments=segments)[0][:, :-1]
+    hidden = backbone(cfg, params, tokens, positions, mask, compute=compute, remat=remat,
+                      segments=segments)[0][:, :-1]
 
     def head(hidden: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return _next_token_logprobs(_sharded_logits(cfg, params, hidden, rules) / temperature, targets)
+        logits = _sharded_logits(cfg, params, hidden, compute.rules)
+        return _next_token_logprobs(logits / temperature, targets)
 
     if 0 < logits_chunk < hidden.shape[1]:
         logprobs, entropy = _chunked_next_token_logprobs(head, hidden, tokens[:, 1:], logits_chunk)
@@ -470,9 +465,8 @@ def _chunked_next_token_logprobs(head: Callable[[jax.Array, jax.Array], tuple[ja
 
 
 def values(cfg: ModelConfig, params: dict, tokens: jax.Array, positions: jax.Array, mask: jax.Array,
-           *, rules: ShardingRules, attention: AttentionConfig, remat: bool,
-           segments: Segments | None = None) -> jax.Array:
+           *, compute: Compute, remat: bool, segments: Segments | None = None) -> jax.Array:
     """Value estimates [B, T] fp32 from value-model params (see `value_params_from_policy`); `segments`
     as in `forward`."""
-    return Decoder(cfg, rules=rules, attention=attention, value=True, remat=remat).apply(
+    return Decoder(cfg, compute, value=True, remat=remat).apply(
         {"params": params}, tokens, positions, mask, segments, method=Decoder.head)

@@ -73,21 +73,40 @@ def mesh_of(config: MeshConfig) -> Mesh:
     return make_mesh(config.data, config.fsdp, config.tensor)
 
 
+class Compute(NamedTuple):
+    """How a model pass computes: its activations laid out under a mesh by `rules` (a `MeshConfig`'s train or
+    sample rules) and its attention computed by `attention` (`MeshConfig.attention`). A static argument: one
+    compiled program per value."""
+
+    rules: ShardingRules
+    attention: AttentionConfig
+
+    def with_attention(self, **changes) -> Compute:
+        """The same layout, its attention with `changes` (`AttentionConfig`'s fields)."""
+        return self._replace(attention=dataclasses.replace(self.attention, **changes))
+
+
 class Placement(NamedTuple):
     """Where and how a policy computes, as a run's `config.mesh` says (`placement_of`, built once): the device
-    mesh (None: the default device, unsharded), the training and sampling layouts (`MeshConfig.train_rules`,
-    `sample_rules`) and the attention implementation of both (`MeshConfig.attention`)."""
+    mesh (None: the default device, unsharded), and how training and sampling compute on it: their layouts
+    (`MeshConfig.train_rules`, `sample_rules`), both with the attention of `MeshConfig.attention`."""
 
     mesh: Mesh | None
-    train_rules: ShardingRules
-    sample_rules: ShardingRules
-    attention: AttentionConfig
+    train: Compute
+    sample: Compute
+
+    @classmethod
+    def of(cls, config: MeshConfig, mesh: Mesh | None = None) -> Placement:
+        """The layouts and attention `config` names, on `mesh` (None: the default device), whatever mesh
+        `config` itself sizes: a program traced or run on another mesh than the run's."""
+        return cls(mesh, Compute(rules_named(config.train_rules), config.attention),
+                   Compute(rules_named(config.sample_rules), config.attention))
 
     @classmethod
     def default(cls, mesh: Mesh | None = None, attention: AttentionConfig = AttentionConfig()) -> Placement:
         """The default layouts (`TRAIN_RULES`, `SAMPLE_RULES`: `MeshConfig`'s) and `attention` on `mesh`
         (None: the default device)."""
-        return cls(mesh, TRAIN_RULES, SAMPLE_RULES, attention)
+        return cls(mesh, Compute(TRAIN_RULES, attention), Compute(SAMPLE_RULES, attention))
 
     def on_one_device(self) -> Placement:
         """The same layouts and attention on the default device alone (no mesh)."""
@@ -96,8 +115,7 @@ class Placement(NamedTuple):
 
 def placement_of(config: MeshConfig) -> Placement:
     """The placement `config` describes, on its mesh over every device (`mesh_of`)."""
-    return Placement(mesh_of(config), rules_named(config.train_rules), rules_named(config.sample_rules),
-                     config.attention)
+    return Placement.of(config, mesh_of(config))
 
 
 def mesh_sizes(data: int, fsdp: int, tensor: int, count: int) -> tuple[int, int, int]:

@@ -43,7 +43,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from searchrl import models
-from searchrl.models.sharding import ShardingRules, constrain
+from searchrl.models.sharding import constrain
 from searchrl.registry import Registry
 from searchrl.rl import advantages as adv_lib
 from searchrl.rl import kl as kl_lib
@@ -91,12 +91,12 @@ class PPOConfig:
 
     rl: RLConfig
     spec: StateSpec
-    attention: models.AttentionConfig  # how the models compute attention: `MeshConfig.attention`
+    compute: models.Compute  # how the models compute: a `Placement`'s `train` (its rules: `spec.rules`)
 
     @classmethod
-    def create(cls, rl: RLConfig, model: models.ModelConfig, rules: ShardingRules,
-               attention: models.AttentionConfig) -> PPOConfig:
-        """Checks the names in `rl` and the options it sets against the functions they pick."""
+    def create(cls, rl: RLConfig, model: models.ModelConfig, compute: models.Compute) -> PPOConfig:
+        """Checks the names in `rl` and the options it sets against the functions they pick; the state laid
+        out by `compute.rules`."""
         _check_unused(rl, "advantage", adv_lib.ADVANTAGES)
         _check_unused(rl, "policy_loss", losses.POLICY_LOSSES)
         for field in ("kl_reward_estimator", "kl_loss_type"):
@@ -107,8 +107,8 @@ class PPOConfig:
             raise ValueError(f"rl.advantage={rl.advantage!r} needs a critic: set rl.use_critic=True.")
         spec = StateSpec(model=model, actor=rl.actor, critic=rl.critic if rl.use_critic else None,
                              reference=rl.use_reference, ref_dtype=rl.compute_dtype,
-                             offload_reference=rl.offload_reference, rules=rules)
-        return cls(rl, spec, attention)
+                             offload_reference=rl.offload_reference, rules=compute.rules)
+        return cls(rl, spec, compute)
 
 
 def _check_unused(rl: RLConfig, field: str, registry: Registry) -> None:
@@ -170,9 +170,8 @@ def _policy_logprobs(config: PPOConfig, params: dict, rows: _Rows, width: int, t
     """Log-probs [Q, width] (and entropies, with `with_entropy`) of the sequences in `rows`."""
     out = models.token_logprobs(config.spec.model, _cast(params, config.rl.compute_dtype), rows.tokens,
                                 rows.positions, rows.attention_mask, with_entropy=with_entropy,
-                                temperature=temperature, rules=config.spec.rules, attention=config.attention,
-                                remat=config.rl.remat, logits_chunk=config.rl.logits_chunk,
-                                segments=rows.segments)
+                                temperature=temperature, compute=config.compute, remat=config.rl.remat,
+                                logits_chunk=config.rl.logits_chunk, segments=rows.segments)
     if with_entropy:
         return tuple(_per_sequence(rows, x, width) for x in out)
     return _per_sequence(rows, out, width)
@@ -181,8 +180,8 @@ def _policy_logprobs(config: PPOConfig, params: dict, rows: _Rows, width: int, t
 def _state_values(config: PPOConfig, params: dict, rows: _Rows, width: int) -> jax.Array:
     """Critic values [Q, width] of the sequences in `rows`: index t holds V(tokens[:t]), index 0 is 0."""
     v = models.values(config.spec.model, _cast(params, config.rl.compute_dtype), rows.tokens, rows.positions,
-                      rows.attention_mask, rules=config.spec.rules, attention=config.attention,
-                      remat=config.rl.remat, segments=rows.segments)
+                      rows.attention_mask, compute=config.compute, remat=config.rl.remat,
+                      segments=rows.segments)
     return _per_sequence(rows, jnp.concatenate([jnp.zeros_like(v[:, :1]), v[:, :-1]], axis=1), width)
 
 

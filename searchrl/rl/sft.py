@@ -45,14 +45,13 @@ def encode(tokenizer: Any, examples: Sequence[Segments], max_len: int) -> tuple[
 
 
 def nll(cfg: models.ModelConfig, params: dict, tokens: jax.Array, loss_mask: jax.Array,
-        rules: models.ShardingRules, attention: models.AttentionConfig) -> jax.Array:
+        compute: models.Compute) -> jax.Array:
     """Mean negative log-likelihood of the policy tokens (`loss_mask` > 0) given their prefixes, under the
-    model's own distribution (temperature 1), its activations laid out by `rules`, attention computed by
-    `attention`, no layer recomputed and the logits of all positions at once."""
+    model's own distribution (temperature 1), computed as `compute` says (activations' layout, attention),
+    no layer recomputed and the logits of all positions at once."""
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     logprobs = models.token_logprobs(cfg, params, tokens, positions, _attention(tokens, loss_mask),
-                                     temperature=1.0, rules=rules, attention=attention, remat=False,
-                                     logits_chunk=0)
+                                     temperature=1.0, compute=compute, remat=False, logits_chunk=0)
     return -jnp.sum(logprobs * loss_mask) / jnp.maximum(jnp.sum(loss_mask), 1.0)
 
 
@@ -63,18 +62,16 @@ def _attention(tokens: jax.Array, loss_mask: jax.Array) -> jax.Array:
 
 
 @functools.lru_cache(maxsize=None)
-def _train_step(cfg: models.ModelConfig, optim: OptimConfig, mesh: Mesh, rules: models.ShardingRules,
-                attention: models.AttentionConfig):
+def _train_step(cfg: models.ModelConfig, optim: OptimConfig, mesh: Mesh, compute: models.Compute):
     """The jitted, sharded SFT step, its optimizer and the state's shardings (params and moments as in RL
-    training, laid out by the training `rules`)."""
+    training, laid out by the training `compute.rules`)."""
     tx, schedule = make_optimizer(optim), learning_rate(optim)
-    shardings = state_shardings(StateSpec(model=cfg, actor=optim, rules=rules), mesh)
+    shardings = state_shardings(StateSpec(model=cfg, actor=optim, rules=compute.rules), mesh)
     rows = NamedSharding(mesh, _ROWS)
     replicated = NamedSharding(mesh, PartitionSpec())
 
     def step(params, opt_state, i, tokens, loss_mask):
-        loss, grads = jax.value_and_grad(functools.partial(nll, cfg))(params, tokens, loss_mask, rules,
-                                                                       attention)
+        loss, grads = jax.value_and_grad(functools.partial(nll, cfg))(params, tokens, loss_mask, compute)
         params, opt_state, grad_norm = apply_gradients(tx, params, grads, opt_state, schedule(i))
         return params, opt_state, loss, grad_norm
 
@@ -102,12 +99,12 @@ def minibatches(config: SFTConfig, examples: int) -> Iterator[np.ndarray]:
 
 
 def train(cfg: models.ModelConfig, params: dict, tokens: np.ndarray, loss_mask: np.ndarray,
-          config: SFTConfig, mesh: Mesh, rules: models.ShardingRules, attention: models.AttentionConfig,
+          config: SFTConfig, mesh: Mesh, compute: models.Compute,
           on_epoch_end: Callable[[int, dict], None] | None = None) -> tuple[dict, list[float]]:
-    """AdamW steps on `minibatches` (`config.steps` or `config.epochs`), sharded over `mesh` by the training
-    `rules` (`MeshConfig.train_rules`), attention computed by `attention` (`MeshConfig.attention`); returns
-    the params and the loss per step. With epochs, `on_epoch_end(epoch, params)` runs after each whole epoch
-    (from 1), before the next step reuses the params' buffers. Across processes, every process passes the
+    """AdamW steps on `minibatches` (`config.steps` or `config.epochs`), sharded over `mesh` and computed as
+    the training `compute` says (a `Placement`'s `train`: its layout and attention); returns the params
+    and the loss per step. With epochs, `on_epoch_end(epoch, params)` runs after each whole epoch (from 1),
+    before the next step reuses the params' buffers. Across processes, every process passes the
     same examples and feeds its own rows of each minibatch."""
     if len(tokens) < config.batch_size:
         raise ValueError(f"SFT needs at least batch_size={config.batch_size} examples, got {len(tokens)}.")
@@ -115,7 +112,7 @@ def train(cfg: models.ModelConfig, params: dict, tokens: np.ndarray, loss_mask: 
     if config.batch_size % rows_parallel:
         raise ValueError(f"SFT batch_size={config.batch_size} must be a multiple of the mesh's data x fsdp size "
                          f"({rows_parallel}): config.sft.batch_size or config.mesh.")
-    step, tx, shardings = _train_step(cfg, config.schedule(len(tokens)), mesh, rules, attention)
+    step, tx, shardings = _train_step(cfg, config.schedule(len(tokens)), mesh, compute)
     # Placed as the step returns them, so that the first step compiles the same program as the others.
     params = jax.device_put(jax.tree.map(lambda p: p.astype(jnp.float32), params), shardings.policy)
     opt_state = jax.device_put(tx.init(params), shardings.actor_opt)
@@ -144,5 +141,4 @@ def fine_tune(cfg: models.ModelConfig, params: dict, tokenizer: Any, examples: S
     """`train` on `examples` as `encode` tokenises them (`config.max_len` tokens each), on the placement's
     mesh in its training layout: the params and the loss per step."""
     tokens, loss_mask = encode(tokenizer, examples, config.max_len)
-    return train(cfg, params, tokens, loss_mask, config, placement.mesh, placement.train_rules,
-                 placement.attention, on_epoch_end)
+    return train(cfg, params, tokens, loss_mask, config, placement.mesh, placement.train, on_epoch_end)

@@ -216,7 +216,7 @@ class Trainer:
         self.workdir = workdir or config.workdir
         self.placement = models.placement_of(mesh)
         self.mesh = self.placement.mesh
-        self.ppo = ppo.PPOConfig.create(rl, model_cfg, self.placement.train_rules, self.placement.attention)
+        self.ppo = ppo.PPOConfig.create(rl, model_cfg, self.placement.train)
         self.batch_rows = batch_rows(self.train_config, rl)
         self.shards = shards = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         if self.batch_rows % shards or self.batch_rows % rl.minibatch_size:
@@ -411,7 +411,7 @@ class Trainer:
             return None
         lengths = np.concatenate([np.asarray(x) for x in distributed.all_processes(lengths.tolist())])
         orders = ppo.update_orders(self.state, self.batch_rows, self.ppo)
-        block = models.pair_block(self.ppo.attention)
+        block = models.pair_block(self.ppo.compute.attention)
         plan = packing.pack(lengths, orders, rl.minibatch_size, rl.micro_batch_size, self.shards, width,
                             block, packing.packed_widths(width, block, self.ppo.spec.model.sliding_window))
         shape = (plan.width, plan.micro_batches, plan.block_pairs.shape[-2])

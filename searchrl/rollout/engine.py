@@ -71,9 +71,9 @@ class RolloutEngine:
     def __init__(self, cfg: models.ModelConfig, tokenizer: Any, env: Env, config: RolloutConfig,
                  side_branch: bool = True, dtype: str | None = None, *, placement: models.Placement):
         self.cfg, self.tokenizer, self.env, self.config = cfg, tokenizer, env, config
-        mesh, rules, attention = placement.mesh, placement.sample_rules, placement.attention
+        mesh = placement.mesh
         self.train_mesh, self.mesh = mesh, mesh if mesh is None else models.process_mesh(mesh)
-        self.dtype, self.rules, self.attention = dtype, rules, attention
+        self.dtype, self.compute = dtype, placement.sample
         self.eos_set = _eos_ids(tokenizer, cfg)
         self.eos_ids = self._replicated(jnp.asarray(sorted(self.eos_set), jnp.int32))
         stops = [generate.stop_table([self._encode(s) for s in env.stop_strings])]
@@ -94,10 +94,15 @@ class RolloutEngine:
             stops.append(generate.stop_table([self._encode(s) for s in self.branch.stop_strings]))
         self.stops = tuple(self._replicated(table) for table in stops)
         self.spec = generate.DecodeSpec(config.max_turn_tokens, config.max_len, config.sampling,
-                                        steps=config.chunk_steps, branch=limits, rules=rules, attention=attention)
+                                        steps=config.chunk_steps, branch=limits, compute=self.compute)
         self.stats = RolloutStats()
         self._idle = IdleClock()
         self._warmup_key = jax.random.key(0)  # made here: a key from a Python int is a host transfer
+
+    @property
+    def rules(self) -> models.ShardingRules:
+        """The sampling layout (`compute.rules`): of the params, the KV cache and the rows' state."""
+        return self.compute.rules
 
     def sampling_params(self, params):
         """The policy's params as the rollout samples with them: cast to the engine's `dtype`, and on its mesh
@@ -172,7 +177,7 @@ class RolloutEngine:
                 inputs = self._to_device((self._local(computed, batch), *pad_batch([[]] * rows, width),
                                           np.zeros(rows, bool)))
                 pool, state = self._call(generate.extend, self.cfg, params, pool, state, *inputs, sampling,
-                                         self.rules, self.attention, self._to_device(self._joins({}, batch, rows)))
+                                         self.compute, self._to_device(self._joins({}, batch, rows)))
         pool, state = self._call(generate.decode_chunk, self.cfg, params, pool, state, idle, self.stops,
                                  self.eos_ids, self.spec)
         state = self._call(generate.truncate, state, zeros)
@@ -762,7 +767,7 @@ class RolloutEngine:
                     *inputs, joined = self._to_device((self._local(computed, batch), tokens, lengths, starting,
                                                        joined))
                     run.pool, state = self._dispatch(generate.extend, self.cfg, params, run.pool, state, *inputs,
-                                                     sampling, self.rules, self.attention, joined)
+                                                     sampling, self.compute, joined)
         return state
 
     def _joins(self, sources: dict[int, int], batch: int, computed: int) -> np.ndarray:

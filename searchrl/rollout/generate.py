@@ -66,9 +66,8 @@ class DecodeSpec(TurnLimits):
 
     steps: int = dataclasses.field(kw_only=True)  # decode steps per chunk (one lax.while_loop)
     branch: TurnLimits | None = dataclasses.field(default=None, kw_only=True)
-    # the layout under a mesh (`state_logical_axes`): `MeshConfig.sample_rules`
-    rules: models.ShardingRules = dataclasses.field(kw_only=True)
-    attention: models.AttentionConfig = dataclasses.field(kw_only=True)  # `MeshConfig.attention`
+    # the state's layout under a mesh (`state_logical_axes`) and the attention: a `Placement`'s `sample`
+    compute: models.Compute = dataclasses.field(kw_only=True)
 
 
 def stop_table(stop_sequences: Sequence[Sequence[int]]) -> jax.Array:
@@ -155,7 +154,7 @@ def _record_samples(state: GenState, rows: jax.Array, tokens: jax.Array, logprob
     )
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "sampling", "rules", "attention"), donate_argnums=(2, 3))
+@functools.partial(jax.jit, static_argnames=("cfg", "sampling", "compute"), donate_argnums=(2, 3))
 def extend(
     cfg: models.ModelConfig,
     params,
@@ -166,8 +165,7 @@ def extend(
     chunk_len: jax.Array,
     start_turn: jax.Array,
     sampling: SamplingParams,
-    rules: models.ShardingRules,
-    attention: models.AttentionConfig,
+    compute: models.Compute,
     joins: jax.Array | None = None,
 ) -> tuple[models.KVPool, GenState]:
     """Appends `chunk[k, :chunk_len[k]]` (right-padded [K, T]) to row `rows[k]` (distinct indices; None: every
@@ -185,12 +183,13 @@ def extend(
     on the same device), whose pages it shares (`PagePool.fork`), and samples its first token, with its own
     key, from that row's logits: the very logits it would compute itself.
     """
+    rules = compute.rules
     if rows is None:
-        pool, state, logits = _extend(cfg, params, pool, state, chunk, chunk_len, start_turn, sampling, rules,
-                                      attention)
+        pool, state, logits = _extend(cfg, params, pool, state, chunk, chunk_len, start_turn, sampling,
+                                      compute)
     else:
         pool, part, logits = _extend(cfg, params, pool, _take_rows(state, rows, rules), chunk, chunk_len,
-                                     start_turn, sampling, rules, attention)
+                                     start_turn, sampling, compute)
         state = _put_rows(state, rows, part, rules)
     if joins is not None:
         state = _by_device(functools.partial(_start_joined, sampling=sampling), rules, state.tokens.shape[0])(
@@ -221,14 +220,14 @@ def _start_joined(state: GenState, joins: jax.Array, computed: jax.Array | None,
 
 
 def _extend(cfg: models.ModelConfig, params, pool: models.KVPool, state: GenState, chunk: jax.Array,
-            chunk_len: jax.Array, start_turn: jax.Array, sampling: SamplingParams, rules: models.ShardingRules,
-            attention: models.AttentionConfig) -> tuple[models.KVPool, GenState, jax.Array]:
+            chunk_len: jax.Array, start_turn: jax.Array, sampling: SamplingParams, compute: models.Compute
+            ) -> tuple[models.KVPool, GenState, jax.Array]:
     """`extend` on every row of `state`; also the logits [K, V] its rows' first tokens were drawn from."""
     start = state.length
     real = jnp.arange(chunk.shape[1])[None, :] < chunk_len[:, None]
     positions = start[:, None] + jnp.arange(chunk.shape[1])[None, :]
-    hidden, cache = models.backbone(cfg, params, chunk, positions, real, state.cache(pool), rules=rules,
-                                    attention=attention, remat=False, unrolled=True)
+    hidden, cache = models.backbone(cfg, params, chunk, positions, real, state.cache(pool), compute=compute,
+                                    remat=False, unrolled=True)
     state = state._replace(
         length=cache.length,
         tokens=models.write_rows(state.tokens, chunk, start, real),
@@ -321,7 +320,7 @@ def decode_chunk(
         written = state.length
         token = jnp.take_along_axis(state.tokens, written[:, None], axis=1)
         hidden, cache = models.backbone(cfg, params, token, written[:, None], rows[:, None], state.cache(pool),
-                                        rules=spec.rules, attention=spec.attention, remat=False, unrolled=True)
+                                        compute=spec.compute, remat=False, unrolled=True)
         state = state._replace(length=cache.length, pending=state.pending & ~rows,
                                decoded=state.decoded + rows.astype(jnp.int32))
         turn_tokens = cache.length - state.turn_start
@@ -339,7 +338,7 @@ def decode_chunk(
         return (i < spec.steps) & jnp.any(state.active & allowed)
 
     _, pool, state = jax.lax.while_loop(cond, step, (jnp.int32(0), pool, state))
-    return pool, _placed(state, spec.rules)
+    return pool, _placed(state, spec.compute.rules)
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))

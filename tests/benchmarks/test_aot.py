@@ -112,7 +112,7 @@ def test_the_rollout_programs_hold_the_engines_pool_and_rows(module, parked):
     env = (AutoSearchEnv if module is autosearch else SearchEnv)(None, run.env)  # no retriever: not searched
     tokenizer = train_bpe_tokenizer(["search for the answer"] * 20, vocab_size=300)
     engine = RolloutEngine(cfg, tokenizer, env, run.rollout, dtype=run.rl.compute_dtype,
-                           placement=models.placement_of(run.mesh)._replace(mesh=mesh))
+                           placement=models.Placement.of(run.mesh, mesh))
     assert (aot.side_branch(run) is not None) == (env.side_branch is not None) == (module is autosearch)
     inputs = aot.rollout_inputs(run, cfg, mesh)
     _, _, pool, state, *_ = inputs["decode"][1]

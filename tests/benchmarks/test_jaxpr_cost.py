@@ -80,8 +80,8 @@ def test_one_decode_step_of_the_decoder_is_the_textbook_count(tied):
     pages, table = generate.owned_pages(rows, slots, page)
     state = generate.init_state(rows, slots, page, jax.random.key(1))._replace(pages=jnp.asarray(table))
     pool = models.KVPool.init(cfg, pages, page)
-    spec = generate.DecodeSpec(8, slots - 1, SamplingParams(temperature=0.0), steps=4, rules=models.SAMPLE_RULES,
-                               attention=attention)
+    spec = generate.DecodeSpec(8, slots - 1, SamplingParams(temperature=0.0), steps=4,
+                               compute=models.Compute(models.SAMPLE_RULES, attention))
     stops, eos = (generate.stop_table([[5]]),), jnp.asarray([0], jnp.int32)
     traced = generate.decode_chunk.trace(cfg, params, pool, state, jnp.ones(rows, bool), stops, eos, spec)
     trips = {"paged_attention.reference": live}
@@ -270,8 +270,8 @@ def test_an_attention_loop_counts_all_its_key_blocks():
                              cfg.head_dim, cfg.vocab_size, cfg.num_layers)
     params = models.init_params(cfg, jax.random.key(0))
     attention = models.AttentionConfig(impl="blockwise", block_size=block)
-    result = program_cost(jax.make_jaxpr(lambda p, t: models.apply(cfg, p, t, rules=models.TRAIN_RULES,
-                                                                    attention=attention))(
+    compute = models.Compute(models.TRAIN_RULES, attention)
+    result = program_cost(jax.make_jaxpr(lambda p, t: models.apply(cfg, p, t, compute=compute))(
         params, jnp.zeros((rows, T), jnp.int32)))
     layer = 2 * D * (H + 2 * KV) * hd + 2 * H * hd * D + 3 * 2 * D * F
     assert result.cost.flops == rows * T * (L * (layer + 2 * 2 * H * hd * 48) + 2 * D * V)
@@ -297,7 +297,7 @@ def test_a_packed_ppo_micro_batch_is_three_forward_passes_of_matmuls():
 
     def loss(params, old_logprobs, advantages):
         logprobs = models.token_logprobs(cfg, params, tokens, positions, mask, temperature=1.0,
-                                         rules=models.TRAIN_RULES, attention=attention, remat=False,
+                                         compute=models.Compute(models.TRAIN_RULES, attention), remat=False,
                                          logits_chunk=0, segments=segments)
         ratio = jnp.exp(logprobs - old_logprobs)
         clipped = jnp.minimum(ratio * advantages, jnp.clip(ratio, 0.8, 1.2) * advantages)

@@ -20,6 +20,7 @@ from searchrl.tasks.search_r1 import env as search_env
 from searchrl.tasks.search_r1.env import INVALID_ACTION, Config, SearchEnv
 
 ATTENTION = models.AttentionConfig()  # the default: `MeshConfig.attention`
+TRAIN = models.Compute(models.TRAIN_RULES, ATTENTION)  # a default run's training layout and attention
 
 
 class CountingRetriever:
@@ -344,7 +345,7 @@ def greedy_text(cfg, params, tokenizer, text: str, max_tokens: int, stop: str) -
     ids, out = tokenizer.encode(text, add_special_tokens=False), []
     while len(out) < max_tokens:
         token = int(jnp.argmax(models.apply(cfg, params, jnp.asarray([ids + out]),
-                                            rules=models.TRAIN_RULES, attention=ATTENTION)[0, -1]))
+                                            compute=TRAIN)[0, -1]))
         if token == tokenizer.eos_token_id:
             break
         out.append(token)

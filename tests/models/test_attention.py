@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from searchrl.models import (TRAIN_RULES, AttentionConfig, Segments, forward, get_preset, init_params,
-                             unstack_layers, visible_block_pairs)
+from searchrl.models import (TRAIN_RULES, AttentionConfig, Compute, Segments, forward, get_preset,
+                             init_params, unstack_layers, visible_block_pairs)
 from searchrl.models import attention as attention_lib
 from tests.models.model_helpers import paged_cache
 
@@ -232,7 +232,7 @@ PALLAS = AttentionConfig("pallas", kernel_block=4, interpret=True)
 
 
 def _forward(attention: AttentionConfig):
-    return jax.jit(functools.partial(forward, CFG, rules=TRAIN_RULES, attention=attention, remat=False))
+    return jax.jit(functools.partial(forward, CFG, compute=Compute(TRAIN_RULES, attention), remat=False))
 
 
 def test_forward_with_blockwise_attention_matches_the_reference():
@@ -262,7 +262,7 @@ def test_packed_forward_equals_each_sequence_alone(attention, pairs):
     positions = np.zeros((1, width), np.int32)
     positions[0, :sum(lengths)] = np.concatenate([np.arange(n) for n in lengths])
     block_pairs = _padded_pairs(segment_ids, segment_ids > 0, attention.block_size) if pairs else None
-    packed = jax.jit(functools.partial(forward, CFG, rules=TRAIN_RULES, attention=attention, remat=False))(
+    packed = jax.jit(functools.partial(forward, CFG, compute=Compute(TRAIN_RULES, attention), remat=False))(
         PARAMS, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(segment_ids > 0),
         segments=Segments(jnp.asarray(segment_ids), block_pairs))[0]
     start = 0
@@ -281,7 +281,7 @@ def test_cached_forward_reads_the_pages_with_the_gpu_kernel_as_the_reference_doe
     outputs = {}
     params = unstack_layers(PARAMS)
     for attention in (AttentionConfig(), AttentionConfig(paged="pallas_gpu", interpret=True, kernel_block=16)):
-        step = jax.jit(functools.partial(forward, CFG, rules=TRAIN_RULES, attention=attention, remat=False,
+        step = jax.jit(functools.partial(forward, CFG, compute=Compute(TRAIN_RULES, attention), remat=False,
                                          unrolled=True))
         cache = paged_cache(CFG, 2, 24)
         logits = []
@@ -307,7 +307,7 @@ def _temp_bytes(impl: str, length: int, segments: Segments | None = None) -> int
     mask = jnp.ones((1, length), bool)
 
     def loss(params):
-        return forward(CFG, params, tokens, positions, mask, rules=TRAIN_RULES, attention=attention,
+        return forward(CFG, params, tokens, positions, mask, compute=Compute(TRAIN_RULES, attention),
                        remat=False, segments=segments)[1].sum()
 
     return jax.jit(jax.grad(loss)).lower(PARAMS).compile().memory_analysis().temp_size_in_bytes

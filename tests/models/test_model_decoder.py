@@ -7,15 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from searchrl.models import (TRAIN_RULES, AttentionConfig, apply, forward, get_preset, lm_logits, token_logprobs,
-                             unstack_layers, value_params_from_policy, values)
+from searchrl.models import (TRAIN_RULES, AttentionConfig, Compute, apply, forward, get_preset, lm_logits,
+                             token_logprobs, unstack_layers, value_params_from_policy, values)
 from tests.models.model_helpers import paged_cache, random_params, random_tokens
 
-ATTENTION = AttentionConfig()  # the default: `MeshConfig.attention`
+TRAIN = Compute(TRAIN_RULES, AttentionConfig())  # a default run's training layout and attention
 
 CFG = get_preset("tiny")
 PARAMS = random_params(CFG)
-fwd = jax.jit(functools.partial(forward, CFG, rules=TRAIN_RULES, attention=ATTENTION, remat=False))
+fwd = jax.jit(functools.partial(forward, CFG, compute=TRAIN, remat=False))
 
 
 def _left_pad(rows: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -60,7 +60,7 @@ def _right_pad(rows: list[np.ndarray], width: int, start: np.ndarray | None = No
 
 
 UNSTACKED = unstack_layers(PARAMS)
-cached = jax.jit(functools.partial(forward, CFG, rules=TRAIN_RULES, attention=ATTENTION, remat=False,
+cached = jax.jit(functools.partial(forward, CFG, compute=TRAIN, remat=False,
                                    unrolled=True))
 
 
@@ -95,7 +95,7 @@ def test_unstacked_layers_compute_the_same_logits():
     np.testing.assert_array_equal(UNSTACKED["layers_1"]["q"], PARAMS["layers"]["q"][1])
     tokens, positions, mask = _left_pad([random_tokens(CFG, (n,), seed=30 + n) for n in (5, 8)], 8)
     stacked = fwd(PARAMS, tokens, positions, mask)
-    unrolled = jax.jit(functools.partial(forward, CFG, unrolled=True, rules=TRAIN_RULES, attention=ATTENTION,
+    unrolled = jax.jit(functools.partial(forward, CFG, unrolled=True, compute=TRAIN,
                                          remat=False))
     np.testing.assert_allclose(unrolled(UNSTACKED, tokens, positions, mask)[0], stacked[0], atol=1e-5, rtol=0)
 
@@ -142,9 +142,8 @@ def test_padding_keys_are_never_attended():
 
 def test_bf16_params_stay_close_to_fp32():
     tokens = random_tokens(CFG, (2, 12), seed=4)
-    ref = np.asarray(apply(CFG, PARAMS, tokens, rules=TRAIN_RULES, attention=ATTENTION))
-    bf16 = apply(CFG, jax.tree.map(lambda p: p.astype(jnp.bfloat16), PARAMS), tokens, rules=TRAIN_RULES,
-                 attention=ATTENTION)
+    ref = np.asarray(apply(CFG, PARAMS, tokens, compute=TRAIN))
+    bf16 = apply(CFG, jax.tree.map(lambda p: p.astype(jnp.bfloat16), PARAMS), tokens, compute=TRAIN)
     assert bf16.dtype == jnp.float32
     diff = np.abs(np.asarray(bf16) - ref).max()
     print(f"bf16 vs fp32 max |logit diff| = {diff:.4f} (max |logit| = {np.abs(ref).max():.2f})")
@@ -156,14 +155,14 @@ def test_token_logprobs_match_numpy_log_softmax():
     positions = np.broadcast_to(np.arange(10, dtype=np.int32), (2, 10))
     mask = np.ones((2, 10), bool)
     logprobs, entropy = token_logprobs(CFG, PARAMS, tokens, positions, mask, with_entropy=True,
-                                       temperature=1.0, rules=TRAIN_RULES, attention=ATTENTION, remat=False,
+                                       temperature=1.0, compute=TRAIN, remat=False,
                                        logits_chunk=0)
     assert logprobs.shape == entropy.shape == (2, 10) and logprobs.dtype == jnp.float32
     def log_softmax(x):
         shifted = x - x.max(-1, keepdims=True)
         return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
-    logits = np.asarray(apply(CFG, PARAMS, tokens, rules=TRAIN_RULES, attention=ATTENTION), np.float64)
+    logits = np.asarray(apply(CFG, PARAMS, tokens, compute=TRAIN), np.float64)
     logp = log_softmax(logits)
     expected = np.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1)[..., 0]
     np.testing.assert_allclose(np.asarray(logprobs)[:, 1:], expected, atol=1e-5, rtol=0)
@@ -171,13 +170,11 @@ def test_token_logprobs_match_numpy_log_softmax():
                                atol=1e-5, rtol=0)
     np.testing.assert_array_equal(np.asarray(logprobs)[:, 0], 0)
     np.testing.assert_array_equal(
-        np.asarray(token_logprobs(CFG, PARAMS, tokens, positions, mask, temperature=1.0, rules=TRAIN_RULES,
-                                  attention=ATTENTION,
+        np.asarray(token_logprobs(CFG, PARAMS, tokens, positions, mask, temperature=1.0, compute=TRAIN,
                                   remat=False, logits_chunk=0)), np.asarray(logprobs))
     logp = log_softmax(logits / 0.7)  # the distribution at temperature 0.7
     np.testing.assert_allclose(
-        np.asarray(token_logprobs(CFG, PARAMS, tokens, positions, mask, temperature=0.7, rules=TRAIN_RULES,
-                                  attention=ATTENTION,
+        np.asarray(token_logprobs(CFG, PARAMS, tokens, positions, mask, temperature=0.7, compute=TRAIN,
                                   remat=False, logits_chunk=0))[:, 1:],
         np.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1)[..., 0], atol=1e-5, rtol=0)
 
@@ -192,8 +189,7 @@ def test_logits_in_chunks_give_the_same_logprobs_entropy_and_gradients(chunk):
 
     def loss(params, logits_chunk):
         logprobs, entropy = token_logprobs(CFG, params, tokens, positions, mask, with_entropy=True,
-                                           temperature=0.7, logits_chunk=logits_chunk, rules=TRAIN_RULES,
-                                           attention=ATTENTION,
+                                           temperature=0.7, logits_chunk=logits_chunk, compute=TRAIN,
                                            remat=False)
         return jnp.sum(logprobs * mask) + 0.3 * jnp.sum(entropy * mask), (logprobs, entropy)
 
@@ -218,9 +214,9 @@ def test_value_model_params_and_outputs():
     head = critic["value_head"]
     assert head["kernel"].shape == (untied.hidden_size,) and head["bias"].shape == ()
     tokens, positions, mask = _left_pad([random_tokens(CFG, (n,), seed=n) for n in (4, 6)], 6)
-    v = values(untied, critic, tokens, positions, mask, rules=TRAIN_RULES, attention=ATTENTION, remat=False)
+    v = values(untied, critic, tokens, positions, mask, compute=TRAIN, remat=False)
     assert v.shape == (2, 6) and v.dtype == jnp.float32 and np.isfinite(np.asarray(v)).all()
-    hidden = np.asarray(forward(untied, policy, tokens, positions, mask, rules=TRAIN_RULES, attention=ATTENTION,
+    hidden = np.asarray(forward(untied, policy, tokens, positions, mask, compute=TRAIN,
                                 remat=False)[1],
                         np.float64)
     expected = hidden @ np.asarray(head["kernel"], np.float64)
@@ -235,7 +231,7 @@ def test_gradients_are_finite_through_padding(remat):
 
     def loss(params, remat):
         return -(token_logprobs(CFG, params, tokens, positions, mask, remat=remat, temperature=1.0,
-                                rules=TRAIN_RULES, attention=ATTENTION, logits_chunk=0) * mask).sum()
+                                compute=TRAIN, logits_chunk=0) * mask).sum()
 
     grads = jax.jit(jax.grad(loss), static_argnums=1)(PARAMS, remat)
     assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
@@ -262,17 +258,17 @@ def test_the_decoder_is_a_flax_module_applied_to_a_params_pytree():
     from searchrl.models import Decoder, init_params
 
     tokens, positions, mask = _left_pad([random_tokens(CFG, (n,), seed=40 + n) for n in (4, 7)], 7)
-    boxed = Decoder(CFG, rules=TRAIN_RULES, attention=ATTENTION).init(jax.random.key(0), tokens, positions, mask,
+    boxed = Decoder(CFG, compute=TRAIN).init(jax.random.key(0), tokens, positions, mask,
                                                  method=Decoder.head)["params"]
     assert jax.tree.structure(nn.unbox(boxed)) == jax.tree.structure(PARAMS)
     specs = nn.get_partition_spec(boxed)
     assert specs["layers"]["q"] == P("layers", "embed", "heads", "head_dim")
     assert specs["embed"] == P("vocab", "embed")
-    hidden, _ = Decoder(CFG, rules=TRAIN_RULES, attention=ATTENTION).apply({"params": PARAMS}, tokens, positions, mask)
-    logits = Decoder(CFG, rules=TRAIN_RULES, attention=ATTENTION).apply({"params": PARAMS}, hidden,
+    hidden, _ = Decoder(CFG, compute=TRAIN).apply({"params": PARAMS}, tokens, positions, mask)
+    logits = Decoder(CFG, compute=TRAIN).apply({"params": PARAMS}, hidden,
                                                                         method=Decoder.logits)
     np.testing.assert_allclose(logits, fwd(PARAMS, tokens, positions, mask)[0], atol=1e-6, rtol=1e-6)
     critic = init_params(CFG, jax.random.key(1), value=True)
     assert "value_head" in critic and "lm_head" not in critic
-    v = values(CFG, critic, tokens, positions, mask, rules=TRAIN_RULES, attention=ATTENTION, remat=False)
+    v = values(CFG, critic, tokens, positions, mask, compute=TRAIN, remat=False)
     assert v.shape == tokens.shape

@@ -13,11 +13,12 @@ import transformers
 from jax.sharding import PartitionSpec
 from safetensors.numpy import load_file, save_file
 
-from searchrl.models import (TRAIN_RULES, AttentionConfig, ShardingRules, apply, forward, get_preset,
-                             init_params, load_hf, make_mesh, param_shardings, save_hf, token_logprobs)
+from searchrl.models import (TRAIN_RULES, AttentionConfig, Compute, ShardingRules, apply, forward,
+                             get_preset, init_params, load_hf, make_mesh, param_shardings, save_hf,
+                             token_logprobs)
 from tests.models.model_helpers import HF_CONFIGS, paged_cache, torch_logits
 
-ATTENTION = AttentionConfig()  # the default: `MeshConfig.attention`
+TRAIN = Compute(TRAIN_RULES, AttentionConfig())  # a default run's training layout and attention
 
 TOKENS = np.random.default_rng(0).integers(0, 256, size=(2, 13)).astype(np.int32)
 
@@ -27,7 +28,7 @@ def test_logits_match_transformers(hf_checkpoint, name):
     model, path = hf_checkpoint(name)
     cfg, params = load_hf(path)
     assert ("lm_head" in params) == (not cfg.tie_word_embeddings)
-    ours = np.asarray(apply(cfg, params, jnp.asarray(TOKENS), rules=TRAIN_RULES, attention=ATTENTION))
+    ours = np.asarray(apply(cfg, params, jnp.asarray(TOKENS), compute=TRAIN))
     ref = torch_logits(model, TOKENS)
     assert np.abs(ref).max() > 0.5  # the comparison is not between near-zero logits
     np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
@@ -40,7 +41,7 @@ def test_rope_scaling_matches_at_large_positions(hf_checkpoint):
     assert cfg.rope_scaling is not None and cfg.rope_scaling.factor == 8.0
     positions = (300 + np.arange(TOKENS.shape[1]))[None].repeat(2, 0).astype(np.int32)
     ours = forward(cfg, params, jnp.asarray(TOKENS), jnp.asarray(positions), jnp.ones(TOKENS.shape, bool),
-                   rules=TRAIN_RULES, attention=ATTENTION, remat=False)[0]
+                   compute=TRAIN, remat=False)[0]
     np.testing.assert_allclose(np.asarray(ours), torch_logits(model, TOKENS, positions), atol=1e-4, rtol=0)
 
 
@@ -56,7 +57,7 @@ def test_gradients_match_transformers(hf_checkpoint, tmp_path, name, remat):
 
     def nll(params):
         return -token_logprobs(cfg, params, tokens, positions, jnp.ones(TOKENS.shape, bool), remat=remat,
-                               temperature=1.0, rules=TRAIN_RULES, attention=ATTENTION, logits_chunk=0
+                               temperature=1.0, compute=TRAIN, logits_chunk=0
                                )[:, 1:].mean()
 
     loss, grads = jax.jit(jax.value_and_grad(nll))(params)
@@ -82,7 +83,7 @@ def test_save_hf_round_trip_through_transformers(hf_checkpoint, tmp_path, name):
     assert sorted(p.name for p in out.iterdir()) == [
         "config.json", "generation_config.json", "model.safetensors"]
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").float()
-    ours = np.asarray(apply(cfg, params, jnp.asarray(TOKENS), rules=TRAIN_RULES, attention=ATTENTION))
+    ours = np.asarray(apply(cfg, params, jnp.asarray(TOKENS), compute=TRAIN))
     np.testing.assert_allclose(torch_logits(reloaded, TOKENS), ours, atol=1e-4, rtol=0)
     cfg2, params2 = load_hf(out)
     assert cfg2 == cfg
@@ -98,7 +99,7 @@ def test_save_hf_exports_our_own_init_and_overwrites_atomically(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temp or backup dirs left behind
     model = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").float()
     tokens = TOKENS % cfg.vocab_size
-    ours = np.asarray(apply(cfg, params, jnp.asarray(tokens), rules=TRAIN_RULES, attention=ATTENTION))
+    ours = np.asarray(apply(cfg, params, jnp.asarray(tokens), compute=TRAIN))
     np.testing.assert_allclose(torch_logits(model, tokens), ours, atol=1e-4, rtol=0)
     generation = json.loads((out / "generation_config.json").read_text())
     assert generation == {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
@@ -120,7 +121,7 @@ def test_sharded_safetensors_index(hf_checkpoint):
     assert (path / "model.safetensors.index.json").exists()
     assert len(list(path.glob("*.safetensors"))) > 2
     cfg, params = load_hf(path)
-    ours = np.asarray(apply(cfg, params, jnp.asarray(TOKENS), rules=TRAIN_RULES, attention=ATTENTION))
+    ours = np.asarray(apply(cfg, params, jnp.asarray(TOKENS), compute=TRAIN))
     np.testing.assert_allclose(ours, torch_logits(model, TOKENS), atol=1e-4, rtol=0)
 
 
@@ -148,14 +149,14 @@ def test_mistral_window_is_read_and_a_longer_row_or_cache_is_refused(hf_checkpoi
     assert cfg.sliding_window == 16 and not cfg.attention_bias
     narrow = dataclasses.replace(cfg, sliding_window=8)
     with pytest.raises(ValueError, match="13 key slots.*sliding_window=8"):
-        apply(narrow, params, jnp.asarray(TOKENS), rules=TRAIN_RULES, attention=ATTENTION)
+        apply(narrow, params, jnp.asarray(TOKENS), compute=TRAIN)
     model.config.sliding_window = 8  # what the refusal protects against: a different function
     assert np.abs(torch_logits(model, TOKENS) - np.asarray(
-        apply(cfg, params, jnp.asarray(TOKENS), rules=TRAIN_RULES, attention=ATTENTION))).max() > 1e-2
+        apply(cfg, params, jnp.asarray(TOKENS), compute=TRAIN))).max() > 1e-2
     step = jnp.zeros((2, 1), jnp.int32)
     with pytest.raises(ValueError, match="17 key slots.*sliding_window=16"):
         forward(cfg, params, step, step, jnp.ones((2, 1), bool), paged_cache(cfg, 2, 17, page_size=1),
-                rules=TRAIN_RULES, attention=ATTENTION, remat=False)
+                compute=TRAIN, remat=False)
 
 
 def _rewrite(path, edit):

@@ -5,11 +5,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from searchrl.models import (PRESETS, TRAIN_RULES, AttentionConfig, Bert, BertConfig, Decoder, ParamSpec, bert,
-                             init_params, layout,
+from searchrl.models import (PRESETS, TRAIN_RULES, AttentionConfig, Bert, BertConfig, Compute, Decoder,
+                             ParamSpec, bert, init_params, layout,
                              param_table, unstack_layers)
 
-ATTENTION = AttentionConfig()  # the default: `MeshConfig.attention`
+TRAIN = Compute(TRAIN_RULES, AttentionConfig())  # a default run's training layout and attention
 
 
 def _declared(module: nn.Module, *inputs, method) -> dict:
@@ -32,7 +32,7 @@ def _decoder_inputs() -> tuple:
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_decoder_declares_its_param_table(preset, value):
     cfg = PRESETS[preset]
-    got = _declared(Decoder(cfg, value=value, rules=TRAIN_RULES, attention=ATTENTION), *_decoder_inputs(),
+    got = _declared(Decoder(cfg, value=value, compute=TRAIN), *_decoder_inputs(),
                     method=Decoder.head)
     assert got == _tabled(param_table(cfg, value=value))
 
@@ -46,7 +46,7 @@ def test_unrolled_decoder_declares_the_unstacked_table():
     for i in range(cfg.num_layers):
         want |= {(f"layers_{i}", path[1]): (shape[1:], axes[1:])
                  for path, (shape, axes) in stacked.items() if path[0] == "layers"}
-    assert _declared(Decoder(cfg, unrolled=True, rules=TRAIN_RULES, attention=ATTENTION), *_decoder_inputs(),
+    assert _declared(Decoder(cfg, unrolled=True, compute=TRAIN), *_decoder_inputs(),
                      method=Decoder.head) == want
     unstacked = jax.eval_shape(lambda: unstack_layers(init_params(cfg, jax.random.key(0))))
     leaves = jax.tree_util.tree_leaves_with_path(unstacked)

@@ -7,12 +7,15 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from searchrl.models import (SAMPLE_RULES, TRAIN_RULES, AttentionConfig, KVCache, ShardingRules, forward, get_preset,
-                             logical_to_sharding, logical_to_spec, make_mesh, param_shardings, param_table,
-                             pool_sharding, unstack_layers, unstack_shardings, value_params_from_policy)
+from searchrl.models import (SAMPLE_RULES, TRAIN_RULES, AttentionConfig, Compute, KVCache, ShardingRules,
+                             forward, get_preset, logical_to_sharding, logical_to_spec, make_mesh,
+                             param_shardings, param_table, pool_sharding, unstack_layers, unstack_shardings,
+                             value_params_from_policy)
 from tests.models.model_helpers import global_pages, paged_cache, random_params, random_tokens
 
 ATTENTION = AttentionConfig()  # the default: `MeshConfig.attention`
+TRAIN = Compute(TRAIN_RULES, ATTENTION)  # a default run's training layout and attention
+SAMPLE = Compute(SAMPLE_RULES, ATTENTION)  # and its sampling
 
 MESH_SHAPE = {"data": 2, "fsdp": 2, "tensor": 2}
 
@@ -77,7 +80,7 @@ def test_sharded_forward_equals_single_device(attention, kv_heads):
     mask = np.ones((8, 12), bool)
     mask[::3, :4] = False
     positions = np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32)
-    plain = jax.jit(functools.partial(forward, cfg, rules=TRAIN_RULES, attention=ATTENTION, remat=False))
+    plain = jax.jit(functools.partial(forward, cfg, compute=TRAIN, remat=False))
     ref = np.asarray(plain(params, tokens, positions, mask)[0])
 
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
@@ -85,7 +88,7 @@ def test_sharded_forward_equals_single_device(attention, kv_heads):
     assert shardings["layers"]["k"].spec == P(None, "fsdp", None if kv_heads == 1 else "tensor", None)
     assert shardings["layers"]["q"].spec == P(None, "fsdp", "tensor", None)
     batch = logical_to_sharding(("batch", "length"), mesh, TRAIN_RULES)
-    step = jax.jit(lambda p, t, pos, m: forward(cfg, p, t, pos, m, rules=TRAIN_RULES, attention=attention,
+    step = jax.jit(lambda p, t, pos, m: forward(cfg, p, t, pos, m, compute=Compute(TRAIN_RULES, attention),
                                                         remat=False)[0],
                    in_shardings=(shardings, batch, batch, batch))
     with jax.set_mesh(mesh):
@@ -110,8 +113,7 @@ def test_sharded_cached_decode_equals_single_device(kv_heads):
         _, _, cache = step(params, tokens[:, :5], positions[:, :5], mask[:, :5], cache)
         return np.asarray(step(params, tokens[:, 5:], positions[:, 5:], mask[:, 5:], cache)[0])
 
-    plain = jax.jit(functools.partial(forward, cfg, rules=TRAIN_RULES, attention=ATTENTION, remat=False,
-                                      unrolled=True))
+    plain = jax.jit(functools.partial(forward, cfg, compute=TRAIN, remat=False, unrolled=True))
     local = paged_cache(cfg, 4, 8, page_size=2, shards=2)
     ref = run(params, global_pages(local, 2), plain)
 
@@ -122,8 +124,8 @@ def test_sharded_cached_decode_equals_single_device(kv_heads):
     batch = logical_to_sharding(("batch", "length"), mesh, SAMPLE_RULES)
     rows = logical_to_sharding(("batch",), mesh, SAMPLE_RULES)
     cache_sh = KVCache((pool,) * cfg.num_layers, (pool,) * cfg.num_layers, batch, rows)
-    sharded = jax.jit(lambda p, t, pos, m, c: forward(cfg, p, t, pos, m, c, rules=SAMPLE_RULES,
-                                                      attention=ATTENTION, remat=False, unrolled=True),
+    sharded = jax.jit(lambda p, t, pos, m, c: forward(cfg, p, t, pos, m, c, compute=SAMPLE, remat=False,
+                                                      unrolled=True),
                       in_shardings=(shardings, batch, batch, batch, cache_sh), donate_argnums=4)
     with jax.set_mesh(mesh):
         out = run(jax.device_put(params, shardings), jax.device_put(local, cache_sh), sharded)
@@ -132,6 +134,6 @@ def test_sharded_cached_decode_equals_single_device(kv_heads):
 
 def test_forward_without_mesh_has_no_constraints():
     cfg = get_preset("tiny")
-    jaxpr = jax.make_jaxpr(functools.partial(forward, cfg, rules=TRAIN_RULES, attention=ATTENTION, remat=False))(
+    jaxpr = jax.make_jaxpr(functools.partial(forward, cfg, compute=TRAIN, remat=False))(
         random_params(cfg), np.zeros((1, 4), np.int32), np.zeros((1, 4), np.int32), np.ones((1, 4), bool))
     assert "sharding_constraint" not in str(jaxpr)

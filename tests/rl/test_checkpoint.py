@@ -22,7 +22,7 @@ from searchrl.text import tokenizer as tokenizer_lib
 from searchrl.rl import kl, train_state
 from searchrl.rl.config import OptimConfig
 
-ATTENTION = models.AttentionConfig()  # the default: `MeshConfig.attention`
+TRAIN = models.Compute(models.TRAIN_RULES, models.AttentionConfig())  # as a default run trains
 
 CFG = dataclasses.replace(models.get_preset("tiny"), vocab_size=128)
 SPEC = train_state.StateSpec(CFG, OptimConfig(1e-3), OptimConfig(1e-3), reference=True,
@@ -166,12 +166,11 @@ def test_export_cli_gives_transformers_the_same_logits(saved, tmp_path, capsys):
     tokens = np.random.default_rng(0).integers(0, CFG.vocab_size, (2, 11)).astype(np.int32)
     with torch.no_grad():
         theirs = model(input_ids=torch.from_numpy(tokens).long()).logits.numpy()
-    ours = np.asarray(models.apply(CFG, states[1].policy, jnp.asarray(tokens), rules=models.TRAIN_RULES,
-                                   attention=ATTENTION))
+    ours = np.asarray(models.apply(CFG, states[1].policy, jnp.asarray(tokens), compute=TRAIN))
     assert np.abs(ours).max() > 0.05  # not comparing near-zero logits
     np.testing.assert_allclose(theirs, ours, atol=1e-4, rtol=0)
     assert not np.allclose(ours, models.apply(CFG, states[2].policy, jnp.asarray(tokens),
-                                              rules=models.TRAIN_RULES, attention=ATTENTION), atol=1e-3)
+                                              compute=TRAIN), atol=1e-3)
 
 
 def test_export_writes_the_critic_that_transformers_and_a_new_run_restore(saved, tmp_path):
@@ -184,7 +183,7 @@ def test_export_writes_the_critic_that_transformers_and_a_new_run_restore(saved,
     tokens = np.random.default_rng(0).integers(0, CFG.vocab_size, (2, 11)).astype(np.int32)
     positions, mask = np.broadcast_to(np.arange(11), (2, 11)), np.ones((2, 11), bool)
     ours = np.asarray(models.values(CFG, critic, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask),
-                                    rules=models.TRAIN_RULES, attention=ATTENTION, remat=False))
+                                    compute=TRAIN, remat=False))
     model = transformers.AutoModelForTokenClassification.from_pretrained(
         out / checkpoint.CRITIC_DIR, attn_implementation="eager").float().eval()
     with torch.no_grad():
@@ -231,7 +230,7 @@ def test_export_of_a_workdir_loads_and_generates_in_transformers(run_with_tokeni
     assert generated.shape[1] > prompt["input_ids"].shape[1]
     assert isinstance(tokenizer.decode(generated[0]), str) and model.generation_config.eos_token_id is not None
     ours = models.apply(cfg, params, jnp.asarray(prompt["input_ids"].numpy(), jnp.int32),
-                        rules=models.TRAIN_RULES, attention=ATTENTION)
+                        compute=TRAIN)
     assert int(generated[0, prompt["input_ids"].shape[1]]) == int(np.argmax(ours[0, -1]))  # greedy, as ours
 
 

@@ -14,6 +14,7 @@ from searchrl.rl import advantages, kl, losses, optim, packing, ppo, train_state
 from searchrl.rl.config import OptimConfig, RLConfig
 
 ATTENTION = models.AttentionConfig()  # the default: `MeshConfig.attention`
+TRAIN = models.Compute(models.TRAIN_RULES, ATTENTION)  # a default run's training layout and attention
 
 CFG = dataclasses.replace(models.get_preset("tiny"), vocab_size=128)
 B, S = 8, 16
@@ -37,7 +38,7 @@ def rl_config(**overrides):
         fields.setdefault("advantage", "grpo")  # critic-free (gae needs values)
     rl = dataclasses.replace(rl, actor=dataclasses.replace(rl.actor, **optim["actor"]),
                              critic=dataclasses.replace(rl.critic, **optim["critic"]), **fields)
-    return ppo.PPOConfig.create(rl, CFG, models.TRAIN_RULES, ATTENTION)
+    return ppo.PPOConfig.create(rl, CFG, TRAIN)
 
 
 def make_data(seed: int = 0) -> dict:
@@ -130,7 +131,7 @@ def reference_logprobs(params, data, temperature=1.0):
     """log_softmax(logits / temperature) of each next token, straight from the model's forward pass."""
     logits = models.forward(CFG, params, jnp.asarray(data["tokens"]),
                             jnp.broadcast_to(jnp.arange(S), (B, S)), jnp.asarray(data["attention_mask"]),
-                            rules=models.TRAIN_RULES, attention=ATTENTION, remat=False)[0]
+                            compute=TRAIN, remat=False)[0]
     return models.logprobs_from_logits(logits / temperature, jnp.asarray(data["tokens"]))[0]
 
 
@@ -199,7 +200,7 @@ def test_scoring_alignment_and_reference():
     np.testing.assert_array_equal(ref, logp)  # the reference starts as the policy
     v = models.values(CFG, host(state.critic), jnp.asarray(data["tokens"]),
                       jnp.broadcast_to(jnp.arange(S), (B, S)), jnp.asarray(data["attention_mask"]),
-                      rules=models.TRAIN_RULES, attention=ATTENTION, remat=False)
+                      compute=TRAIN, remat=False)
     np.testing.assert_allclose(values[:, 1:], v[:, :-1], atol=1e-6)  # value of the state before each token
     assert np.all(np.asarray(values[:, 0]) == 0) and np.all(np.asarray(logp[:, 0]) == 0)
 
@@ -451,9 +452,9 @@ def test_packed_learn_equals_padded_learn(overrides):
 def test_packed_learn_over_block_pairs_of_wider_rows_equals_padded_learn():
     """The same with blockwise attention computing only the packed rows' block pairs, in packed rows of 24
     slots for a batch of 16."""
-    config = dataclasses.replace(rl_config(loss_agg_mode="token-mean", use_reference=True),
-                                 attention=models.AttentionConfig("blockwise", block_size=4))
-    plan = _check_packed_learn_equals_padded_learn(config, widths=[24])
+    config = rl_config(loss_agg_mode="token-mean", use_reference=True)
+    blockwise = config.compute.with_attention(impl="blockwise", block_size=4)
+    plan = _check_packed_learn_equals_padded_learn(dataclasses.replace(config, compute=blockwise), [24])
     assert plan.width == 24 and plan.block_pairs.shape[-2] > 0
 
 
@@ -465,7 +466,8 @@ def _check_packed_learn_equals_padded_learn(config: ppo.PPOConfig, widths: list[
     orders = ppo.update_orders(new_state(config, mesh), B, config)
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
     plan = packing.pack(data["attention_mask"].sum(1), orders, config.rl.minibatch_size,
-                        config.rl.micro_batch_size, shards, S, models.pair_block(config.attention), widths)
+                        config.rl.micro_batch_size, shards, S, models.pair_block(config.compute.attention),
+                        widths)
     assert np.sum(plan.sources < B * S) // config.rl.ppo_epochs == data["attention_mask"].sum()
     assert np.any(plan.starts[plan.sequences < B] % plan.width > 0)  # some row holds two sequences
     padded, padded_metrics = ppo.learn(new_state(config, mesh), batch, config, mesh)

@@ -14,12 +14,12 @@ from searchrl.rl import sft
 from searchrl.rl.config import SFTConfig
 from searchrl.text.tokenizer import train_bpe_tokenizer
 
-ATTENTION = models.AttentionConfig()  # the default: `MeshConfig.attention`
+TRAIN = models.Compute(models.TRAIN_RULES, models.AttentionConfig())  # as a default run trains
 
 WORDS = "red green blue cyan magenta yellow black white".split()
 
 # The plain forward pass, compiled once per length (eager calls would each compile its layer scan anew).
-apply = jax.jit(functools.partial(models.apply, rules=models.TRAIN_RULES, attention=ATTENTION), static_argnums=0)
+apply = jax.jit(functools.partial(models.apply, compute=TRAIN), static_argnums=0)
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +48,7 @@ def test_nll_matches_an_independent_log_softmax(tokenizer):
     cfg = dataclasses.replace(models.get_preset("tiny"), vocab_size=len(tokenizer))
     params = models.init_params(cfg, jax.random.key(0))
     tokens, mask = sft.encode(tokenizer, examples(), max_len=24)
-    got = float(sft.nll(cfg, params, jnp.asarray(tokens), jnp.asarray(mask), rules=models.TRAIN_RULES,
-                        attention=ATTENTION))
+    got = float(sft.nll(cfg, params, jnp.asarray(tokens), jnp.asarray(mask), compute=TRAIN))
     total, count = 0.0, 0
     for row in range(len(tokens)):  # each row alone, unpadded, through the plain forward pass
         n = int(np.nonzero(mask[row])[0].max()) + 1
@@ -68,7 +67,7 @@ def test_sft_learns_the_scripted_answers(tokenizer):
     tokens, mask = sft.encode(tokenizer, examples(), max_len=24)
     config = SFTConfig(steps=120, batch_size=8)
     mesh = models.make_mesh(-1, 1, 1)
-    trained, losses = sft.train(cfg, params, tokens, mask, config, mesh, rules=models.TRAIN_RULES, attention=ATTENTION)
+    trained, losses = sft.train(cfg, params, tokens, mask, config, mesh, compute=TRAIN)
     assert losses[-1] < 0.05 * losses[0], losses[::20]
     # Greedy continuation of every prompt reproduces its answer.
     for row, segments in enumerate(examples()):

@@ -16,7 +16,7 @@ from searchrl.rl.config import OptimConfig, SFTConfig
 from searchrl.text.tokenizer import load_tokenizer, train_bpe_tokenizer
 from tests.app.test_presets import ROOT
 from tests.data.retrieval_helpers import spider_dir, spider_questions, write_json
-from tests.rl.test_sft import ATTENTION, WORDS
+from tests.rl.test_sft import TRAIN, WORDS
 
 COLOURS = [[(f"say {w} {v} :", False), (f"<answer> {v} </answer>", True)]
            for w in WORDS[:4] for v in WORDS[4:]]
@@ -75,14 +75,13 @@ def test_epoch_one_of_three_is_a_one_epoch_run_on_the_same_schedule(tokenizer):
     def keep(epoch, params):
         saved[epoch] = jax.device_get(params)
 
-    _, losses = sft.train(cfg, init(), tokens, mask, three, mesh, models.TRAIN_RULES, ATTENTION,
-                          on_epoch_end=keep)
+    _, losses = sft.train(cfg, init(), tokens, mask, three, mesh, TRAIN, on_epoch_end=keep)
     assert sorted(saved) == [1, 2, 3] and len(losses) == 6 and np.isfinite(losses).all()
     assert losses[-1] < losses[0]
     # one epoch on the three-epoch schedule (train donates the params it is given: a fresh copy)
     one = dataclasses.replace(three, epochs=1, save_epochs=(),
                               optim=dataclasses.replace(optim, decay_steps=6))
-    first, first_losses = sft.train(cfg, init(), tokens, mask, one, mesh, models.TRAIN_RULES, ATTENTION)
+    first, first_losses = sft.train(cfg, init(), tokens, mask, one, mesh, TRAIN)
     assert first_losses == losses[:2]
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=1e-6), saved[1],
                  jax.device_get(first))
@@ -98,9 +97,8 @@ def test_an_empty_row_changes_nothing(tokenizer):
     rows = next(sft.minibatches(SFTConfig(epochs=1, batch_size=8), 12))
     rows[4:] = -1
     full = (rows >= 0)[:, None]
-    padded = float(sft.nll(cfg, params, tokens[rows] * full, mask[rows] * full, models.TRAIN_RULES,
-                           ATTENTION))
-    alone = float(sft.nll(cfg, params, tokens[rows[:4]], mask[rows[:4]], models.TRAIN_RULES, ATTENTION))
+    padded = float(sft.nll(cfg, params, tokens[rows] * full, mask[rows] * full, TRAIN))
+    alone = float(sft.nll(cfg, params, tokens[rows[:4]], mask[rows[:4]], TRAIN))
     np.testing.assert_allclose(padded, alone, rtol=1e-6)
 
 

@@ -25,6 +25,7 @@ from tests.rollout import engine_processes
 REPO = Path(__file__).resolve().parents[2]
 
 ATTENTION = models.AttentionConfig()  # the default: `MeshConfig.attention`
+TRAIN = models.Compute(models.TRAIN_RULES, ATTENTION)  # a default run's training layout and attention
 
 WORDS = "alpha beta gamma delta search answer river mountain city house tree stone light water fire".split()
 
@@ -136,7 +137,7 @@ def test_sampler_logprobs_match_recomputation(model, tokenizer):
     tokens = jnp.asarray(traj.tokens)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
     recomputed = models.token_logprobs(cfg, params, tokens, positions, jnp.asarray(traj.attention_mask),
-                                       temperature=1.0, rules=models.TRAIN_RULES, attention=ATTENTION, remat=False,
+                                       temperature=1.0, compute=TRAIN, remat=False,
                                        logits_chunk=0)
     policy = traj.loss_mask > 0
     assert policy.sum() > 20
@@ -515,7 +516,7 @@ def test_the_rollout_samples_in_the_compute_dtype(model, tokenizer):
 
     def gap(weights):
         recomputed = models.token_logprobs(cfg, weights, tokens, positions, jnp.asarray(traj.attention_mask),
-                                           temperature=1.0, rules=models.TRAIN_RULES, attention=ATTENTION, remat=False,
+                                           temperature=1.0, compute=TRAIN, remat=False,
                                            logits_chunk=0)
         return float(np.abs(np.asarray(recomputed)[policy] - traj.logprobs[policy]).max())
 

@@ -13,7 +13,8 @@ from searchrl import models
 from searchrl.rollout import generate
 from searchrl.rollout.config import SamplingParams
 
-RULES, ATTENTION = models.SAMPLE_RULES, models.AttentionConfig()
+RULES = models.SAMPLE_RULES
+SAMPLE = models.Compute(RULES, models.AttentionConfig())  # a default run's sampling layout and attention
 SAMPLING = SamplingParams(temperature=1.0)
 PAGE = 4
 
@@ -40,7 +41,7 @@ def prefilled(cfg, params, rows: int, key: int = 3, **kwargs) -> tuple[models.KV
     lengths = np.arange(rows, dtype=np.int32) % 5 + 3
     tokens = np.asarray(jax.random.randint(jax.random.key(key + 1), (rows, 8), 1, 64), np.int32)
     return generate.extend(cfg, params, pool, state, None, tokens, lengths, np.ones(rows, bool), SAMPLING,
-                           RULES, ATTENTION)
+                           SAMPLE)
 
 
 def host(state: generate.GenState) -> generate.GenState:
@@ -65,10 +66,10 @@ def test_extend_on_some_rows_computes_those_rows_and_leaves_the_others():
     chunk = np.asarray(jax.random.randint(jax.random.key(7), (5, 6), 1, 64), np.int32)
     lengths, start = np.asarray([0, 4, 0, 6, 0], np.int32), np.asarray([0, 1, 0, 0, 0], bool)
     whole_pool, whole = generate.extend(cfg, params, copied(pool), copied(state), None, chunk, lengths, start,
-                                        SAMPLING, RULES, ATTENTION)
+                                        SAMPLING, SAMPLE)
     rows = np.asarray([3, 1], np.int32)
     some_pool, some = generate.extend(cfg, params, copied(pool), copied(state), rows, chunk[rows],
-                                      lengths[rows], start[rows], SAMPLING, RULES, ATTENTION)
+                                      lengths[rows], start[rows], SAMPLING, SAMPLE)
     for got, want, before in zip(*(jax.tree.leaves(host(s)) for s in (some, whole, state))):
         np.testing.assert_allclose(got[rows], want[rows], rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(got[[0, 2, 4]], before[[0, 2, 4]])
@@ -115,7 +116,7 @@ def test_move_rows_moves_several_rows_at_once_and_leaves_out_targets_past_the_ba
 
 def _decoded(cfg, params, sampling: SamplingParams, **kwargs) -> generate.GenState:
     pool, state = prefilled(cfg, params, 3, **kwargs)
-    spec = generate.DecodeSpec(6, 47, sampling, steps=6, rules=RULES, attention=ATTENTION)
+    spec = generate.DecodeSpec(6, 47, sampling, steps=6, compute=SAMPLE)
     stops, eos = (generate.stop_table([[63, 62]]),), jnp.asarray([0], jnp.int32)
     return host(generate.decode_chunk(cfg, params, pool, state, jnp.ones(3, bool), stops, eos, spec)[1])
 
@@ -140,7 +141,7 @@ def test_rows_held_out_of_a_chunk_are_untouched_and_go_on_as_if_never_held():
     """A row the host holds (no pages for it: `allowed` false) keeps its state and writes no page; allowed
     again, it samples what it would have sampled had it never been held."""
     cfg, params = tiny()
-    spec = generate.DecodeSpec(12, 47, SAMPLING, steps=4, rules=RULES, attention=ATTENTION)
+    spec = generate.DecodeSpec(12, 47, SAMPLING, steps=4, compute=SAMPLE)
     stops, eos = (generate.stop_table([[63, 62]]),), jnp.asarray([0], jnp.int32)
 
     def chunk(pool, state, allowed, steps=4):

@@ -28,7 +28,7 @@ from tests.tasks.rpl.mutation_world import (BEST, CITIES, ScriptedEngine, build_
                                       scripted_answers)
 from tests.processes import free_port, wait, xla_flags_with_devices
 
-ATTENTION = models.AttentionConfig()  # the default: `MeshConfig.attention`
+TRAIN = models.Compute(models.TRAIN_RULES, models.AttentionConfig())  # as a default run trains
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -146,7 +146,7 @@ def test_policy_answers_are_the_greedy_continuation_of_each_prefix(trainer, monk
             tokens = np.asarray(ids)[None]
             positions = np.arange(len(ids))[None]
             logits, _, _ = models.forward(cfg, params, tokens, positions, np.ones_like(tokens, bool),
-                                          rules=models.TRAIN_RULES, attention=ATTENTION, remat=False)
+                                          compute=TRAIN, remat=False)
             ids.append(int(np.argmax(logits[0, -1])))
             text = tokenizer.decode(ids[start:])
             if ids[-1] == cfg.eos_token_id or any(stop in text for stop in trainer.env.stop_strings):
