@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 
 from searchrl import models
@@ -15,17 +14,14 @@ from searchrl.tasks.autosearch.env import INTERMEDIATE_ANSWER, AutoSearchEnv, au
 from searchrl.tasks.search_r1 import env as search_env
 from searchrl.tasks.search_r1.env import INVALID_ACTION
 from tests.tasks.search_r1.test_env import ANSWER, EXAMPLES, OBS, SEARCH, CountingRetriever
+from tests.tasks.search_r1.test_env import _trajectory as search_r1_trajectory
 
 ATTENTION = models.AttentionConfig()  # the default: `MeshConfig.attention`
 TRAIN = models.Compute(models.TRAIN_RULES, ATTENTION)  # a default run's training layout and attention
 
 
 def _trajectory(turns: list[list[Turn]], side_branch: str | None = INTERMEDIATE_ANSWER) -> Trajectory:
-    rows = len(turns)
-    zeros = np.zeros((rows, 4), np.float32)
-    return Trajectory(tokens=zeros.astype(np.int32), attention_mask=zeros > 0, loss_mask=zeros, logprobs=zeros,
-                      prompt_lengths=np.zeros(rows, np.int32), lengths=np.zeros(rows, np.int32), turns=turns,
-                      finish_reasons=["done"] * rows, side_branch=side_branch)
+    return search_r1_trajectory(turns, side_branch)
 
 
 def _rows():
