@@ -1,6 +1,6 @@
-"""Greedy batched text generation until stop strings, on the rollout engine: what a prompting baseline (a
-task's, e.g. `searchrl.tasks.autosearch.baselines`) generates with, its prompts rolled out as the evaluation
-harness rolls out its questions (`harness.rollout_rows`)."""
+"""Greedy batched text generation until stop strings, on the rollout engine: what a task's prompting
+baselines generate with, their prompts rolled out as the evaluation harness rolls out its questions
+(`harness.rollout_rows`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -30,7 +30,7 @@ class PromptEnv(Env):
 
 
 def fit_prompt(tokenizer: Any, text: str, max_tokens: int) -> str:
-    """[FR] `PromptTemplate.truncate_prompt`: a prompt of `max_tokens` tokens or more keeps its first and last
+    """FlashRAG's `PromptTemplate.truncate_prompt`: a prompt of `max_tokens` tokens or more keeps its first and last
     (max_tokens / 2 - 20) tokens."""
     ids = tokenizer.encode(text, add_special_tokens=False)
     if len(ids) < max_tokens:
